@@ -1,0 +1,368 @@
+"""The one catalog of metric names: warden's own, and the vLLM metrics warden builds on.
+
+Dashboards, alerts, tests and the exporter import these specs; nobody retypes a metric name.
+``MetricSpec.name`` is the series name as it appears on ``/metrics`` (counters end in
+``_total``, histograms are the base name of their ``_bucket``/``_sum``/``_count`` series).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Kind = Literal["counter", "gauge", "histogram"]
+Owner = Literal["warden", "vllm"]
+
+# Levels of warden_memory_watermark, in order of severity.
+WATERMARK_LEVELS: tuple[str, ...] = ("normal", "high", "critical", "oom_imminent")
+MEMORY_SOURCES: tuple[str, ...] = ("device", "torch_reserved", "kv_cache")
+ERROR_CLASSES: tuple[str, ...] = ("oom", "cuda_driver", "other")
+NONFINITE_KINDS: tuple[str, ...] = ("nan", "inf")
+DEGRADATION_ACTIONS: tuple[str, ...] = (
+    "stop_admission",
+    "cap_max_tokens",
+    "shed_low_priority",
+    "reject_all",
+    "circuit_breaker",
+    "enforce_eager",
+)
+LEASE_SOURCES: tuple[str, ...] = ("alertmanager", "reflex", "manual")
+# warden_circuit_breaker_state values.
+CIRCUIT_STATES: tuple[str, ...] = ("closed", "half_open", "open")
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One metric: what it is called, what it measures, and how it is labelled.
+
+    ``multiprocess_mode`` says how a gauge written by several vLLM processes is merged when
+    ``PROMETHEUS_MULTIPROC_DIR`` is set; ``gpu_only`` marks series a CPU engine never has;
+    ``unit`` is the Grafana unit dashboards use for it.
+    """
+
+    name: str
+    kind: Kind
+    help: str
+    labels: tuple[str, ...] = ()
+    owner: Owner = "warden"
+    unit: str = "short"
+    multiprocess_mode: str = "mostrecent"
+    gpu_only: bool = False
+    buckets: tuple[float, ...] = field(default=())
+
+    @property
+    def base(self) -> str:
+        """Name without the ``_total`` suffix, as prometheus_client and recording rules want."""
+        if self.kind == "counter" and self.name.endswith("_total"):
+            return self.name[: -len("_total")]
+        return self.name
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def _w(name: str, kind: Kind, help: str, *labels: str, **kw: object) -> MetricSpec:
+    return MetricSpec(name, kind, help, tuple(labels), "warden", **kw)  # type: ignore[arg-type]
+
+
+def _v(name: str, kind: Kind, help: str, *labels: str, **kw: object) -> MetricSpec:
+    return MetricSpec(name, kind, help, tuple(labels), "vllm", **kw)  # type: ignore[arg-type]
+
+
+# --- Memory -------------------------------------------------------------------------------
+MEMORY_WATERMARK = _w(
+    "warden_memory_watermark",
+    "gauge",
+    "Memory pressure level from the worst signal: 0 normal, 1 high, 2 critical, 3 oom_imminent.",
+    unit="none",
+    multiprocess_mode="max",
+)
+MEMORY_UTILIZATION = _w(
+    "warden_memory_utilization_ratio",
+    "gauge",
+    "Used fraction of memory per signal: device (NVML), torch_reserved, kv_cache.",
+    "source",
+    unit="percentunit",
+    multiprocess_mode="max",
+)
+WATERMARK_TRANSITIONS = _w(
+    "warden_memory_watermark_transitions_total",
+    "counter",
+    "Changes of the memory watermark, by the level entered.",
+    "to",
+)
+SOURCE_AVAILABLE = _w(
+    "warden_source_available",
+    "gauge",
+    "1 when a measurement source (nvml, torch_allocator, cudagraph, kv_cache) can be read here.",
+    "source",
+    unit="bool",
+    multiprocess_mode="max",
+)
+GPU_MEMORY_USED = _w(
+    "warden_gpu_memory_used_bytes",
+    "gauge",
+    "Device memory in use on the GPU, all processes (NVML).",
+    "gpu",
+    unit="bytes",
+    gpu_only=True,
+)
+GPU_MEMORY_TOTAL = _w(
+    "warden_gpu_memory_total_bytes",
+    "gauge",
+    "Device memory size of the GPU (NVML).",
+    "gpu",
+    unit="bytes",
+    gpu_only=True,
+)
+TORCH_ALLOCATED = _w(
+    "warden_torch_allocated_bytes",
+    "gauge",
+    "Bytes held by live tensors in PyTorch's caching allocator, in the process owning the device.",
+    "device",
+    unit="bytes",
+    gpu_only=True,
+)
+TORCH_RESERVED = _w(
+    "warden_torch_reserved_bytes",
+    "gauge",
+    "Bytes PyTorch's caching allocator reserved from the device; minus allocated = cached gap.",
+    "device",
+    unit="bytes",
+    gpu_only=True,
+)
+TORCH_DEVICE_TOTAL = _w(
+    "warden_torch_device_total_bytes",
+    "gauge",
+    "Total memory of the device as PyTorch sees it (cudaMemGetInfo).",
+    "device",
+    unit="bytes",
+    gpu_only=True,
+)
+TORCH_ALLOC_RETRIES = _w(
+    "warden_torch_alloc_retries_total",
+    "counter",
+    "Allocations that failed once and succeeded after the allocator flushed its cache.",
+    "device",
+    gpu_only=True,
+)
+TORCH_OOM = _w(
+    "warden_torch_oom_total",
+    "counter",
+    "Out-of-memory errors raised by PyTorch's caching allocator.",
+    "device",
+    gpu_only=True,
+)
+CUDAGRAPH_CAPTURES = _w(
+    "warden_cudagraph_captures_total",
+    "counter",
+    "CUDA graphs captured by this engine (start-up and any later lazy capture).",
+    gpu_only=True,
+)
+CUDAGRAPH_POOL_BYTES = _w(
+    "warden_cudagraph_pool_bytes",
+    "gauge",
+    "Device memory taken by captured CUDA graphs (their memory pool).",
+    unit="bytes",
+    gpu_only=True,
+)
+
+# --- Faults -------------------------------------------------------------------------------
+NONFINITE_LOGITS = _w(
+    "warden_nonfinite_logits_total",
+    "counter",
+    "Requests whose logits held NaN or Inf (each request counted once, by the first kind seen).",
+    "kind",
+)
+ENGINE_ERRORS = _w(
+    "warden_engine_errors_total",
+    "counter",
+    "Exceptions from model execution: oom (recoverable), cuda_driver (context poisoned), other.",
+    "class",
+)
+ENGINE_LAST_STEP = _w(
+    "warden_engine_last_step_timestamp_seconds",
+    "gauge",
+    "Unix time of the last engine step that produced output.",
+    unit="dateTimeAsIso",
+    multiprocess_mode="max",
+)
+ENGINE_STALLED = _w(
+    "warden_engine_stalled",
+    "gauge",
+    "1 when requests are running or waiting and no step has completed within the stall timeout.",
+    unit="bool",
+    multiprocess_mode="max",
+)
+COLLECTOR_ERRORS = _w(
+    "warden_collector_errors_total",
+    "counter",
+    "Exceptions raised by a warden collector; the collector is skipped, the engine is unaffected.",
+    "collector",
+)
+EXPORTER_INFO = _w(
+    "warden_exporter_info",
+    "gauge",
+    "Always 1; labels name the warden version and the device type of the engine.",
+    "version",
+    "device",
+    unit="none",
+    multiprocess_mode="max",
+)
+
+# --- Degradation and admission (the closed loop) ------------------------------------------
+DEGRADATION_ACTIVE = _w(
+    "warden_degradation_active",
+    "gauge",
+    "1 while a degradation action is in effect (value of the action where it has one).",
+    "action",
+    unit="none",
+    multiprocess_mode="max",
+)
+DEGRADATION_LEASES = _w(
+    "warden_degradation_leases",
+    "gauge",
+    "Live degradation leases by who holds them: alertmanager, reflex, manual.",
+    "source",
+    unit="none",
+    multiprocess_mode="max",
+)
+ADMISSION_REJECTIONS = _w(
+    "warden_admission_rejections_total",
+    "counter",
+    "Requests refused by warden admission control, by reason.",
+    "reason",
+)
+MAX_TOKENS_CAPPED = _w(
+    "warden_max_tokens_capped_total",
+    "counter",
+    "Requests whose max_tokens was lowered by a cap_max_tokens action or the KV forecast.",
+)
+WEBHOOK_NOTIFICATIONS = _w(
+    "warden_webhook_notifications_total",
+    "counter",
+    "Alertmanager notifications received by the engine webhook, by outcome.",
+    "outcome",
+)
+REQUEST_RETRIES = _w(
+    "warden_request_retries_total",
+    "counter",
+    "Requests retried by warden after a transient failure, by reason.",
+    "reason",
+)
+REQUEST_RETRIES_EXHAUSTED = _w(
+    "warden_request_retries_exhausted_total",
+    "counter",
+    "Requests that still failed after the last retry, by reason.",
+    "reason",
+)
+CIRCUIT_BREAKER_STATE = _w(
+    "warden_circuit_breaker_state",
+    "gauge",
+    "Admission circuit breaker: 0 closed, 1 half_open, 2 open.",
+    unit="none",
+    multiprocess_mode="max",
+)
+REFLEX_ACTIONS = _w(
+    "warden_reflex_actions_total",
+    "counter",
+    "Leases taken by the in-engine reflex, by action.",
+    "action",
+)
+WARDEN_PREEMPTIONS = _w(
+    "warden_preemptions_total",
+    "counter",
+    "Requests preempted by warden to relieve memory pressure.",
+)
+
+# --- Supervisor ---------------------------------------------------------------------------
+ENGINE_RESTARTS = _w(
+    "warden_engine_restarts_total",
+    "counter",
+    "Engine restarts by the supervisor, by reason (exit, crash, stalled, enforce_eager...).",
+    "reason",
+)
+ENGINE_RESTART_DURATION = _w(
+    "warden_engine_restart_duration_seconds",
+    "histogram",
+    "Time from engine failure to ready again.",
+    unit="s",
+    buckets=(5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 300.0, 600.0),
+)
+SUPERVISOR_CIRCUIT_OPEN = _w(
+    "warden_supervisor_circuit_open",
+    "gauge",
+    "1 when restarts hit the limit for the window and the supervisor stopped restarting.",
+    unit="bool",
+    multiprocess_mode="max",
+)
+ENGINE_READY = _w(
+    "warden_engine_ready",
+    "gauge",
+    "1 when the engine passes every readiness check.",
+    unit="bool",
+    multiprocess_mode="max",
+)
+ENGINE_HEALTHY = _w(
+    "warden_engine_healthy",
+    "gauge",
+    "1 when vLLM says the engine is healthy (/health, and /fault_tolerance/status where on).",
+    unit="bool",
+    multiprocess_mode="max",
+)
+ENGINE_EAGER_MODE = _w(
+    "warden_engine_eager_mode",
+    "gauge",
+    "1 when warden restarted the engine with --enforce-eager (CUDA graphs off).",
+    unit="bool",
+    multiprocess_mode="max",
+)
+
+# --- vLLM's own metrics that warden reuses (documented names, 0.32) -----------------------
+VLLM_KV_CACHE_USAGE = _v(
+    "vllm:kv_cache_usage_perc", "gauge", "KV cache usage, 1 = full.", unit="percentunit"
+)
+VLLM_NUM_REQUESTS_RUNNING = _v("vllm:num_requests_running", "gauge", "Requests in the batch.")
+VLLM_NUM_REQUESTS_WAITING = _v("vllm:num_requests_waiting", "gauge", "Requests in the queue.")
+VLLM_NUM_PREEMPTIONS = _v(
+    "vllm:num_preemptions_total", "counter", "Requests preempted by the scheduler."
+)
+VLLM_REQUEST_SUCCESS = _v(
+    "vllm:request_success_total", "counter", "Finished requests by reason.", "finished_reason"
+)
+VLLM_PROMPT_TOKENS = _v("vllm:prompt_tokens_total", "counter", "Prefill tokens processed.")
+VLLM_GENERATION_TOKENS = _v("vllm:generation_tokens_total", "counter", "Tokens generated.")
+VLLM_TTFT = _v("vllm:time_to_first_token_seconds", "histogram", "Time to first token.", unit="s")
+VLLM_INTER_TOKEN_LATENCY = _v(
+    "vllm:inter_token_latency_seconds", "histogram", "Time between output tokens.", unit="s"
+)
+VLLM_E2E_LATENCY = _v(
+    "vllm:e2e_request_latency_seconds", "histogram", "End-to-end request latency.", unit="s"
+)
+VLLM_QUEUE_TIME = _v(
+    "vllm:request_queue_time_seconds", "histogram", "Time requests spent waiting.", unit="s"
+)
+VLLM_ADMISSION_REJECTIONS = _v(
+    "vllm:admission_rejections_total", "counter", "Requests vLLM's own queue limits refused."
+)
+VLLM_CACHE_CONFIG_INFO = _v("vllm:cache_config_info", "gauge", "KV cache configuration.")
+VLLM_CORRUPTED_REQUESTS = _v(
+    "vllm:corrupted_requests_total",
+    "counter",
+    "Requests with NaN logits (VLLM_COMPUTE_NANS_IN_LOGITS=1 only).",
+)
+
+ALL: tuple[MetricSpec, ...] = tuple(v for v in list(globals().values()) if isinstance(v, MetricSpec))
+WARDEN: tuple[MetricSpec, ...] = tuple(m for m in ALL if m.owner == "warden")
+VLLM: tuple[MetricSpec, ...] = tuple(m for m in ALL if m.owner == "vllm")
+BY_NAME: dict[str, MetricSpec] = {m.name: m for m in ALL}
+
+
+def series_names(spec: MetricSpec) -> tuple[str, ...]:
+    """Every series name a metric exposes (histograms expose three)."""
+    if spec.kind == "histogram":
+        return (f"{spec.name}_bucket", f"{spec.name}_sum", f"{spec.name}_count")
+    return (spec.name,)
+
+
+KNOWN_SERIES: frozenset[str] = frozenset(s for m in ALL for s in series_names(m))

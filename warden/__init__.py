@@ -1,0 +1,1 @@
+"""vLLM Warden: the command line, the tiny test model and the stack around the exporter."""
