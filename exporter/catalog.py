@@ -27,8 +27,29 @@ DEGRADATION_ACTIONS: tuple[str, ...] = (
     "enforce_eager",
 )
 LEASE_SOURCES: tuple[str, ...] = ("alertmanager", "reflex", "manual")
+REQUEST_OUTCOMES: tuple[str, ...] = ("success", "client_error", "server_error", "rejected")
 # warden_circuit_breaker_state values.
 CIRCUIT_STATES: tuple[str, ...] = ("closed", "half_open", "open")
+
+
+# Labels on alerts that the engine webhook reads: the action, and its parameters.
+ACTION_LABEL = "warden_action"
+PARAM_MAX_TOKENS = "warden_max_tokens"  # cap_max_tokens: the cap (int)
+PARAM_PRIORITY_THRESHOLD = "warden_priority_threshold"  # shed: refuse priority > this (int)
+PARAM_RETRY_AFTER = "warden_retry_after"  # reject_all / stop_admission: Retry-After seconds
+PARAM_CIRCUIT = "warden_circuit"  # circuit_breaker: half_open | open
+PARAM_ADMIT_FRACTION = "warden_admit_fraction"  # circuit_breaker half_open: fraction admitted
+PARAM_PREEMPT = "warden_preempt"  # "1": also preempt the request holding the most KV blocks
+ACTION_PARAM_LABELS: tuple[str, ...] = (
+    PARAM_MAX_TOKENS,
+    PARAM_PRIORITY_THRESHOLD,
+    PARAM_RETRY_AFTER,
+    PARAM_CIRCUIT,
+    PARAM_ADMIT_FRACTION,
+    PARAM_PREEMPT,
+)
+# Series Prometheus itself provides, allowed in expressions besides the catalog.
+PROMETHEUS_BUILTINS: frozenset[str] = frozenset({"up", "ALERTS", "ALERTS_FOR_STATE"})
 
 
 @dataclass(frozen=True)
@@ -262,6 +283,12 @@ CIRCUIT_BREAKER_STATE = _w(
     "Admission circuit breaker: 0 closed, 1 half_open, 2 open.",
     unit="none",
     multiprocess_mode="max",
+)
+REQUESTS = _w(
+    "warden_requests_total",
+    "counter",
+    "Inference requests seen by warden's admission middleware, by outcome.",
+    "outcome",
 )
 REFLEX_ACTIONS = _w(
     "warden_reflex_actions_total",
