@@ -1,0 +1,137 @@
+"""A logits processor that counts requests whose logits went NaN or Inf.
+
+It runs in the worker on every step and must not stall the GPU: the per-row flags are computed
+on the device, copied to pinned host memory without blocking, and read on a later step once
+the copy's event has completed. On CPU the flags are already on the host. vLLM's own check
+(``VLLM_COMPUTE_NANS_IN_LOGITS``) counts NaN only; this counts both kinds, once per request.
+
+Test switch: with ``WARDEN_TEST_INJECT_NONFINITE=1`` in the engine's environment, a request
+that carries ``vllm_xargs: {"warden_inject": "nan"|"inf"}`` gets its logits poisoned, so tests
+can prove exactly that request is counted. Without the variable the argument is ignored.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
+from vllm.v1.sample.logits_processor.interface import MoveDirectionality
+
+from exporter import catalog
+from exporter.config import ExporterConfig
+from exporter.metrics import process_metrics
+
+log = logging.getLogger("warden.exporter")
+INJECT_ARG = "warden_inject"
+# A request re-sent by warden's retry carries its attempt number; injection hits attempt 1 only,
+# modelling a transient fault that a retry with another seed gets past.
+ATTEMPT_ARG = "warden_attempt"
+_MAX_REMEMBERED = 65536
+_MAX_PENDING = 64
+
+
+@dataclass
+class _Row:
+    request_key: int
+    inject: str | None
+
+
+class _PendingFlags:
+    """Device flags on their way to the host; ready when the copy's event completed."""
+
+    def __init__(self, flags: torch.Tensor, keys: list[int], pin: bool) -> None:
+        self.keys = keys
+        if flags.device.type == "cpu":
+            self.host = flags
+            self.event: Any = None
+        else:
+            self.host = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=pin)
+            self.host.copy_(flags, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+
+    def ready(self) -> bool:
+        return self.event is None or bool(self.event.query())
+
+
+class NonFiniteLogitsProcessor(LogitsProcessor):
+    def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
+        self.device = device
+        self.pin = is_pin_memory
+        self.inject_enabled = ExporterConfig.from_env().inject_nonfinite
+        self.rows: dict[int, _Row] = {}
+        self._keys = itertools.count(1)
+        self._counted: OrderedDict[int, None] = OrderedDict()
+        self._pending: deque[_PendingFlags] = deque()
+        metrics = process_metrics()
+        self._counter = metrics.get(catalog.NONFINITE_LOGITS)
+        self._dropped = metrics.get(catalog.COLLECTOR_ERRORS).labels("nonfinite_logits")
+        if self.inject_enabled:
+            log.warning("warden: WARDEN_TEST_INJECT_NONFINITE is on: test-only logits poisoning")
+
+    def is_argmax_invariant(self) -> bool:
+        # It must see every batch, greedy ones included.
+        return False
+
+    def _injection(self, params: Any) -> str | None:
+        if not self.inject_enabled or params is None:
+            return None
+        extra = getattr(params, "extra_args", None) or {}
+        kind = extra.get(INJECT_ARG)
+        if kind not in catalog.NONFINITE_KINDS:
+            return None
+        try:
+            attempt = int(extra.get(ATTEMPT_ARG, 1))
+        except (TypeError, ValueError):
+            attempt = 1
+        return str(kind) if attempt <= 1 else None
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        if batch_update is None:
+            return
+        for index in batch_update.removed:
+            self.rows.pop(index, None)
+        for index, params, _prompt, _output in batch_update.added:
+            self.rows[index] = _Row(next(self._keys), self._injection(params))
+        for source, target, direction in batch_update.moved:
+            moving = self.rows.pop(source, None)
+            if direction == MoveDirectionality.SWAP:
+                other = self.rows.pop(target, None)
+                if other is not None:
+                    self.rows[source] = other
+            if moving is not None:
+                self.rows[target] = moving
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self.rows:
+            return logits
+        num_rows = logits.shape[0]
+        for index, row in self.rows.items():
+            if row.inject is not None and index < num_rows:
+                logits[index, :] = float("nan") if row.inject == "nan" else float("inf")
+        nan_rows = torch.isnan(logits).any(dim=1)
+        inf_rows = torch.isinf(logits).any(dim=1)
+        keys = [self.rows[i].request_key if i in self.rows else 0 for i in range(num_rows)]
+        self._pending.append(_PendingFlags(torch.stack((nan_rows, inf_rows)), keys, self.pin))
+        self._drain()
+        return logits
+
+    def _drain(self) -> None:
+        while self._pending and self._pending[0].ready():
+            pending = self._pending.popleft()
+            nan_flags, inf_flags = pending.host.tolist()
+            for key, is_nan, is_inf in zip(pending.keys, nan_flags, inf_flags, strict=False):
+                if key and (is_nan or is_inf) and key not in self._counted:
+                    self._counted[key] = None
+                    if len(self._counted) > _MAX_REMEMBERED:
+                        self._counted.popitem(last=False)
+                    self._counter.labels("nan" if is_nan else "inf").inc()
+        while len(self._pending) > _MAX_PENDING:
+            # The device is far behind; dropping a sample is better than blocking the step.
+            self._pending.popleft()
+            self._dropped.inc()

@@ -1,0 +1,123 @@
+"""The ``vllm.general_plugins`` entry point: vLLM calls ``register()`` in every process it runs.
+
+- First process of the tree (the API server, or the user's script): creates the signal board
+  and publishes its path in the environment the engine processes inherit.
+- Engine core process: counts model-execution errors by class.
+- Any process that initialises a worker: after the device is up, starts the device collectors
+  (allocator, NVML, CUDA graphs) on a background thread, or says which are unavailable.
+An invalid configuration raises here, so vLLM refuses to start with a message naming it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+from typing import Any
+
+from exporter import __version__, catalog, engine_errors, vllm_compat
+from exporter.adapters import NvmlDevices, TorchCudaAllocator, VllmCudaGraphs
+from exporter.collectors import Collector, CollectorRunner
+from exporter.config import ExporterConfig
+from exporter.device_collectors import (
+    AllocatorCollector,
+    CudaGraphCollector,
+    NvmlCollector,
+    SignalPublisher,
+)
+from exporter.metrics import WardenMetrics, process_metrics
+from exporter.signals import ENV_VAR, SignalBoard
+
+log = logging.getLogger("warden.exporter")
+_state: dict[str, Any] = {}
+
+
+def register() -> None:
+    if _state.get("registered"):
+        return
+    config = ExporterConfig.from_env()
+    metrics = process_metrics()
+    path = os.environ.get(ENV_VAR)
+    if not path:
+        board = SignalBoard.create_for_process_tree()
+        atexit.register(board.unlink)
+        _state["board"] = board
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        log.warning(
+            "warden: PROMETHEUS_MULTIPROC_DIR is not set; metrics from engine and worker "
+            "processes will not reach /metrics (warden serve sets it for you)"
+        )
+    metrics.get(catalog.EXPORTER_INFO).labels(__version__, vllm_compat.device_type()).set(1)
+    engine_errors.install(metrics)
+    _patch_worker_init(config, metrics)
+    _state["registered"] = True
+
+
+def _patch_worker_init(config: ExporterConfig, metrics: WardenMetrics) -> None:
+    from vllm.v1.worker.worker_base import WorkerWrapperBase
+
+    original = WorkerWrapperBase.init_device
+    if getattr(original, "_warden_wrapped", False):
+        return
+
+    def init_device(wrapper: Any) -> None:
+        original(wrapper)
+        try:
+            start_device_collectors(wrapper, config, metrics)
+        except Exception:
+            log.exception("warden: device collectors not started; the engine is unaffected")
+
+    init_device._warden_wrapped = True  # type: ignore[attr-defined]
+    WorkerWrapperBase.init_device = init_device  # type: ignore[method-assign]
+
+
+def start_device_collectors(wrapper: Any, config: ExporterConfig, metrics: WardenMetrics) -> None:
+    worker = getattr(wrapper, "worker", None)
+    rank = int(getattr(worker, "local_rank", 0) or 0)
+    device = getattr(worker, "device", None)
+    device_type = getattr(device, "type", None) or vllm_compat.device_type()
+    available = metrics.get(catalog.SOURCE_AVAILABLE)
+    collectors: list[Collector] = []
+    unavailable: dict[str, str] = {}
+
+    allocator: AllocatorCollector | None = None
+    torch_source = TorchCudaAllocator()
+    reason = torch_source.availability()
+    if reason is None:
+        index = device.index if device is not None and device.index is not None else rank
+        allocator = AllocatorCollector(torch_source, int(index), metrics)
+        collectors.append(allocator)
+    else:
+        unavailable["torch_allocator"] = reason
+
+    nvml: NvmlCollector | None = None
+    nvml_source = NvmlDevices()
+    reason = nvml_source.availability()
+    if reason is None:
+        nvml = NvmlCollector(nvml_source, metrics)
+        collectors.append(nvml)
+    else:
+        unavailable["nvml"] = reason
+
+    graphs = VllmCudaGraphs(device_type)
+    reason = graphs.availability()
+    if reason is None:
+        graphs.install()
+        collectors.append(CudaGraphCollector(graphs, metrics))
+    else:
+        unavailable["cudagraph"] = reason
+
+    for source in ("torch_allocator", "nvml", "cudagraph"):
+        available.labels(source).set(0 if source in unavailable else 1)
+    if unavailable:
+        log.warning(
+            "warden: sources unavailable in this process (exporting the rest): %s",
+            "; ".join(f"{name}: {why}" for name, why in unavailable.items()),
+        )
+    path = os.environ.get(ENV_VAR)
+    if collectors and path and os.path.exists(path):
+        collectors.append(SignalPublisher(SignalBoard(path), rank, allocator, nvml))
+    if collectors:
+        runner = CollectorRunner(collectors, metrics, config.collector_interval_s)
+        runner.start()
+        _state["device_runner"] = runner

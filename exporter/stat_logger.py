@@ -1,0 +1,66 @@
+"""vLLM stat-logger plugin: the per-step hook in the API process.
+
+Registered under the ``vllm.stat_logger_plugins`` entry point; vLLM calls ``record`` once per
+batch of engine outputs. It hands the numbers to the process's StepMonitor and starts the API
+process's collector thread (stall detection) on first construction.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from vllm.v1.metrics.loggers import StatLoggerBase
+
+from exporter import catalog, vllm_compat
+from exporter.collectors import CollectorRunner, FailingCollector
+from exporter.config import ExporterConfig
+from exporter.metrics import process_metrics
+from exporter.signals import ENV_VAR, SignalBoard
+from exporter.stall import StallCollector
+from exporter.step_monitor import StepMonitor, process_monitor
+
+log = logging.getLogger("warden.exporter")
+_runner: CollectorRunner | None = None
+
+
+def _make_monitor() -> StepMonitor:
+    global _runner
+    config = ExporterConfig.from_env()
+    metrics = process_metrics()
+    path = os.environ.get(ENV_VAR)
+    board = SignalBoard(path) if path and os.path.exists(path) else None
+    monitor = StepMonitor(config, metrics, board)
+    collectors: list[Any] = [StallCollector(monitor, metrics, config.stall_timeout_s)]
+    if os.environ.get("WARDEN_TEST_FAILING_COLLECTOR") == "1":
+        collectors.append(FailingCollector())
+    _runner = CollectorRunner(collectors, metrics, min(config.collector_interval_s, 1.0))
+    _runner.start()
+    return monitor
+
+
+class WardenStatLogger(StatLoggerBase):
+    def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+        self.engine_index = engine_index
+        self.monitor = process_monitor(_make_monitor)
+        self._errors = process_metrics().get(catalog.COLLECTOR_ERRORS).labels("stat_logger")
+
+    def record(
+        self,
+        scheduler_stats: Any,
+        iteration_stats: Any,
+        mm_cache_stats: Any = None,
+        engine_idx: int = 0,
+    ) -> None:
+        try:
+            running, waiting, kv = vllm_compat.scheduler_counts(scheduler_stats)
+            preempted = vllm_compat.preempted_in_iteration(iteration_stats)
+            assert self.monitor is not None
+            self.monitor.on_step(running, waiting, kv, preempted)
+        except Exception:
+            # Never let a warden bug reach vLLM's output loop.
+            self._errors.inc()
+
+    def log_engine_initialized(self) -> None:
+        log.info("warden: stat logger attached to engine %d", self.engine_index)

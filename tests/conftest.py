@@ -1,0 +1,13 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from warden.tinymodel import build_tiny_model
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random-weight Llama with a locally trained tokenizer (no network)."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"), seed=0)

@@ -1,0 +1,76 @@
+"""Real vLLM CPU engines for tests, started with every warden hook (no fakes here)."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import socket
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+import httpx
+
+from warden.engine_process import EngineProcess
+from warden.launch import LaunchSpec
+
+# Small and fast on 2 CPU cores; a test adds --num-gpu-blocks-override for a tiny KV cache.
+BASE_ARGS = ("--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--block-size", "32")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def running_engine(
+    model_dir: Path | str,
+    port: int | None = None,
+    extra_args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    run_dir: Path | None = None,
+) -> Iterator[EngineProcess]:
+    """A started, ready engine; stopped (with its whole process group) on exit."""
+    spec = LaunchSpec(
+        str(model_dir),
+        port=port or free_port(),
+        extra_args=[*BASE_ARGS, *extra_args],
+        env={"VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})},
+        run_dir=run_dir,
+    )
+    log_path = (run_dir / "engine.log") if run_dir else None
+    with EngineProcess(spec, log_path=log_path) as engine:
+        yield engine
+
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+def scrape(engine: EngineProcess) -> dict[str, float]:
+    """All samples of /metrics as {'name{labels}': value}."""
+    text = httpx.get(engine.metrics_url, timeout=10).text
+    samples: dict[str, float] = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match:
+            samples[match.group(1) + (match.group(2) or "")] = float(match.group(3))
+    return samples
+
+
+def sample(samples: Mapping[str, float], name: str, **labels: str) -> float:
+    """Sum of the samples of ``name`` whose labels include ``labels``."""
+    total = 0.0
+    for key, value in samples.items():
+        metric, _, rest = key.partition("{")
+        if metric != name:
+            continue
+        if all(f'{k}="{v}"' in rest for k, v in labels.items()):
+            total += value
+    return total
+
+
+def complete(engine: EngineProcess, model: str, prompt: str, max_tokens: int = 16,
+             timeout: float = 120.0, **body: object) -> httpx.Response:
+    payload = {"model": model, "prompt": prompt, "max_tokens": max_tokens, **body}
+    return httpx.post(f"{engine.base_url}/v1/completions", json=payload, timeout=timeout)

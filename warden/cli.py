@@ -1,0 +1,138 @@
+"""The ``warden`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+GENERATORS = ("alerts.generate", "dashboards.generate")
+
+
+def cmd_model_tiny(args: argparse.Namespace) -> int:
+    from warden.tinymodel import build_tiny_model
+
+    out = build_tiny_model(args.dir, seed=args.seed)
+    print(out)
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from warden.launch import LaunchSpec
+
+    extra = list(args.vllm_args)
+    if extra and extra[0] == "--":
+        extra = extra[1:]
+    spec = LaunchSpec(args.model, host=args.host, port=args.port, extra_args=extra)
+    if args.print_command:
+        print(" ".join(spec.argv()))
+        return 0
+    process = subprocess.Popen(spec.argv(), env=spec.environment())
+
+    def forward(signum: int, _frame: object) -> None:
+        process.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    return process.wait()
+
+
+def render_generated() -> dict[str, str]:
+    """Every generated file of the repo: path relative to the repo root -> content."""
+    files: dict[str, str] = {}
+    for module_name in GENERATORS:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError:
+            continue
+        files.update(module.render_all())
+    return files
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    root = Path(args.root)
+    stale = []
+    for relative, content in sorted(render_generated().items()):
+        path = root / relative
+        current = path.read_text() if path.exists() else None
+        if current == content:
+            continue
+        if args.check:
+            stale.append(relative)
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+        print(f"wrote {relative}")
+    if stale:
+        print("out of date (run `warden generate`):\n  " + "\n  ".join(stale), file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_dashboards_render(args: argparse.Namespace) -> int:
+    from dashboards.render import render_dashboards
+
+    for path in render_dashboards(args.prometheus, Path(args.out), minutes=args.minutes):
+        print(path)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from warden.demo import run_demo
+
+    return run_demo(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="warden", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    model = sub.add_parser("model", help="build models for tests and demos")
+    model_sub = model.add_subparsers(dest="model_command", required=True)
+    tiny = model_sub.add_parser("tiny", help="tiny random-weight Llama + local tokenizer")
+    tiny.add_argument("dir")
+    tiny.add_argument("--seed", type=int, default=0)
+    tiny.set_defaults(func=cmd_model_tiny)
+
+    serve = sub.add_parser("serve", help="start vLLM's OpenAI server with every warden hook")
+    serve.add_argument("model")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--print-command", action="store_true", help="print the vLLM command")
+    serve.add_argument("vllm_args", nargs=argparse.REMAINDER, help="-- then vLLM arguments")
+    serve.set_defaults(func=cmd_serve)
+
+    generate = sub.add_parser("generate", help="write rules, Alertmanager config, dashboards")
+    generate.add_argument("--check", action="store_true", help="fail if a file is out of date")
+    generate.add_argument("--root", default=str(REPO_ROOT))
+    generate.set_defaults(func=cmd_generate)
+
+    dashboards = sub.add_parser("dashboards", help="dashboard tools")
+    dash_sub = dashboards.add_subparsers(dest="dashboards_command", required=True)
+    render = dash_sub.add_parser("render", help="draw dashboards to PNG from a live Prometheus")
+    render.add_argument("--prometheus", default=os.environ.get("WARDEN_PROMETHEUS_URL",
+                                                                "http://127.0.0.1:9090"))
+    render.add_argument("--out", default="dashboards/png")
+    render.add_argument("--minutes", type=int, default=15)
+    render.set_defaults(func=cmd_dashboards_render)
+
+    demo = sub.add_parser("demo", help="the main job: a real engine with warden, end to end")
+    demo.add_argument("--workdir", default=str(REPO_ROOT / "run" / "demo"))
+    demo.add_argument("--port", type=int, default=8000)
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

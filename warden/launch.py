@@ -1,0 +1,69 @@
+"""How a vLLM server is started with every warden hook wired.
+
+One function builds the command line and environment, so ``warden serve``, the supervisor, the
+tests and the README's "run vLLM yourself" section all agree on the same flags.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Every warden plugin must be named: VLLM_PLUGINS is an allow-list for every plugin group.
+VLLM_PLUGINS = "warden,warden_stats,warden_endpoints"
+LOGITS_PROCESSOR = "exporter.logits:NonFiniteLogitsProcessor"
+WORKER_EXTENSION = "warden.worker_extension.WardenWorkerExtension"
+MIDDLEWARE = "warden.middleware.WardenMiddleware"
+
+
+@dataclass
+class LaunchSpec:
+    model: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    run_dir: Path | None = None
+
+    def argv(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            self.model,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--logits-processors",
+            LOGITS_PROCESSOR,
+            "--worker-extension-cls",
+            WORKER_EXTENSION,
+            "--middleware",
+            MIDDLEWARE,
+            *self.extra_args,
+        ]
+
+    def environment(self) -> dict[str, str]:
+        """The process environment, with a fresh, wiped multiprocess metrics folder."""
+        run_dir = self.run_dir or Path(tempfile.mkdtemp(prefix="warden-run-"))
+        metrics_dir = run_dir / "prometheus-multiproc"
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+        metrics_dir.mkdir(parents=True)
+        env = dict(os.environ)
+        env.setdefault("VLLM_CACHE_ROOT", str(run_dir / "vllm-cache"))
+        env.update(
+            {
+                "VLLM_PLUGINS": VLLM_PLUGINS,
+                "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        env.pop("WARDEN_SIGNAL_BOARD", None)
+        env.update(self.env)
+        return env
