@@ -1,0 +1,118 @@
+"""Recording rules: per-instance series the alerts and dashboards read.
+
+Alerts compare these instead of repeating the aggregation, so every alert carries ``instance``
+and nothing else from the raw series (vLLM's ``model_name``/``engine``, warden's ``gpu``...).
+"""
+
+from __future__ import annotations
+
+from alerts.model import RecordingRule, RuleGroup, recorded_name
+from exporter.catalog import (
+    COLLECTOR_ERRORS,
+    ENGINE_RESTARTS,
+    GPU_MEMORY_TOTAL,
+    GPU_MEMORY_USED,
+    MEMORY_WATERMARK,
+    NONFINITE_LOGITS,
+    REQUEST_OUTCOMES,
+    REQUEST_RETRIES,
+    REQUEST_RETRIES_EXHAUSTED,
+    REQUESTS,
+    TORCH_ALLOCATED,
+    TORCH_DEVICE_TOTAL,
+    TORCH_RESERVED,
+    VLLM_NUM_PREEMPTIONS,
+    VLLM_NUM_REQUESTS_WAITING,
+)
+
+# Not an exported metric: PyTorch's reserved minus allocated bytes, the allocator's cached gap.
+TORCH_CACHED_GAP = "warden_torch_cached_bytes"
+
+
+def outcome(name: str) -> str:
+    """A value of the ``outcome`` label of warden_requests_total, checked against the catalog."""
+    if name not in REQUEST_OUTCOMES:
+        raise ValueError(f"unknown request outcome {name!r}")
+    return name
+
+
+WATERMARK = recorded_name("instance", MEMORY_WATERMARK, "max")
+GPU_USED_RATIO = recorded_name("instance_gpu", GPU_MEMORY_USED, "ratio")
+TORCH_RESERVED_RATIO = recorded_name("instance_device", TORCH_RESERVED, "ratio")
+TORCH_CACHED = recorded_name("instance", TORCH_CACHED_GAP, "max")
+TORCH_TOTAL = recorded_name("instance", TORCH_DEVICE_TOTAL, "max")
+QUEUE_WAITING = recorded_name("instance", VLLM_NUM_REQUESTS_WAITING, "sum")
+PREEMPTIONS_RATE = recorded_name("instance", VLLM_NUM_PREEMPTIONS, "rate5m")
+REQUESTS_BY_OUTCOME_RATE = recorded_name("instance_outcome", REQUESTS, "rate5m")
+# Requests that reached the engine: everything except what admission control refused.
+REQUESTS_SERVED_RATE = recorded_name("instance", REQUESTS, "served_rate5m")
+SERVER_ERROR_RATIO = recorded_name("instance", REQUESTS, "server_error_ratio_rate5m")
+RETRIES_RATIO = recorded_name("instance", REQUEST_RETRIES, "ratio_rate5m")
+RETRIES_EXHAUSTED_RATIO = recorded_name("instance", REQUEST_RETRIES_EXHAUSTED, "ratio_rate5m")
+NONFINITE_RATE = recorded_name("instance", NONFINITE_LOGITS, "rate5m")
+NONFINITE_RATIO = recorded_name("instance", NONFINITE_LOGITS, "ratio_rate5m")
+RESTARTS_1H = recorded_name("instance", ENGINE_RESTARTS, "increase1h")
+COLLECTOR_ERRORS_RATE = recorded_name("instance_collector", COLLECTOR_ERRORS, "rate5m")
+
+_REJECTED = outcome("rejected")
+_SERVER_ERROR = outcome("server_error")
+
+RECORDING_RULES = RuleGroup(
+    "warden-recording",
+    (
+        RecordingRule(WATERMARK, f"max by (instance) ({MEMORY_WATERMARK.name})"),
+        RecordingRule(
+            GPU_USED_RATIO,
+            f"sum by (instance, gpu) ({GPU_MEMORY_USED.name})\n"
+            f"/\n"
+            f"sum by (instance, gpu) ({GPU_MEMORY_TOTAL.name})",
+        ),
+        RecordingRule(
+            TORCH_RESERVED_RATIO,
+            f"sum by (instance, device) ({TORCH_RESERVED.name})\n"
+            f"/\n"
+            f"sum by (instance, device) ({TORCH_DEVICE_TOTAL.name})",
+        ),
+        RecordingRule(
+            TORCH_CACHED,
+            f"max by (instance) ({TORCH_RESERVED.name} - {TORCH_ALLOCATED.name})",
+        ),
+        RecordingRule(TORCH_TOTAL, f"max by (instance) ({TORCH_DEVICE_TOTAL.name})"),
+        RecordingRule(QUEUE_WAITING, f"sum by (instance) ({VLLM_NUM_REQUESTS_WAITING.name})"),
+        RecordingRule(
+            PREEMPTIONS_RATE, f"sum by (instance) (rate({VLLM_NUM_PREEMPTIONS.name}[5m]))"
+        ),
+        RecordingRule(
+            REQUESTS_BY_OUTCOME_RATE, f"sum by (instance, outcome) (rate({REQUESTS.name}[5m]))"
+        ),
+        RecordingRule(
+            REQUESTS_SERVED_RATE,
+            f'sum by (instance) ({REQUESTS_BY_OUTCOME_RATE}{{outcome!="{_REJECTED}"}})',
+        ),
+        RecordingRule(
+            SERVER_ERROR_RATIO,
+            f'sum by (instance) ({REQUESTS_BY_OUTCOME_RATE}{{outcome="{_SERVER_ERROR}"}})\n'
+            f"/\n"
+            f"{REQUESTS_SERVED_RATE}",
+        ),
+        RecordingRule(
+            RETRIES_RATIO,
+            f"sum by (instance) (rate({REQUEST_RETRIES.name}[5m]))\n/\n{REQUESTS_SERVED_RATE}",
+        ),
+        RecordingRule(
+            RETRIES_EXHAUSTED_RATIO,
+            f"sum by (instance) (rate({REQUEST_RETRIES_EXHAUSTED.name}[5m]))\n"
+            f"/\n"
+            f"{REQUESTS_SERVED_RATE}",
+        ),
+        RecordingRule(NONFINITE_RATE, f"sum by (instance) (rate({NONFINITE_LOGITS.name}[5m]))"),
+        RecordingRule(NONFINITE_RATIO, f"{NONFINITE_RATE}\n/\n{REQUESTS_SERVED_RATE}"),
+        RecordingRule(
+            RESTARTS_1H, f"sum by (instance) (increase({ENGINE_RESTARTS.name}[1h]))"
+        ),
+        RecordingRule(
+            COLLECTOR_ERRORS_RATE,
+            f"sum by (instance, collector) (rate({COLLECTOR_ERRORS.name}[5m]))",
+        ),
+    ),
+)

@@ -1,0 +1,518 @@
+"""The alerting rules: what is wrong, how bad, and which degradation the engine should apply.
+
+Thresholds are module constants so the runbook's "how to tune" sections can name them. Alerts
+that drive degradation carry ``warden_action`` plus its parameter labels (see
+``exporter.catalog``); the engine webhook turns each firing one into a lease and drops the lease
+when the resolved notification arrives or the lease expires.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from alerts import recording as rec
+from alerts.config import (
+    DASHBOARD_FAULTS,
+    DASHBOARD_MEMORY,
+    DASHBOARD_OVERVIEW,
+    ENGINE_JOB,
+    Severity,
+)
+from alerts.model import AlertRule, RuleGroup
+from exporter.catalog import (
+    CUDAGRAPH_CAPTURES,
+    CUDAGRAPH_POOL_BYTES,
+    ENGINE_HEALTHY,
+    ENGINE_STALLED,
+    MEMORY_SOURCES,
+    NONFINITE_LOGITS,
+    PARAM_ADMIT_FRACTION,
+    PARAM_CIRCUIT,
+    PARAM_MAX_TOKENS,
+    PARAM_PREEMPT,
+    PARAM_PRIORITY_THRESHOLD,
+    PARAM_RETRY_AFTER,
+    WATERMARK_LEVELS,
+)
+
+# --- Memory watermark ---------------------------------------------------------------------
+# Levels of warden_memory_watermark; the rules use ">=" so stronger measures add to weaker ones
+# (at oom_imminent the engine holds stop_admission, shed + preempt and reject_all at once).
+LEVEL_HIGH = WATERMARK_LEVELS.index("high")
+LEVEL_CRITICAL = WATERMARK_LEVELS.index("critical")
+LEVEL_OOM_IMMINENT = WATERMARK_LEVELS.index("oom_imminent")
+STOP_ADMISSION_RETRY_AFTER_S = "10"
+# Larger priority number = less important; shedding refuses priority > threshold. vLLM's
+# default priority is 0, so "0" sheds only traffic explicitly marked as less important.
+SHED_PRIORITY_THRESHOLD = "0"
+OOM_RETRY_AFTER_S = "30"
+
+
+def _watermark_description(effect: str) -> str:
+    return (
+        "Memory watermark on {{ $labels.instance }} is at level "
+        '{{ printf "%.0f" $value }} (1 high, 2 critical, 3 oom_imminent); ' + effect
+    )
+
+
+MEMORY = RuleGroup(
+    "warden-memory",
+    (
+        AlertRule(
+            name="WardenMemoryWatermarkHigh",
+            expr=f"{rec.WATERMARK} >= {LEVEL_HIGH}",
+            for_="2m",
+            severity="warning",
+            action="stop_admission",
+            params={PARAM_RETRY_AFTER: STOP_ADMISSION_RETRY_AFTER_S},
+            summary="Engine memory is high; warden stops admitting new requests.",
+            description=_watermark_description(
+                "new requests get 503 with Retry-After until it drops."
+            ),
+            dashboard=DASHBOARD_MEMORY,
+        ),
+        AlertRule(
+            name="WardenMemoryWatermarkCritical",
+            expr=f"{rec.WATERMARK} >= {LEVEL_CRITICAL}",
+            for_="1m",
+            severity="critical",
+            action="shed_low_priority",
+            params={PARAM_PRIORITY_THRESHOLD: SHED_PRIORITY_THRESHOLD, PARAM_PREEMPT: "1"},
+            summary="Engine memory is critical; warden sheds low-priority work and preempts.",
+            description=_watermark_description(
+                "warden refuses low-priority requests and preempts the largest running one."
+            ),
+            dashboard=DASHBOARD_MEMORY,
+        ),
+        AlertRule(
+            name="WardenOOMImminent",
+            expr=f"{rec.WATERMARK} >= {LEVEL_OOM_IMMINENT}",
+            for_="30s",
+            severity="critical",
+            action="reject_all",
+            params={PARAM_RETRY_AFTER: OOM_RETRY_AFTER_S},
+            summary="Engine is about to run out of memory; warden rejects all new requests.",
+            description=_watermark_description(
+                "warden rejects every new request with Retry-After to avoid an out-of-memory crash."
+            ),
+            dashboard=DASHBOARD_MEMORY,
+        ),
+    ),
+)
+
+
+# --- Memory creep -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CreepHorizon:
+    """How far ahead TimeToOOM looks at one severity, and what it demands of the series.
+
+    The long window gives the trend; the short window must agree, so a start-up ramp or growth
+    that already stopped does not count; ``floor`` is the lowest utilisation seen over the long
+    window, which rules out windows containing a cold start (memory near zero).
+    """
+
+    severity: Severity
+    horizon: str
+    horizon_seconds: int
+    long_window: str
+    short_window: str
+    floor: float
+    for_: str
+
+
+TIME_TO_OOM_WARNING = CreepHorizon("warning", "6h", 6 * 3600, "2h", "30m", 0.5, "30m")
+TIME_TO_OOM_CRITICAL = CreepHorizon("critical", "1h", 3600, "1h", "15m", 0.5, "10m")
+
+
+def memory_source(name: str) -> str:
+    """A value of the ``source`` label, checked against the catalog's memory sources."""
+    if name not in MEMORY_SOURCES:
+        raise ValueError(f"unknown memory source {name!r}")
+    return name
+
+
+def _reaches_full(ratio: str, h: CreepHorizon) -> str:
+    return (
+        f"predict_linear({ratio}[{h.long_window}], {h.horizon_seconds}) >= 1\n"
+        f"and predict_linear({ratio}[{h.short_window}], {h.horizon_seconds}) >= 1\n"
+        f"and min_over_time({ratio}[{h.long_window}]) > {h.floor}"
+    )
+
+
+def _time_to_oom(h: CreepHorizon) -> AlertRule:
+    sources = (
+        (rec.GPU_USED_RATIO, memory_source("device")),
+        (rec.TORCH_RESERVED_RATIO, memory_source("torch_reserved")),
+    )
+    branches = "\nor\n".join(
+        f'label_replace(\n{_indent(_reaches_full(ratio, h))},\n  "source", "{name}", "", ""\n)'
+        for ratio, name in sources
+    )
+    return AlertRule(
+        name="WardenTimeToOOM",
+        expr=f"max by (instance, source) (\n{_indent(branches)}\n)",
+        for_=h.for_,
+        severity=h.severity,
+        summary="Memory keeps growing and will run out at the current rate.",
+        description=(
+            "{{ $labels.source }} memory on {{ $labels.instance }} has grown steadily and is "
+            f"projected at {{{{ $value | humanizePercentage }}}} of capacity within {h.horizon}."
+        ),
+        dashboard=DASHBOARD_MEMORY,
+    )
+
+
+def _indent(text: str, by: str = "  ") -> str:
+    return "\n".join(by + line for line in text.splitlines())
+
+
+# Cached gap (reserved - allocated) growth that counts as a leak, and the size that matters.
+CACHE_GROWTH_BYTES_PER_HOUR = 256 * 2**20
+CACHE_GAP_FLOOR_RATIO = 0.05
+# CUDA graph activity this long after start-up is no longer warm-up.
+CUDAGRAPH_STARTUP_GRACE = "1h"
+CUDAGRAPH_GROWTH_WINDOW = "30m"
+
+CREEP = RuleGroup(
+    "warden-creep",
+    (
+        _time_to_oom(TIME_TO_OOM_WARNING),
+        _time_to_oom(TIME_TO_OOM_CRITICAL),
+        AlertRule(
+            name="WardenAllocatorCacheGrowth",
+            expr=(
+                f"deriv({rec.TORCH_CACHED}[2h]) * 3600 > {CACHE_GROWTH_BYTES_PER_HOUR}\n"
+                f"and deriv({rec.TORCH_CACHED}[30m]) > 0\n"
+                f"and {rec.TORCH_CACHED} / {rec.TORCH_TOTAL} > {CACHE_GAP_FLOOR_RATIO}"
+            ),
+            for_="1h",
+            severity="warning",
+            summary="PyTorch's allocator cache (reserved minus allocated) keeps growing.",
+            description=(
+                "Memory PyTorch reserved but does not use on {{ $labels.instance }} grows by "
+                "{{ $value | humanize1024 }}B per hour (fragmentation or a leak in the cache)."
+            ),
+            dashboard=DASHBOARD_MEMORY,
+        ),
+        AlertRule(
+            name="WardenCudaGraphPoolGrowth",
+            expr=(
+                f"sum by (instance) (increase({CUDAGRAPH_CAPTURES.name}"
+                f"[{CUDAGRAPH_GROWTH_WINDOW}])) > 0\n"
+                f"and on (instance)\n"
+                f"sum by (instance) (delta({CUDAGRAPH_POOL_BYTES.name}"
+                f"[{CUDAGRAPH_GROWTH_WINDOW}])) > 0\n"
+                f"# well after start-up: graphs were exported an hour ago, with no restart since\n"
+                f"and on (instance)\n"
+                f"sum by (instance) (resets({CUDAGRAPH_CAPTURES.name}"
+                f"[{CUDAGRAPH_STARTUP_GRACE}])) == 0\n"
+                f"and on (instance)\n"
+                f"count by (instance) ({CUDAGRAPH_CAPTURES.name} offset {CUDAGRAPH_STARTUP_GRACE})"
+            ),
+            for_="15m",
+            severity="warning",
+            action="enforce_eager",
+            summary="CUDA graphs are still being captured long after start-up.",
+            description=(
+                '{{ $labels.instance }} captured {{ printf "%.0f" $value }} CUDA graphs in the '
+                "last 30 minutes, over an hour after start-up, and the graph pool keeps growing."
+            ),
+            dashboard=DASHBOARD_MEMORY,
+        ),
+    ),
+)
+
+
+# --- Traffic ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BacklogBand:
+    """One level of WardenQueueBacklog: the queue length range it owns and what it does.
+
+    Bands do not overlap, so one level fires at a time; ``keep_firing_for`` holds the previous
+    level while the next one waits out its ``for``, so protection never lapses in between.
+    """
+
+    floor: int
+    ceiling: int | None
+    severity: Severity
+    action: str
+    params: dict[str, str]
+    for_: str
+    effect: str
+
+
+BACKLOG_HANDOVER = "2m"
+BACKLOG_BANDS: tuple[BacklogBand, ...] = (
+    BacklogBand(
+        100,
+        500,
+        "warning",
+        "cap_max_tokens",
+        {PARAM_MAX_TOKENS: "2048"},
+        "2m",
+        "warden caps max_tokens at 2048",
+    ),
+    BacklogBand(
+        500,
+        800,
+        "warning",
+        "cap_max_tokens",
+        {PARAM_MAX_TOKENS: "512"},
+        "1m",
+        "warden caps max_tokens at 512",
+    ),
+    BacklogBand(
+        800,
+        1000,
+        "critical",
+        "shed_low_priority",
+        {PARAM_PRIORITY_THRESHOLD: SHED_PRIORITY_THRESHOLD},
+        "1m",
+        "warden refuses low-priority requests",
+    ),
+    BacklogBand(
+        1000,
+        None,
+        "critical",
+        "reject_all",
+        {PARAM_RETRY_AFTER: OOM_RETRY_AFTER_S},
+        "1m",
+        "warden rejects all new requests",
+    ),
+)
+
+
+def _backlog(band: BacklogBand) -> AlertRule:
+    expr = f"{rec.QUEUE_WAITING} >= {band.floor}"
+    if band.ceiling is not None:
+        expr += f"\nand {rec.QUEUE_WAITING} < {band.ceiling}"
+    return AlertRule(
+        name="WardenQueueBacklog",
+        expr=expr,
+        for_=band.for_,
+        keep_firing_for=BACKLOG_HANDOVER,
+        severity=band.severity,
+        action=band.action,
+        params=band.params,
+        summary="Requests are piling up in the engine's queue.",
+        description=(
+            "{{ $value | humanize }} requests are waiting on {{ $labels.instance }}; "
+            f"{band.effect}."
+        ),
+        dashboard=DASHBOARD_OVERVIEW,
+    )
+
+
+PREEMPTIONS_PER_SECOND = 0.5
+# Ratio alerts need some traffic, or one failed request out of two is "50% errors".
+MIN_SERVED_PER_SECOND = 0.05
+ERROR_RATIO_HALF_OPEN = 0.2
+ERROR_RATIO_OPEN = 0.5
+HALF_OPEN_ADMIT_FRACTION = "0.5"
+RETRY_RATIO = 0.1
+RETRY_EXHAUSTED_RATIO = 0.05
+
+
+def _with_traffic(expr: str) -> str:
+    return f"{expr}\nand on (instance) ({rec.REQUESTS_SERVED_RATE} >= {MIN_SERVED_PER_SECOND})"
+
+
+TRAFFIC = RuleGroup(
+    "warden-traffic",
+    (
+        *(_backlog(band) for band in BACKLOG_BANDS),
+        AlertRule(
+            name="WardenPreemptionStorm",
+            expr=f"{rec.PREEMPTIONS_RATE} > {PREEMPTIONS_PER_SECOND}",
+            for_="5m",
+            severity="warning",
+            summary="vLLM keeps preempting requests: the KV cache is oversubscribed.",
+            description=(
+                'vLLM on {{ $labels.instance }} preempts {{ printf "%.2f" $value }} requests '
+                "per second; their work is recomputed or swapped, so throughput collapses."
+            ),
+            dashboard=DASHBOARD_OVERVIEW,
+        ),
+        AlertRule(
+            name="WardenErrorRateHigh",
+            expr=_with_traffic(f"{rec.SERVER_ERROR_RATIO} > {ERROR_RATIO_HALF_OPEN}"),
+            for_="2m",
+            keep_firing_for="10m",
+            severity="warning",
+            action="circuit_breaker",
+            params={PARAM_CIRCUIT: "half_open", PARAM_ADMIT_FRACTION: HALF_OPEN_ADMIT_FRACTION},
+            summary="Many requests fail with server errors; the circuit breaker is half open.",
+            description=(
+                "{{ $value | humanizePercentage }} of requests served on "
+                "{{ $labels.instance }} ended in a server error; warden admits only half of "
+                "new requests."
+            ),
+            dashboard=DASHBOARD_FAULTS,
+        ),
+        AlertRule(
+            name="WardenErrorRateHigh",
+            expr=_with_traffic(f"{rec.SERVER_ERROR_RATIO} > {ERROR_RATIO_OPEN}"),
+            for_="1m",
+            keep_firing_for="5m",
+            severity="critical",
+            action="circuit_breaker",
+            params={PARAM_CIRCUIT: "open"},
+            summary="Most requests fail with server errors; the circuit breaker is open.",
+            description=(
+                "{{ $value | humanizePercentage }} of requests served on "
+                "{{ $labels.instance }} ended in a server error; warden rejects new requests "
+                "until the breaker cools down."
+            ),
+            dashboard=DASHBOARD_FAULTS,
+        ),
+    ),
+)
+
+
+# --- Faults -------------------------------------------------------------------------------
+# Share of requests with non-finite logits that points at the weights or the device, and how
+# long a trickle may last before it counts as sustained.
+NONFINITE_WIDESPREAD_RATIO = 0.01
+NONFINITE_SUSTAINED = "30m"
+COLLECTOR_ERROR_FOR = "10m"
+
+FAULTS = RuleGroup(
+    "warden-faults",
+    (
+        AlertRule(
+            name="WardenNonFiniteLogits",
+            expr=f"sum by (instance) (increase({NONFINITE_LOGITS.name}[10m])) > 0",
+            for_="1m",
+            severity="warning",
+            summary="Some requests produced NaN or Inf logits.",
+            description=(
+                '{{ printf "%.0f" $value }} requests on {{ $labels.instance }} produced NaN or '
+                "Inf logits in the last 10 minutes."
+            ),
+            dashboard=DASHBOARD_FAULTS,
+        ),
+        AlertRule(
+            name="WardenNonFiniteLogits",
+            expr=(
+                f"{rec.NONFINITE_RATIO} > {NONFINITE_WIDESPREAD_RATIO}\n"
+                f"or\n"
+                f"(\n"
+                f"  {rec.NONFINITE_RATIO} > 0\n"
+                f"  and min_over_time({rec.NONFINITE_RATE}[{NONFINITE_SUSTAINED}]) > 0\n"
+                f")"
+            ),
+            for_="5m",
+            severity="critical",
+            summary="NaN or Inf logits are widespread or persistent: weight corruption suspected.",
+            description=(
+                "{{ $value | humanizePercentage }} of requests on {{ $labels.instance }} "
+                "produced NaN or Inf logits over 5 minutes, and it is widespread or has lasted "
+                "30 minutes: suspect corrupted weights or a failing device."
+            ),
+            dashboard=DASHBOARD_FAULTS,
+        ),
+        AlertRule(
+            name="WardenRequestRetriesHigh",
+            expr=_with_traffic(f"{rec.RETRIES_RATIO} > {RETRY_RATIO}"),
+            for_="10m",
+            severity="warning",
+            summary="Warden retries many requests after transient failures.",
+            description=(
+                "Retries on {{ $labels.instance }} amount to {{ $value | humanizePercentage }} "
+                "of requests served."
+            ),
+            dashboard=DASHBOARD_FAULTS,
+        ),
+        AlertRule(
+            name="WardenRequestRetriesHigh",
+            expr=_with_traffic(f"{rec.RETRIES_EXHAUSTED_RATIO} > {RETRY_EXHAUSTED_RATIO}"),
+            for_="5m",
+            severity="critical",
+            summary="Warden retries many requests after transient failures.",
+            description=(
+                "{{ $value | humanizePercentage }} of requests served on {{ $labels.instance }} "
+                "still failed after their last retry."
+            ),
+            dashboard=DASHBOARD_FAULTS,
+        ),
+        AlertRule(
+            name="WardenCollectorErrors",
+            expr=f"{rec.COLLECTOR_ERRORS_RATE} > 0",
+            for_=COLLECTOR_ERROR_FOR,
+            severity="warning",
+            summary="A warden collector keeps failing; its metrics are missing.",
+            description=(
+                "Collector {{ $labels.collector }} on {{ $labels.instance }} raises "
+                '{{ printf "%.2f" $value }} errors per second; the series it exports are '
+                "missing, and alerts built on them are blind."
+            ),
+            dashboard=DASHBOARD_FAULTS,
+        ),
+    ),
+)
+
+# --- Liveness -----------------------------------------------------------------------------
+RESTARTS_PER_HOUR = 5
+
+LIVENESS = RuleGroup(
+    "warden-liveness",
+    (
+        AlertRule(
+            name="WardenEngineStalled",
+            expr=f"max by (instance) ({ENGINE_STALLED.name}) == 1",
+            for_="1m",
+            severity="critical",
+            summary="The engine has work but makes no progress.",
+            description=(
+                "The engine on {{ $labels.instance }} has requests running or waiting and "
+                "completed no step within the stall timeout (stalled = {{ $value }})."
+            ),
+            dashboard=DASHBOARD_OVERVIEW,
+        ),
+        AlertRule(
+            name="WardenEngineDown",
+            expr=(
+                f'(\n  max by (instance) (up{{job="{ENGINE_JOB}"}})\n'
+                f'  or absent(up{{job="{ENGINE_JOB}"}}) * 0\n) == 0'
+            ),
+            for_="2m",
+            severity="critical",
+            summary="Prometheus cannot scrape the engine.",
+            description=(
+                "Scrapes of engine target {{ $labels.instance }} fail (up = {{ $value }}); "
+                f"an empty instance means job {ENGINE_JOB} has no targets at all."
+            ),
+            dashboard=DASHBOARD_OVERVIEW,
+        ),
+        AlertRule(
+            name="WardenRestartLoop",
+            expr=f"round({rec.RESTARTS_1H}) > {RESTARTS_PER_HOUR}",
+            for_="1m",
+            severity="critical",
+            summary="The supervisor keeps restarting the engine.",
+            description=(
+                'The engine on {{ $labels.instance }} restarted {{ printf "%.0f" $value }} '
+                "times in the last hour."
+            ),
+            dashboard=DASHBOARD_OVERVIEW,
+        ),
+        AlertRule(
+            name="WardenEngineUnhealthy",
+            expr=f"min by (instance) ({ENGINE_HEALTHY.name}) == 0",
+            for_="5m",
+            severity="critical",
+            summary="vLLM reports the engine unhealthy.",
+            description=(
+                "vLLM on {{ $labels.instance }} has failed its health check for 5 minutes "
+                "(healthy = {{ $value }})."
+            ),
+            dashboard=DASHBOARD_OVERVIEW,
+        ),
+    ),
+)
+
+ALERT_GROUPS: tuple[RuleGroup, ...] = (MEMORY, CREEP, TRAFFIC, FAULTS, LIVENESS)
+ALERT_RULES: tuple[AlertRule, ...] = tuple(
+    rule for group in ALERT_GROUPS for rule in group.rules if isinstance(rule, AlertRule)
+)
+ALERT_NAMES: tuple[str, ...] = tuple(dict.fromkeys(rule.name for rule in ALERT_RULES))
