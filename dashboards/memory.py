@@ -35,6 +35,7 @@ from exporter.catalog import (
     SOURCE_AVAILABLE,
     TORCH_ALLOC_RETRIES,
     TORCH_ALLOCATED,
+    TORCH_DEVICE_TOTAL,
     TORCH_OOM,
     TORCH_RESERVED,
     VLLM_KV_CACHE_USAGE,
@@ -147,11 +148,13 @@ def device_row() -> Row:
     torch = timeseries(
         "PyTorch reserved vs allocated",
         "What the caching allocator took from the device (reserved), what live tensors use "
-        "(allocated), and the cached gap between them. Normal: a small, stable gap.",
+        "(allocated), the cached gap between them, and the device size. Normal: a small, "
+        "stable gap.",
         [
             target(aggregate("max", selector(TORCH_RESERVED), ["device"]), "reserved {{device}}"),
             target(aggregate("max", selector(TORCH_ALLOCATED), ["device"]), "allocated {{device}}"),
             target(aggregate("max", cached_gap(), ["device"]), "cached gap {{device}}"),
+            target(aggregate("max", selector(TORCH_DEVICE_TOTAL), ["device"]), "device {{device}}"),
         ],
         TORCH_RESERVED.unit,
     )

@@ -23,21 +23,25 @@ from dashboards.panels import (
     timeseries,
     value_names,
 )
-from dashboards.queries import aggregate, label_value, quantile, rate, selector
+from dashboards.queries import aggregate, increase, label_value, quantile, rate, selector
 from exporter.catalog import (
     ADMISSION_REJECTIONS,
     DEGRADATION_ACTIVE,
     DEGRADATION_LEASES,
+    MAX_TOKENS_CAPPED,
     MEMORY_WATERMARK,
+    REFLEX_ACTIONS,
     REQUEST_OUTCOMES,
     REQUESTS,
     VLLM_ADMISSION_REJECTIONS,
+    VLLM_E2E_LATENCY,
     VLLM_GENERATION_TOKENS,
     VLLM_INTER_TOKEN_LATENCY,
     VLLM_KV_CACHE_USAGE,
     VLLM_NUM_REQUESTS_RUNNING,
     VLLM_NUM_REQUESTS_WAITING,
     VLLM_PROMPT_TOKENS,
+    VLLM_QUEUE_TIME,
     VLLM_TTFT,
     WATERMARK_LEVELS,
     MetricSpec,
@@ -186,7 +190,7 @@ def load_row() -> Row:
         "Normal: 0; non-zero while a degradation action or queue limit is shedding load.",
         [
             target(rate(ADMISSION_REJECTIONS, ["reason"]), "warden {{reason}}"),
-            target(rate(VLLM_ADMISSION_REJECTIONS, ["reason"]), "vLLM {{reason}}"),
+            target(rate(VLLM_ADMISSION_REJECTIONS), "vLLM queue limits"),
         ],
         REQUESTS_PER_SECOND,
     )
@@ -226,7 +230,17 @@ def latency_row() -> Row:
         ],
         TOKENS_PER_SECOND,
     )
-    return Row(8, [(8, ttft), (8, itl), (8, tokens)])
+    waits = timeseries(
+        "Queue time and end-to-end latency",
+        "p99 time requests waited in the queue, and p50/p99 of the whole request. Normal: queue "
+        "time a small share of end-to-end; when it dominates, the engine is saturated.",
+        [
+            target(quantile(0.99, VLLM_QUEUE_TIME), "p99 queue"),
+            *percentiles("end-to-end", VLLM_E2E_LATENCY),
+        ],
+        VLLM_E2E_LATENCY.unit,
+    )
+    return Row(8, [(6, ttft), (6, itl), (6, waits), (6, tokens)])
 
 
 def outcome_row() -> Row:
@@ -238,25 +252,30 @@ def outcome_row() -> Row:
         REQUESTS_PER_SECOND,
         stacked=True,
     )
-    error_ratio = timeseries(
-        "Server error ratio",
-        "Share of requests ending in a server error. Normal: 0%.",
-        [target(server_error_ratio(), "server errors")],
-        "percentunit",
-        thresholds=steps((OK, None), (WARN, 0.01), (BAD, 0.05)),
+    interventions = timeseries(
+        "Warden interventions (5 min)",
+        "Leases the in-engine reflex took, by action, and requests whose max_tokens warden "
+        "lowered. Normal: 0; they rise with the watermark and fall back after it.",
+        [
+            target(increase(REFLEX_ACTIONS, ["action"]), "reflex {{action}}"),
+            target(increase(MAX_TOKENS_CAPPED), "max_tokens capped"),
+        ],
+        REFLEX_ACTIONS.unit,
+        bars=True,
     )
     alerts = state_timeline(
         "Firing alerts",
         "Each firing alert as a band, by name and severity. Normal: no bands.",
         [
             target(
-                aggregate("max", FIRING, ["alertname", "severity"]), "{{alertname}} ({{severity}})"
+                aggregate("max", FIRING, ["alertname", "severity"]),
+                "{{alertname}} ({{severity}})",
             )
         ],
         "none",
         thresholds=steps((BAD, None)),
     )
-    return Row(8, [(9, outcomes), (6, error_ratio), (9, alerts)])
+    return Row(8, [(9, outcomes), (7, interventions), (8, alerts)])
 
 
 def dashboard() -> Dashboard:
