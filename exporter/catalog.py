@@ -379,7 +379,9 @@ VLLM_CORRUPTED_REQUESTS = _v(
     "Requests with NaN logits (VLLM_COMPUTE_NANS_IN_LOGITS=1 only).",
 )
 
-ALL: tuple[MetricSpec, ...] = tuple(v for v in list(globals().values()) if isinstance(v, MetricSpec))
+ALL: tuple[MetricSpec, ...] = tuple(
+    v for v in list(globals().values()) if isinstance(v, MetricSpec)
+)
 WARDEN: tuple[MetricSpec, ...] = tuple(m for m in ALL if m.owner == "warden")
 VLLM: tuple[MetricSpec, ...] = tuple(m for m in ALL if m.owner == "vllm")
 BY_NAME: dict[str, MetricSpec] = {m.name: m for m in ALL}

@@ -54,7 +54,9 @@ class CollectorRunner:
                 now = time.monotonic()
                 if now - self._last_logged.get(collector.name, -1e9) >= self._log_every_s:
                     self._last_logged[collector.name] = now
-                    log.warning("warden collector %s failed and was skipped: %r", collector.name, exc)
+                    log.warning(
+                        "warden collector %s failed and was skipped: %r", collector.name, exc
+                    )
 
     def start(self) -> None:
         if self._thread is not None:

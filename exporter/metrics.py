@@ -35,9 +35,8 @@ def _build(spec: MetricSpec, registry: CollectorRegistry | None) -> Any:
     if spec.kind == "counter":
         return Counter(spec.base, spec.help, spec.labels, **common)
     if spec.kind == "gauge":
-        return Gauge(
-            spec.name, spec.help, spec.labels, multiprocess_mode=spec.multiprocess_mode, **common
-        )
+        mode: Any = spec.multiprocess_mode
+        return Gauge(spec.name, spec.help, spec.labels, multiprocess_mode=mode, **common)
     buckets = spec.buckets or Histogram.DEFAULT_BUCKETS
     return Histogram(spec.name, spec.help, spec.labels, buckets=buckets, **common)
 

@@ -63,8 +63,9 @@ class StepMonitor:
     def add_listener(self, listener: StepListener) -> None:
         self._listeners.append(listener)
 
-    def on_step(self, running: int | None, waiting: int | None, kv_usage: float | None,
-                preempted: int = 0) -> StepSnapshot:
+    def on_step(
+        self, running: int | None, waiting: int | None, kv_usage: float | None, preempted: int = 0
+    ) -> StepSnapshot:
         now = self.clock()
         snap = self.snapshot
         with self._lock:

@@ -116,8 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     dashboards = sub.add_parser("dashboards", help="dashboard tools")
     dash_sub = dashboards.add_subparsers(dest="dashboards_command", required=True)
     render = dash_sub.add_parser("render", help="draw dashboards to PNG from a live Prometheus")
-    render.add_argument("--prometheus", default=os.environ.get("WARDEN_PROMETHEUS_URL",
-                                                                "http://127.0.0.1:9090"))
+    render.add_argument(
+        "--prometheus", default=os.environ.get("WARDEN_PROMETHEUS_URL", "http://127.0.0.1:9090")
+    )
     render.add_argument("--out", default="dashboards/png")
     render.add_argument("--minutes", type=int, default=15)
     render.set_defaults(func=cmd_dashboards_render)

@@ -17,11 +17,52 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
 )
-_WORDS = (
-    "memory watermark cache block engine request token prompt graph device allocator "
-    "stall retry alert page lease policy admission queue shed cap reject circuit breaker "
-    "the a of to and in is it for on with as at by from this that be are was"
-).split()
+_WORDS = [
+    "memory",
+    "watermark",
+    "cache",
+    "block",
+    "engine",
+    "request",
+    "token",
+    "prompt",
+    "graph",
+    "device",
+    "allocator",
+    "stall",
+    "retry",
+    "alert",
+    "page",
+    "lease",
+    "policy",
+    "admission",
+    "queue",
+    "shed",
+    "cap",
+    "reject",
+    "circuit",
+    "breaker",
+    "the",
+    "a",
+    "of",
+    "to",
+    "and",
+    "in",
+    "is",
+    "it",
+    "for",
+    "on",
+    "with",
+    "as",
+    "at",
+    "by",
+    "from",
+    "this",
+    "that",
+    "be",
+    "are",
+    "was",
+]
 
 
 def _corpus(seed: int, lines: int = 2000) -> list[str]:
@@ -72,7 +113,7 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0, vocab_size: int = 1024)
         bos_token_id=fast.bos_token_id,
         eos_token_id=fast.eos_token_id,
         pad_token_id=fast.pad_token_id,
-        torch_dtype="float32",
+        dtype="float32",
     )
     model = LlamaForCausalLM(config)
     model.save_pretrained(out, safe_serialization=True)

@@ -14,7 +14,15 @@ from warden.engine_process import EngineProcess
 from warden.launch import LaunchSpec
 
 # Small and fast on 2 CPU cores; a test adds --num-gpu-blocks-override for a tiny KV cache.
-BASE_ARGS = ("--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--block-size", "32")
+BASE_ARGS = (
+    "--dtype",
+    "float32",
+    "--max-model-len",
+    "512",
+    "--enforce-eager",
+    "--block-size",
+    "32",
+)
 
 
 def free_port() -> int:
@@ -70,7 +78,13 @@ def sample(samples: Mapping[str, float], name: str, **labels: str) -> float:
     return total
 
 
-def complete(engine: EngineProcess, model: str, prompt: str, max_tokens: int = 16,
-             timeout: float = 120.0, **body: object) -> httpx.Response:
+def complete(
+    engine: EngineProcess,
+    model: str,
+    prompt: str,
+    max_tokens: int = 16,
+    timeout: float = 120.0,
+    **body: object,
+) -> httpx.Response:
     payload = {"model": model, "prompt": prompt, "max_tokens": max_tokens, **body}
     return httpx.post(f"{engine.base_url}/v1/completions", json=payload, timeout=timeout)

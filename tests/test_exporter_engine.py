@@ -1,0 +1,161 @@
+"""The exporter inside a real vLLM CPU engine on the tiny model: no fakes in this module."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from exporter import catalog
+from tests.support.engine import complete, running_engine, sample, scrape
+from warden.engine_process import EngineProcess
+
+pytestmark = pytest.mark.engine
+
+# 10 blocks of 32 tokens: a handful of long requests fills the KV cache and forces preemption.
+TINY_KV_ARGS = ("--num-gpu-blocks-override", "10", "--max-num-seqs", "8", "--max-model-len", "256")
+LONG_PROMPT = " ".join(["memory watermark cache block engine request"] * 12)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
+    env = {"WARDEN_TEST_INJECT_NONFINITE": "1", "WARDEN_TEST_FAILING_COLLECTOR": "1"}
+    run_dir = tmp_path_factory.mktemp("exporter-engine")
+    with running_engine(tiny_model, extra_args=TINY_KV_ARGS, env=env, run_dir=run_dir) as eng:
+        yield eng
+
+
+def test_every_cpu_metric_is_on_vllms_own_metrics_endpoint(engine: EngineProcess) -> None:
+    complete(engine, str(engine.spec.model), "hello", max_tokens=4).raise_for_status()
+    names = {key.partition("{")[0] for key in scrape(engine)}
+    expected = {
+        catalog.MEMORY_WATERMARK,
+        catalog.MEMORY_UTILIZATION,
+        catalog.WATERMARK_TRANSITIONS,
+        catalog.SOURCE_AVAILABLE,
+        catalog.NONFINITE_LOGITS,
+        catalog.ENGINE_ERRORS,
+        catalog.ENGINE_LAST_STEP,
+        catalog.ENGINE_STALLED,
+        catalog.COLLECTOR_ERRORS,
+        catalog.EXPORTER_INFO,
+        catalog.REQUESTS,
+        catalog.VLLM_KV_CACHE_USAGE,
+        catalog.VLLM_NUM_PREEMPTIONS,
+    }
+    missing = {spec.name for spec in expected} - names
+    assert not missing, f"missing on /metrics: {sorted(missing)}"
+
+
+def test_cpu_engine_says_which_gpu_sources_are_unavailable(engine: EngineProcess) -> None:
+    samples = scrape(engine)
+    for source in ("torch_allocator", "nvml", "cudagraph"):
+        assert sample(samples, catalog.SOURCE_AVAILABLE.name, source=source) == 0.0
+    assert sample(samples, catalog.SOURCE_AVAILABLE.name, source="kv_cache") == 1.0
+    assert sample(samples, catalog.EXPORTER_INFO.name, device="cpu") == 1.0
+
+
+def test_tiny_kv_cache_under_load_raises_watermark_and_preempts(engine: EngineProcess) -> None:
+    before = scrape(engine)
+    peak = {"kv": 0.0, "level": 0.0}
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            samples = scrape(engine)
+            ratio = sample(samples, catalog.MEMORY_UTILIZATION.name, source="kv_cache")
+            peak["kv"] = max(peak["kv"], ratio)
+            peak["level"] = max(peak["level"], sample(samples, catalog.MEMORY_WATERMARK.name))
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            futures = [
+                pool.submit(complete, engine, str(engine.spec.model), LONG_PROMPT, 120)
+                for _ in range(8)
+            ]
+            statuses = [f.result().status_code for f in futures]
+    finally:
+        stop.set()
+        watcher.join()
+    after = scrape(engine)
+    assert statuses == [200] * 8
+    preemptions = sample(after, catalog.VLLM_NUM_PREEMPTIONS.name) - sample(
+        before, catalog.VLLM_NUM_PREEMPTIONS.name
+    )
+    assert preemptions > 0
+    assert peak["kv"] >= 0.9, peak
+    assert peak["level"] >= 1, peak
+    transitions_up = sum(
+        sample(after, catalog.WATERMARK_TRANSITIONS.name, to=level)
+        - sample(before, catalog.WATERMARK_TRANSITIONS.name, to=level)
+        for level in catalog.WATERMARK_LEVELS[1:]
+    )
+    assert transitions_up >= 1
+    # Load gone: the watermark returns to normal on the next steps.
+    complete(engine, str(engine.spec.model), "hello", max_tokens=4).raise_for_status()
+    assert sample(scrape(engine), catalog.MEMORY_WATERMARK.name) == 0.0
+
+
+@pytest.mark.parametrize("kind", catalog.NONFINITE_KINDS)
+def test_injected_nonfinite_logits_count_exactly_that_request(
+    engine: EngineProcess, kind: str
+) -> None:
+    before = scrape(engine)
+    model = str(engine.spec.model)
+    with ThreadPoolExecutor(4) as pool:
+        clean = [pool.submit(complete, engine, model, "cache block", 24) for _ in range(3)]
+        poisoned = pool.submit(
+            complete, engine, model, "cache block", 24, vllm_xargs={"warden_inject": kind}
+        )
+        assert all(f.result().status_code == 200 for f in clean)
+        poisoned.result()
+    deadline = time.monotonic() + 10
+    while True:
+        after = scrape(engine)
+        counted = {
+            k: sample(after, catalog.NONFINITE_LOGITS.name, kind=k)
+            - sample(before, catalog.NONFINITE_LOGITS.name, kind=k)
+            for k in catalog.NONFINITE_KINDS
+        }
+        if sum(counted.values()) >= 1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert counted == {k: (1.0 if k == kind else 0.0) for k in catalog.NONFINITE_KINDS}
+
+
+def test_without_the_test_switch_the_injection_argument_is_ignored(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """The switch is off unless the env var enables it: the same request is not poisoned."""
+    with running_engine(tiny_model, run_dir=tmp_path) as plain:
+        complete(
+            plain, str(tiny_model), "cache block", 8, vllm_xargs={"warden_inject": "nan"}
+        ).raise_for_status()
+        samples = scrape(plain)
+        assert sample(samples, catalog.NONFINITE_LOGITS.name) == 0.0
+
+
+def test_failing_collector_is_counted_while_requests_succeed(engine: EngineProcess) -> None:
+    first = sample(scrape(engine), catalog.COLLECTOR_ERRORS.name, collector="test_failing")
+    time.sleep(2.5)
+    response = complete(engine, str(engine.spec.model), "engine request", max_tokens=8)
+    assert response.status_code == 200
+    assert response.json()["choices"][0]["finish_reason"] in ("length", "stop")
+    later = sample(scrape(engine), catalog.COLLECTOR_ERRORS.name, collector="test_failing")
+    assert later >= first + 2
+    # The other collector on the same thread keeps running: the stall check reports "not stalled".
+    assert sample(scrape(engine), catalog.ENGINE_STALLED.name) == 0.0
+
+
+def test_warden_state_reports_the_watermark(engine: EngineProcess) -> None:
+    state = httpx.get(f"{engine.base_url}/warden/state", timeout=10).json()
+    assert state["watermark"] in catalog.WATERMARK_LEVELS
+    assert "kv_cache" in state["signals"]

@@ -1,0 +1,411 @@
+"""Exporter logic, tested in-process. GPU-only sources are replaced by FAKES of their adapters
+(FakeAllocator, FakeNvml, FakeCudaGraphs below): this machine has no GPU. The real adapters
+(exporter/adapters.py) call torch.cuda / NVML / vLLM and run only where a GPU is present."""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import pytest
+import torch
+from prometheus_client import REGISTRY, CollectorRegistry
+from vllm import SamplingParams
+from vllm.v1.sample.logits_processor import BatchUpdate
+from vllm.v1.sample.logits_processor.interface import MoveDirectionality
+
+from exporter import catalog
+from exporter.adapters import AllocatorStats, DeviceMemory, NvmlDevices, TorchCudaAllocator
+from exporter.collectors import CollectorRunner, FailingCollector
+from exporter.config import ConfigError, ExporterConfig
+from exporter.device_collectors import (
+    AllocatorCollector,
+    CudaGraphCollector,
+    NvmlCollector,
+    SignalPublisher,
+)
+from exporter.errors import classify_exception
+from exporter.logits import NonFiniteLogitsProcessor
+from exporter.metrics import WardenMetrics
+from exporter.signals import SignalBoard
+from exporter.stall import StallCollector
+from exporter.step_monitor import StepMonitor
+from exporter.watermark import CRITICAL, HIGH, NORMAL, OOM_IMMINENT, Watermark
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
+    return registry.get_sample_value(name, labels)
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    return CollectorRegistry()
+
+
+@pytest.fixture
+def metrics(registry: CollectorRegistry) -> WardenMetrics:
+    return WardenMetrics(registry)
+
+
+# --- watermark ------------------------------------------------------------------------------
+
+
+def test_watermark_rises_at_once_to_the_worst_signal() -> None:
+    mark = Watermark((0.90, 0.95, 0.98), hysteresis=0.02)
+    assert mark.update({"kv_cache": 0.5}) is None
+    change = mark.update({"kv_cache": 0.5, "torch_reserved": 0.96})
+    assert change is not None and change.entered == "critical"
+    assert mark.worst_source == "torch_reserved"
+    assert mark.update({"kv_cache": 0.99}).entered == "oom_imminent"  # type: ignore[union-attr]
+
+
+def test_watermark_hysteresis_prevents_flapping_on_a_threshold() -> None:
+    mark = Watermark((0.90, 0.95, 0.98), hysteresis=0.02)
+    mark.update({"kv_cache": 0.91})
+    levels = []
+    for ratio in (0.899, 0.905, 0.885, 0.902, 0.89):
+        mark.update({"kv_cache": ratio})
+        levels.append(mark.level)
+    assert levels == [HIGH] * 5
+    mark.update({"kv_cache": 0.87})
+    assert mark.level == NORMAL
+
+
+def test_watermark_steps_down_only_as_far_as_the_signal_allows() -> None:
+    mark = Watermark((0.90, 0.95, 0.98), hysteresis=0.02)
+    mark.update({"kv_cache": 1.0})
+    assert mark.level == OOM_IMMINENT
+    mark.update({"kv_cache": 0.94})  # inside critical's hysteresis band (0.95 - 0.02)
+    assert mark.level == CRITICAL
+    mark.update({"kv_cache": 0.92})
+    assert mark.level == HIGH
+    mark.update({})
+    assert mark.level == NORMAL
+
+
+# --- config ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"WARDEN_WATERMARK_HIGH": "abc"}, "WARDEN_WATERMARK_HIGH"),
+        ({"WARDEN_WATERMARK_HIGH": "1.5"}, "WARDEN_WATERMARK_HIGH"),
+        ({"WARDEN_WATERMARK_CRITICAL": "0.5"}, "WARDEN_WATERMARK_CRITICAL"),
+        ({"WARDEN_STALL_TIMEOUT_S": "-1"}, "WARDEN_STALL_TIMEOUT_S"),
+        ({"WARDEN_COLLECTOR_INTERVAL_S": "0"}, "WARDEN_COLLECTOR_INTERVAL_S"),
+        ({"WARDEN_WATERMARK_HYSTERESIS": "0.95"}, "WARDEN_WATERMARK_HYSTERESIS"),
+        ({"WARDEN_TEST_INJECT_NONFINITE": "maybe"}, "WARDEN_TEST_INJECT_NONFINITE"),
+    ],
+)
+def test_absurd_config_is_refused_naming_the_variable(env: dict[str, str], named: str) -> None:
+    with pytest.raises(ConfigError, match=named):
+        ExporterConfig.from_env(env)
+
+
+def test_config_defaults_and_overrides() -> None:
+    assert ExporterConfig.from_env({}).thresholds == (0.90, 0.95, 0.98)
+    config = ExporterConfig.from_env(
+        {"WARDEN_WATERMARK_HIGH": "0.8", "WARDEN_STALL_TIMEOUT_S": "5"}
+    )
+    assert config.watermark_high == 0.8 and config.stall_timeout_s == 5
+
+
+# --- error classes --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("exc", "expected"),
+    [
+        (torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), "oom"),
+        (RuntimeError("CUDA error: an illegal memory access was encountered"), "cuda_driver"),
+        (RuntimeError("CUDA error: uncorrectable ECC error encountered"), "cuda_driver"),
+        (RuntimeError("CUDA error: unspecified launch failure"), "cuda_driver"),
+        (ValueError("shape mismatch"), "other"),
+    ],
+)
+def test_engine_errors_are_classified(exc: BaseException, expected: str) -> None:
+    assert classify_exception(exc) == expected
+
+
+def test_wrapped_worker_oom_is_still_an_oom() -> None:
+    try:
+        try:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        except Exception as inner:
+            raise RuntimeError("Worker failed with error") from inner
+    except RuntimeError as outer:
+        assert classify_exception(outer) == "oom"
+
+
+# --- collectors -----------------------------------------------------------------------------
+
+
+class CountingCollector:
+    name = "counting"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def collect(self) -> None:
+        self.calls += 1
+
+
+def test_failing_collector_is_counted_and_skipped(
+    metrics: WardenMetrics, registry: CollectorRegistry
+) -> None:
+    healthy = CountingCollector()
+    runner = CollectorRunner([FailingCollector(), healthy], metrics, interval_s=0.01)
+    for _ in range(3):
+        runner.run_once()
+    assert value(registry, "warden_collector_errors_total", collector="test_failing") == 3
+    assert value(registry, "warden_collector_errors_total", collector="counting") == 0
+    assert healthy.calls == 3
+
+
+def test_runner_thread_keeps_going_and_stops(metrics: WardenMetrics) -> None:
+    healthy = CountingCollector()
+    runner = CollectorRunner([FailingCollector(), healthy], metrics, interval_s=0.01)
+    runner.start()
+    deadline = threading.Event()
+    deadline.wait(0.2)
+    runner.stop()
+    assert healthy.calls >= 3
+
+
+class FakeAllocator:
+    """FAKE of exporter.adapters.TorchCudaAllocator (no GPU here)."""
+
+    def __init__(self) -> None:
+        self.stats = AllocatorStats(2 << 30, 6 << 30, 8 << 30, alloc_retries=0, ooms=0)
+
+    def availability(self) -> str | None:
+        return None
+
+    def read(self, device_index: int) -> AllocatorStats:
+        return self.stats
+
+
+class FakeNvml:
+    """FAKE of exporter.adapters.NvmlDevices (no NVIDIA driver here)."""
+
+    def __init__(self) -> None:
+        self.memory = {0: DeviceMemory(7 << 30, 8 << 30), 1: DeviceMemory(1 << 30, 8 << 30)}
+
+    def availability(self) -> str | None:
+        return None
+
+    def device_indices(self) -> list[int]:
+        return sorted(self.memory)
+
+    def read(self, index: int) -> DeviceMemory:
+        return self.memory[index]
+
+
+class FakeCudaGraphs:
+    """FAKE of exporter.adapters.VllmCudaGraphs (no CUDA graphs on CPU)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.bytes = 0
+
+    def availability(self) -> str | None:
+        return None
+
+    def captures(self) -> int:
+        return self.count
+
+    def pool_bytes(self) -> int:
+        return self.bytes
+
+
+def test_allocator_collector_exports_gap_inputs_and_counts_deltas(
+    metrics: WardenMetrics, registry: CollectorRegistry
+) -> None:
+    fake = FakeAllocator()
+    collector = AllocatorCollector(fake, 0, metrics)
+    collector.collect()
+    assert value(registry, "warden_torch_allocated_bytes", device="cuda:0") == 2 << 30
+    assert value(registry, "warden_torch_reserved_bytes", device="cuda:0") == 6 << 30
+    assert value(registry, "warden_torch_device_total_bytes", device="cuda:0") == 8 << 30
+    assert collector.reserved_ratio == pytest.approx(0.75)
+    fake.stats = AllocatorStats(2 << 30, 7 << 30, 8 << 30, alloc_retries=3, ooms=1)
+    collector.collect()
+    fake.stats = AllocatorStats(2 << 30, 7 << 30, 8 << 30, alloc_retries=5, ooms=1)
+    collector.collect()
+    assert value(registry, "warden_torch_alloc_retries_total", device="cuda:0") == 5
+    assert value(registry, "warden_torch_oom_total", device="cuda:0") == 1
+
+
+def test_nvml_collector_reports_each_gpu_and_the_worst_ratio(
+    metrics: WardenMetrics, registry: CollectorRegistry
+) -> None:
+    collector = NvmlCollector(FakeNvml(), metrics)
+    collector.collect()
+    assert value(registry, "warden_gpu_memory_used_bytes", gpu="0") == 7 << 30
+    assert value(registry, "warden_gpu_memory_total_bytes", gpu="1") == 8 << 30
+    assert collector.used_ratio == pytest.approx(7 / 8)
+
+
+def test_cudagraph_collector_counts_captures_and_pool(
+    metrics: WardenMetrics, registry: CollectorRegistry
+) -> None:
+    fake = FakeCudaGraphs()
+    collector = CudaGraphCollector(fake, metrics)
+    fake.count, fake.bytes = 35, 512 << 20
+    collector.collect()
+    fake.count = 37
+    collector.collect()
+    assert value(registry, "warden_cudagraph_captures_total") == 37
+    assert value(registry, "warden_cudagraph_pool_bytes") == 512 << 20
+
+
+def test_device_ratios_reach_the_api_side_watermark(
+    metrics: WardenMetrics, registry: CollectorRegistry, tmp_path
+) -> None:
+    path = str(tmp_path / "board")
+    writer_board = SignalBoard(path, create=True)
+    allocator = AllocatorCollector(FakeAllocator(), 0, metrics)
+    nvml = NvmlCollector(FakeNvml(), metrics)
+    runner = CollectorRunner(
+        [allocator, nvml, SignalPublisher(writer_board, 0, allocator, nvml)], metrics, 1.0
+    )
+    runner.run_once()
+    monitor = StepMonitor(ExporterConfig(), metrics, SignalBoard(path))
+    snap = monitor.on_step(running=2, waiting=0, kv_usage=0.3)
+    assert snap.signals == {"kv_cache": 0.3, "device": 7 / 8, "torch_reserved": 0.75}
+    assert snap.watermark == NORMAL
+    fake = FakeAllocator()
+    fake.stats = AllocatorStats(1, 8 << 30, 8 << 30, 0, 0)  # reserved = total
+    allocator.source = fake
+    runner.run_once()
+    snap = monitor.on_step(running=2, waiting=0, kv_usage=0.3)
+    assert snap.watermark == OOM_IMMINENT
+    assert value(registry, "warden_memory_watermark") == OOM_IMMINENT
+    assert value(registry, "warden_memory_utilization_ratio", source="torch_reserved") == 1.0
+    assert value(registry, "warden_memory_watermark_transitions_total", to="oom_imminent") == 1
+
+
+def test_stale_board_slots_are_ignored(tmp_path) -> None:
+    board = SignalBoard(str(tmp_path / "b"), create=True)
+    board.write(0, 0.99, 0.99, timestamp=100.0)
+    assert board.read_max(max_age_s=5, now=200.0) == {}
+    board.write(1, math.nan, 0.5, timestamp=199.0)
+    assert board.read_max(max_age_s=5, now=200.0) == {"torch_reserved": 0.5}
+
+
+def test_real_adapters_report_unavailable_on_a_cpu_machine() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the real adapters are exercised instead")
+    assert TorchCudaAllocator().availability() is not None
+    assert NvmlDevices().availability() is not None
+
+
+# --- step monitor and stall -----------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_stall_needs_pending_work_and_no_step(
+    metrics: WardenMetrics, registry: CollectorRegistry
+) -> None:
+    clock = Clock()
+    monitor = StepMonitor(ExporterConfig(), metrics, None, clock=clock)
+    stall = StallCollector(monitor, metrics, timeout_s=30, clock=clock)
+    clock.now += 100
+    stall.collect()  # idle engine for 100 s: not a stall
+    assert value(registry, "warden_engine_stalled") == 0
+    monitor.on_step(running=1, waiting=3, kv_usage=0.1)
+    clock.now += 20
+    stall.collect()
+    assert value(registry, "warden_engine_stalled") == 0
+    clock.now += 15
+    stall.collect()
+    assert value(registry, "warden_engine_stalled") == 1
+    monitor.on_step(running=1, waiting=0, kv_usage=0.1)  # a step completes: recovered
+    stall.collect()
+    assert value(registry, "warden_engine_stalled") == 0
+
+
+def test_requests_arriving_on_an_idle_engine_that_never_steps_is_a_stall(
+    metrics: WardenMetrics, registry: CollectorRegistry
+) -> None:
+    clock = Clock()
+    monitor = StepMonitor(ExporterConfig(), metrics, None, clock=clock)
+    inflight = {"n": 0}
+    monitor.inflight = lambda: inflight["n"]
+    stall = StallCollector(monitor, metrics, timeout_s=10, clock=clock)
+    clock.now += 500
+    stall.collect()
+    inflight["n"] = 2  # requests arrive; the engine (paused) never reports a step
+    clock.now += 5
+    stall.collect()
+    assert value(registry, "warden_engine_stalled") == 0
+    clock.now += 6
+    stall.collect()
+    assert value(registry, "warden_engine_stalled") == 1
+
+
+def test_failing_step_listener_is_counted_not_raised(
+    metrics: WardenMetrics, registry: CollectorRegistry
+) -> None:
+    monitor = StepMonitor(ExporterConfig(), metrics, None)
+
+    class Broken:
+        name = "broken_listener"
+
+        def __call__(self, snap: object) -> None:
+            raise RuntimeError("boom")
+
+    monitor.add_listener(Broken())
+    monitor.on_step(1, 0, 0.5)
+    assert value(registry, "warden_collector_errors_total", collector="broken_listener") == 1
+
+
+# --- logits processor (real class, CPU tensors) ---------------------------------------------
+
+
+def nonfinite_total(kind: str) -> float:
+    return REGISTRY.get_sample_value("warden_nonfinite_logits_total", {"kind": kind}) or 0.0
+
+
+def test_logits_processor_counts_each_bad_request_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    processor = NonFiniteLogitsProcessor(None, torch.device("cpu"), False)
+    before = {k: nonfinite_total(k) for k in catalog.NONFINITE_KINDS}
+    params = [SamplingParams(max_tokens=8) for _ in range(3)]
+    processor.update_state(
+        BatchUpdate(3, removed=[], added=[(i, p, [], []) for i, p in enumerate(params)], moved=[])
+    )
+    for _ in range(3):  # the bad rows stay bad for three steps: still one count each
+        logits = torch.zeros(3, 16)
+        logits[1, 4] = float("nan")
+        logits[2, 0] = float("inf")
+        assert processor.apply(logits) is logits
+    # Rows 1 and 2 swap: the request identities move with them.
+    processor.update_state(BatchUpdate(3, [], [], [(1, 2, MoveDirectionality.SWAP)]))
+    logits = torch.zeros(3, 16)
+    logits[2, 4] = float("nan")
+    processor.apply(logits)
+    after = {k: nonfinite_total(k) - before[k] for k in catalog.NONFINITE_KINDS}
+    assert after == {"nan": 1.0, "inf": 1.0}
+
+
+def test_logits_injection_needs_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    params = SamplingParams(max_tokens=8, extra_args={"warden_inject": "inf"})
+    monkeypatch.delenv("WARDEN_TEST_INJECT_NONFINITE", raising=False)
+    off = NonFiniteLogitsProcessor(None, torch.device("cpu"), False)
+    off.update_state(BatchUpdate(1, [], [(0, params, [], [])], []))
+    assert torch.isfinite(off.apply(torch.zeros(1, 8))).all()
+    monkeypatch.setenv("WARDEN_TEST_INJECT_NONFINITE", "1")
+    on = NonFiniteLogitsProcessor(None, torch.device("cpu"), False)
+    on.update_state(BatchUpdate(1, [], [(0, params, [], [])], []))
+    assert torch.isinf(on.apply(torch.zeros(1, 8))).all()
+    retried = SamplingParams(max_tokens=8, extra_args={"warden_inject": "inf", "warden_attempt": 2})
+    on.update_state(BatchUpdate(1, [0], [(0, retried, [], [])], []))
+    assert torch.isfinite(on.apply(torch.zeros(1, 8))).all()
