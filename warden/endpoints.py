@@ -51,7 +51,10 @@ class WardenEndpoints:
     required_tasks = None
 
     def attach_router(self, app: FastAPI) -> None:
+        from warden import health
+
         app.include_router(router)
+        app.include_router(health.router)
 
     async def init_state(self, engine_client: Any, state: Any, args: Namespace) -> None:
         monitor = process_monitor()
