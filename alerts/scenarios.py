@@ -1,0 +1,318 @@
+"""The promtool scenarios: realistic input series for every alert, and what must happen.
+
+Series are built from the catalog's MetricSpecs; expected labels and descriptions are spelled
+out by hand, so they check the rules instead of echoing them. Creep alerts run on hours of
+one-minute samples with a small wobble, the way memory really moves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from alerts import recording as rec
+from alerts.config import ENGINE_JOB
+from alerts.promtool_tests import (
+    Expected,
+    ExprCheck,
+    RecordingScenario,
+    Sample,
+    Scenario,
+    TestFile,
+    fires,
+    healthy,
+    pending,
+    resolved,
+    series_text,
+    values_text,
+)
+from exporter.catalog import (
+    ACTION_LABEL,
+    COLLECTOR_ERRORS,
+    CUDAGRAPH_CAPTURES,
+    CUDAGRAPH_POOL_BYTES,
+    ENGINE_HEALTHY,
+    ENGINE_RESTARTS,
+    ENGINE_STALLED,
+    GPU_MEMORY_TOTAL,
+    GPU_MEMORY_USED,
+    MEMORY_WATERMARK,
+    NONFINITE_LOGITS,
+    PARAM_ADMIT_FRACTION,
+    PARAM_CIRCUIT,
+    PARAM_MAX_TOKENS,
+    PARAM_PREEMPT,
+    PARAM_PRIORITY_THRESHOLD,
+    PARAM_RETRY_AFTER,
+    REQUEST_RETRIES,
+    REQUEST_RETRIES_EXHAUSTED,
+    REQUESTS,
+    TORCH_ALLOCATED,
+    TORCH_DEVICE_TOTAL,
+    TORCH_RESERVED,
+    VLLM_NUM_PREEMPTIONS,
+    VLLM_NUM_REQUESTS_WAITING,
+    MetricSpec,
+)
+
+INSTANCE = "engine:8000"
+TARGET = {"instance": INSTANCE, "job": ENGINE_JOB}
+GIB = 2**30
+DEVICE_TOTAL = 80 * GIB
+
+
+def s(metric: MetricSpec | str, **labels: str) -> str:
+    """A series of the engine target (vLLM series also get model_name and engine)."""
+    base = dict(TARGET)
+    if isinstance(metric, MetricSpec) and metric.owner == "vllm":
+        base.update(model_name="tiny", engine="0")
+    base.update(labels)
+    return series_text(metric, base)
+
+
+def hold(value: float, count: int) -> list[float]:
+    return [value] * count
+
+
+def counter(per_minute: Callable[[int], float], minutes: int, start: float = 0) -> list[float]:
+    """Cumulative counter samples, one a minute, adding ``per_minute(t)`` at minute t."""
+    total, out = start, []
+    for minute in range(minutes):
+        if minute:
+            total += per_minute(minute)
+        out.append(total)
+    return out
+
+
+def wobble(minute: int, amplitude: float, period: int = 7) -> float:
+    """Triangle wave in [-amplitude, amplitude]: batch churn on top of a trend."""
+    phase = (minute % period) / period
+    return amplitude * (4 * abs(phase - 0.5) - 1)
+
+
+def memory_bytes(
+    minutes: int,
+    level: float,
+    per_hour: float = 0.0,
+    *,
+    growth_stops: int | None = None,
+    restart_at: int | None = None,
+    ramp: int = 5,
+    jitter: float = 0.002,
+) -> str:
+    """Used bytes of an 80 GiB device: start-up ramp to ``level``, then a linear trend (in
+    fraction of the device per hour) until ``growth_stops``, with wobble. ``restart_at`` starts
+    the engine over (memory freed, then the start-up ramp again)."""
+    values = []
+    for minute in range(minutes):
+        since_start = minute - restart_at if restart_at and minute >= restart_at else minute
+        if since_start < ramp:
+            ratio = 0.01 + (level - 0.01) * since_start / ramp
+        else:
+            grown = min(minute, growth_stops if growth_stops is not None else minute) - ramp
+            ratio = level + per_hour * grown / 60 + wobble(minute, jitter)
+        values.append(round(ratio * DEVICE_TOTAL))
+    return values_text(values)
+
+
+def labels(severity: str, **extra: str) -> dict[str, str]:
+    return {"instance": INSTANCE, "severity": severity, **extra}
+
+
+# --- Memory watermark ------------------------------------------------------------------------
+WATERMARK_HIGH = labels("warning", **{ACTION_LABEL: "stop_admission", PARAM_RETRY_AFTER: "10"})
+WATERMARK_CRITICAL = labels(
+    "critical",
+    **{ACTION_LABEL: "shed_low_priority", PARAM_PRIORITY_THRESHOLD: "0", PARAM_PREEMPT: "1"},
+)
+OOM_IMMINENT = labels("critical", **{ACTION_LABEL: "reject_all", PARAM_RETRY_AFTER: "30"})
+_LEVELS = "(1 high, 2 critical, 3 oom_imminent)"
+
+
+def high_desc(level: int) -> str:
+    return (
+        f"Memory watermark on {INSTANCE} is at level {level} {_LEVELS}; new requests get 503 "
+        "with Retry-After until it drops."
+    )
+
+
+def critical_desc(level: int) -> str:
+    return (
+        f"Memory watermark on {INSTANCE} is at level {level} {_LEVELS}; warden refuses "
+        "low-priority requests and preempts the largest running one."
+    )
+
+
+def oom_desc(level: int) -> str:
+    return (
+        f"Memory watermark on {INSTANCE} is at level {level} {_LEVELS}; warden rejects every "
+        "new request with Retry-After to avoid an out-of-memory crash."
+    )
+
+
+# 15s samples: 0 until 45s, 1 from 1m, 2 from 3m, 3 from 5m, back to 0 from 8m.
+CLIMB_TO_OOM = {s(MEMORY_WATERMARK): "0x3 1x7 2x7 3x11 0x8"}
+# 15s samples: level 1 from 2m to 5m45s.
+HIGH_FOR_4M = {s(MEMORY_WATERMARK): "0x7 1x15 0x15"}
+BLIP = {s(MEMORY_WATERMARK): "0x7 1x3 2 3 0x20"}
+
+MEMORY_SCENARIOS = (
+    Scenario(
+        "WardenMemoryWatermarkHigh",
+        "level 1 for 4 minutes",
+        HIGH_FOR_4M,
+        (
+            healthy("1m45s"),
+            pending("3m45s", WATERMARK_HIGH),
+            fires("4m", Expected(WATERMARK_HIGH, high_desc(1))),
+            fires("5m45s", Expected(WATERMARK_HIGH, high_desc(1))),
+            resolved("6m"),
+        ),
+        interval="15s",
+    ),
+    Scenario(
+        "WardenMemoryWatermarkHigh",
+        "a 75s excursion up to level 3 fires nothing",
+        BLIP,
+        (
+            healthy("1m"),
+            pending("3m15s", WATERMARK_HIGH),
+            healthy("3m30s"),
+            healthy("4m", alertname="WardenMemoryWatermarkCritical"),
+            healthy("4m", alertname="WardenOOMImminent"),
+        ),
+        interval="15s",
+    ),
+    Scenario(
+        "WardenMemoryWatermarkHigh",
+        "climb to oom_imminent and recover",
+        CLIMB_TO_OOM,
+        (
+            pending("2m45s", WATERMARK_HIGH),
+            fires("3m", Expected(WATERMARK_HIGH, high_desc(2))),
+            fires("6m", Expected(WATERMARK_HIGH, high_desc(3))),
+            resolved("8m"),
+        ),
+        interval="15s",
+    ),
+    Scenario(
+        "WardenMemoryWatermarkCritical",
+        "climb to oom_imminent and recover",
+        CLIMB_TO_OOM,
+        (
+            healthy("2m45s"),
+            pending("3m45s", WATERMARK_CRITICAL),
+            fires("4m", Expected(WATERMARK_CRITICAL, critical_desc(2))),
+            fires("7m45s", Expected(WATERMARK_CRITICAL, critical_desc(3))),
+            resolved("8m"),
+            resolved("9m45s"),
+        ),
+        interval="15s",
+    ),
+    Scenario(
+        "WardenOOMImminent",
+        "climb to oom_imminent and recover",
+        CLIMB_TO_OOM,
+        (
+            healthy("4m45s"),
+            pending("5m15s", OOM_IMMINENT),
+            fires("5m30s", Expected(OOM_IMMINENT, oom_desc(3))),
+            fires("7m45s", Expected(OOM_IMMINENT, oom_desc(3))),
+            resolved("8m"),
+        ),
+        interval="15s",
+    ),
+)
+
+
+# --- Memory creep ----------------------------------------------------------------------------
+def gpu_memory(used: str, minutes: int) -> dict[str, str]:
+    return {
+        s(GPU_MEMORY_USED, gpu="0"): used,
+        s(GPU_MEMORY_TOTAL, gpu="0"): f"{DEVICE_TOTAL}x{minutes - 1}",
+    }
+
+
+def torch_memory(reserved: str, minutes: int) -> dict[str, str]:
+    return {
+        s(TORCH_RESERVED, device="cuda:0"): reserved,
+        s(TORCH_DEVICE_TOTAL, device="cuda:0"): f"{DEVICE_TOTAL}x{minutes - 1}",
+    }
+
+
+def time_to_oom(severity: str, source: str) -> dict[str, str]:
+    return labels(severity, source=source)
+
+
+def oom_desc_at(source: str, percent: str, horizon: str) -> str:
+    return (
+        f"{source} memory on {INSTANCE} has grown steadily and is projected at {percent} of "
+        f"capacity within {horizon}."
+    )
+
+
+# Device memory settles at 62% after start-up and grows 3 points an hour until 12h30m (13h).
+DEVICE_CREEP = gpu_memory(memory_bytes(810, 0.62, 0.03, growth_stops=750), 810)
+# Settles at 92% and stays there, wobbling, for 12 hours.
+DEVICE_HIGH_FLAT = gpu_memory(memory_bytes(730, 0.92), 730)
+# High and flat, with an engine restart at 6h: memory drops and ramps up again.
+DEVICE_RESTART = gpu_memory(memory_bytes(540, 0.9, restart_at=360), 540)
+# PyTorch's reserved memory creeps 4 points an hour from 55%.
+TORCH_CREEP = torch_memory(memory_bytes(480, 0.55, 0.04), 480)
+
+DEVICE_WARNING = time_to_oom("warning", "device")
+DEVICE_CRITICAL = time_to_oom("critical", "device")
+TORCH_WARNING = time_to_oom("warning", "torch_reserved")
+
+CREEP_SCENARIOS = (
+    Scenario(
+        "WardenTimeToOOM",
+        "device memory creeping 3 points an hour from 62% for 12 hours",
+        DEVICE_CREEP,
+        (
+            healthy("30m"),
+            healthy("3h"),
+            healthy("6h30m"),
+            pending("7h10m", DEVICE_WARNING),
+            # 0.62 + 0.03 * (7h55m + 6h) = 1.0375
+            fires("8h", Expected(DEVICE_WARNING, oom_desc_at("device", "103.8%", "6h"))),
+            pending(
+                "11h50m",
+                DEVICE_CRITICAL,
+                also_firing=[Expected(DEVICE_WARNING, oom_desc_at("device", "115.3%", "6h"))],
+            ),
+            fires(
+                "12h15m",
+                # 0.62 + 0.03 * (12h10m + 1h) = 1.015; + 6h: 1.165
+                Expected(DEVICE_CRITICAL, oom_desc_at("device", "101.5%", "1h")),
+                Expected(DEVICE_WARNING, oom_desc_at("device", "116.5%", "6h")),
+            ),
+            resolved("13h"),
+        ),
+    ),
+    Scenario(
+        "WardenTimeToOOM",
+        "device memory high (92%) but flat for 12 hours",
+        DEVICE_HIGH_FLAT,
+        (healthy("20m"), healthy("1h"), healthy("2h"), healthy("6h"), healthy("12h")),
+    ),
+    Scenario(
+        "WardenTimeToOOM",
+        "an engine restart: memory freed and allocated again",
+        DEVICE_RESTART,
+        (healthy("6h5m"), healthy("6h15m"), healthy("6h40m"), healthy("7h30m"), healthy("8h")),
+    ),
+    Scenario(
+        "WardenTimeToOOM",
+        "PyTorch reserved memory creeping 4 points an hour",
+        TORCH_CREEP,
+        (
+            healthy("4h"),
+            fires("6h30m", Expected(TORCH_WARNING, oom_desc_at("torch_reserved", "104.6%", "6h"))),
+        ),
+    ),
+)
+
+TEST_FILES: tuple[TestFile, ...] = (
+    TestFile("memory.yml", "15s", MEMORY_SCENARIOS),
+    TestFile("creep.yml", "1m", CREEP_SCENARIOS),
+)
