@@ -166,7 +166,18 @@ def _indent(text: str, by: str = "  ") -> str:
     return "\n".join(by + line for line in text.splitlines())
 
 
+def _steady_for(window: str) -> str:
+    """The engine target has been scraped for at least ``window`` and answered every scrape in
+    it: no start-up and no restart inside the window.
+
+    Memory moves a lot while an engine starts and warms up; growth alerts judge steady state.
+    """
+    up = f'up{{job="{ENGINE_JOB}"}}'
+    return f"(min_over_time({up}[{window}]) == 1 and {up} offset {window})"
+
+
 # Cached gap (reserved - allocated) growth that counts as a leak, and the size that matters.
+CACHE_GROWTH_WINDOW = "2h"
 CACHE_GROWTH_BYTES_PER_HOUR = 256 * 2**20
 CACHE_GAP_FLOOR_RATIO = 0.05
 # CUDA graph activity this long after start-up is no longer warm-up.
@@ -181,9 +192,12 @@ CREEP = RuleGroup(
         AlertRule(
             name="WardenAllocatorCacheGrowth",
             expr=(
-                f"deriv({rec.TORCH_CACHED}[2h]) * 3600 > {CACHE_GROWTH_BYTES_PER_HOUR}\n"
+                f"deriv({rec.TORCH_CACHED}[{CACHE_GROWTH_WINDOW}]) * 3600"
+                f" > {CACHE_GROWTH_BYTES_PER_HOUR}\n"
                 f"and deriv({rec.TORCH_CACHED}[30m]) > 0\n"
-                f"and {rec.TORCH_CACHED} / {rec.TORCH_TOTAL} > {CACHE_GAP_FLOOR_RATIO}"
+                f"and {rec.TORCH_CACHED} / {rec.TORCH_TOTAL} > {CACHE_GAP_FLOOR_RATIO}\n"
+                f"# not a warm-up: the engine was scraped without a gap for the whole window\n"
+                f"and on (instance) {_steady_for(CACHE_GROWTH_WINDOW)}"
             ),
             for_="1h",
             severity="warning",
@@ -202,12 +216,12 @@ CREEP = RuleGroup(
                 f"and on (instance)\n"
                 f"sum by (instance) (delta({CUDAGRAPH_POOL_BYTES.name}"
                 f"[{CUDAGRAPH_GROWTH_WINDOW}])) > 0\n"
-                f"# well after start-up: graphs were exported an hour ago, with no restart since\n"
+                f"# well after start-up: up and scraped for an hour, and no counter reset since\n"
+                f"and on (instance)\n"
+                f"{_steady_for(CUDAGRAPH_STARTUP_GRACE)}\n"
                 f"and on (instance)\n"
                 f"sum by (instance) (resets({CUDAGRAPH_CAPTURES.name}"
-                f"[{CUDAGRAPH_STARTUP_GRACE}])) == 0\n"
-                f"and on (instance)\n"
-                f"count by (instance) ({CUDAGRAPH_CAPTURES.name} offset {CUDAGRAPH_STARTUP_GRACE})"
+                f"[{CUDAGRAPH_STARTUP_GRACE}])) == 0"
             ),
             for_="15m",
             severity="warning",

@@ -114,6 +114,16 @@ def memory_bytes(
     return values_text(values)
 
 
+def engine_up(minutes: int, down_first: int = 0, down: tuple[int, int] | None = None) -> dict:
+    """``up`` of the engine target: failing scrapes for the first ``down_first`` minutes (the
+    engine is loading) and during ``down`` (start and end minute, a restart)."""
+    values = [
+        0 if minute < down_first or (down and down[0] <= minute < down[1]) else 1
+        for minute in range(minutes)
+    ]
+    return {series_text("up", TARGET): values_text(values)}
+
+
 def labels(severity: str, **extra: str) -> dict[str, str]:
     return {"instance": INSTANCE, "severity": severity, **extra}
 
@@ -312,7 +322,121 @@ CREEP_SCENARIOS = (
     ),
 )
 
+
+def allocator(minutes: int, gap_gib: float, gib_per_hour: float, growth_stops: int) -> dict[str, str]:
+    """PyTorch allocator series whose cached gap (reserved - allocated) reaches ``gap_gib`` in
+    3 minutes, then grows ``gib_per_hour`` until ``growth_stops``; live tensors churn."""
+    allocated, reserved = [], []
+    for minute in range(minutes):
+        live = 50 * GIB + wobble(minute, 2 * GIB, period=5)
+        grown = max(0, min(minute, growth_stops) - 3) / 60 * gib_per_hour
+        gap = min(minute, 3) / 3 * gap_gib * GIB + grown * GIB + wobble(minute, GIB / 8, 11)
+        allocated.append(round(live))
+        reserved.append(round(live + gap))
+    return {
+        **engine_up(minutes, down_first=2),
+        s(TORCH_ALLOCATED, device="cuda:0"): values_text(allocated),
+        s(TORCH_RESERVED, device="cuda:0"): values_text(reserved),
+        s(TORCH_DEVICE_TOTAL, device="cuda:0"): f"{DEVICE_TOTAL}x{minutes - 1}",
+    }
+
+
+# Gap of 2 GiB growing 1 GiB an hour for 6 hours, then steady.
+CACHE_LEAK = allocator(540, 2, 1, growth_stops=360)
+# Gap of 10 GiB (12.5% of the device), not growing.
+CACHE_HIGH_FLAT = allocator(420, 10, 0, growth_stops=0)
+
+CACHE_GROWTH = labels("warning")
+
+
+def cache_desc(per_hour: str) -> str:
+    return (
+        f"Memory PyTorch reserved but does not use on {INSTANCE} grows by {per_hour}B per hour "
+        "(fragmentation or a leak in the cache)."
+    )
+
+
+CACHE_SCENARIOS = (
+    Scenario(
+        "WardenAllocatorCacheGrowth",
+        "cached gap growing 1 GiB an hour for 6 hours",
+        CACHE_LEAK,
+        (
+            healthy("1h"),
+            pending("2h30m", CACHE_GROWTH),
+            # about 1 GiB an hour, less a little wobble
+            fires("4h", Expected(CACHE_GROWTH, cache_desc("1017Mi"))),
+            fires("6h", Expected(CACHE_GROWTH, cache_desc("1015Mi"))),
+            resolved("8h30m"),
+        ),
+    ),
+    Scenario(
+        "WardenAllocatorCacheGrowth",
+        "cached gap at 12.5% of the device but flat",
+        CACHE_HIGH_FLAT,
+        (healthy("10m"), healthy("30m"), healthy("1h"), healthy("3h"), healthy("6h50m")),
+    ),
+)
+
+
+def cuda_graphs(
+    minutes: int, lazy_from: int, lazy_until: int, restart_at: int | None = None
+) -> dict[str, str]:
+    """67 graphs captured in the first 2 minutes, then one lazy capture (50 MiB of pool) every
+    5 minutes in [lazy_from, lazy_until); ``restart_at`` restarts the engine (2 minutes down,
+    counters start over and the start-up captures happen again)."""
+    captures, pool = [], []
+    for minute in range(minutes):
+        since_start = minute - restart_at if restart_at and minute >= restart_at else minute
+        startup = min(since_start, 2) * 67 // 2
+        lazy = len(range(lazy_from, min(minute, lazy_until - 1) + 1, 5))
+        lazy = lazy if minute >= lazy_from and not restart_at else 0
+        captures.append(startup + lazy)
+        pool.append(startup * 30 * 2**20 + lazy * 50 * 2**20)
+    down = (restart_at, restart_at + 2) if restart_at else None
+    return {
+        **engine_up(minutes, down=down),
+        series_text(CUDAGRAPH_CAPTURES, TARGET): values_text(captures),
+        series_text(CUDAGRAPH_POOL_BYTES, TARGET): values_text(pool),
+    }
+
+
+# Lazy captures from 2h to 3h, then none.
+GRAPHS_LAZY = cuda_graphs(300, 120, 180)
+# Only start-up captures, twice: at 0 and after a restart at 2h.
+GRAPHS_RESTART = cuda_graphs(300, 10**6, 10**6, restart_at=120)
+GRAPH_GROWTH = labels("warning", **{ACTION_LABEL: "enforce_eager"})
+
+
+def graphs_desc(count: int) -> str:
+    return (
+        f"{INSTANCE} captured {count} CUDA graphs in the last 30 minutes, over an hour after "
+        "start-up, and the graph pool keeps growing."
+    )
+
+
+GRAPH_SCENARIOS = (
+    Scenario(
+        "WardenCudaGraphPoolGrowth",
+        "lazy captures from 2h to 3h",
+        GRAPHS_LAZY,
+        (
+            healthy("20m"),
+            healthy("1h50m"),
+            pending("2h10m", GRAPH_GROWTH),
+            fires("2h30m", Expected(GRAPH_GROWTH, graphs_desc(6))),
+            resolved("3h45m"),
+        ),
+    ),
+    Scenario(
+        "WardenCudaGraphPoolGrowth",
+        "start-up captures after an engine restart",
+        GRAPHS_RESTART,
+        (healthy("10m"), healthy("2h5m"), healthy("2h20m"), healthy("3h10m"), healthy("4h")),
+    ),
+)
+
 TEST_FILES: tuple[TestFile, ...] = (
     TestFile("memory.yml", "15s", MEMORY_SCENARIOS),
-    TestFile("creep.yml", "1m", CREEP_SCENARIOS),
+    TestFile("creep.yml", "1m", CREEP_SCENARIOS + CACHE_SCENARIOS + GRAPH_SCENARIOS),
 )
