@@ -310,7 +310,7 @@ def _backlog(band: BacklogBand) -> AlertRule:
         params=band.params,
         summary="Requests are piling up in the engine's queue.",
         description=(
-            "{{ $value | humanize }} requests are waiting on {{ $labels.instance }}; "
+            '{{ printf "%.0f" $value }} requests are waiting on {{ $labels.instance }}; '
             f"{band.effect}."
         ),
         dashboard=DASHBOARD_OVERVIEW,
