@@ -413,6 +413,7 @@ FAULTS = RuleGroup(
                 f"(\n"
                 f"  {rec.NONFINITE_RATIO} > 0\n"
                 f"  and min_over_time({rec.NONFINITE_RATE}[{NONFINITE_SUSTAINED}]) > 0\n"
+                f"  and {rec.NONFINITE_RATE} offset {NONFINITE_SUSTAINED} > 0\n"
                 f")"
             ),
             for_="5m",
