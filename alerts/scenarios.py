@@ -804,9 +804,241 @@ FAULT_SCENARIOS = (
     ),
 )
 
+
+# --- Liveness --------------------------------------------------------------------------------
+CRITICAL = labels("critical")
+
+
+def stalled_desc() -> str:
+    return (
+        f"The engine on {INSTANCE} has requests running or waiting and completed no step "
+        "within the stall timeout (stalled = 1)."
+    )
+
+
+def down_desc(instance: str) -> str:
+    return (
+        f"Scrapes of engine target {instance} fail (up = 0); an empty instance means job "
+        f"{ENGINE_JOB} has no targets at all."
+    )
+
+
+def restarts_desc(count: int) -> str:
+    return f"The engine on {INSTANCE} restarted {count} times in the last hour."
+
+
+def unhealthy_desc() -> str:
+    return f"vLLM on {INSTANCE} has failed its health check for 5 minutes (healthy = 0)."
+
+
+def restarts(every: int, minutes: int, until: int | None = None) -> dict[str, str]:
+    """A crash restart every ``every`` minutes (until ``until``)."""
+    stop = until if until is not None else minutes
+
+    def crashes(minute: int) -> float:
+        return 1.0 if minute % every == 0 and minute < stop else 0.0
+
+    return {s(ENGINE_RESTARTS, reason="crash"): values_text(counter(crashes, minutes))}
+
+
+OTHER_JOB = {"instance": "localhost:9090", "job": "prometheus"}
+
+LIVENESS_SCENARIOS = (
+    Scenario(
+        "WardenEngineStalled",
+        "stalled for 5 minutes",
+        {s(ENGINE_STALLED): "0x4 1x4 0x5"},
+        (
+            healthy("4m"),
+            pending("5m", CRITICAL),
+            fires("6m", Expected(CRITICAL, stalled_desc())),
+            fires("9m", Expected(CRITICAL, stalled_desc())),
+            resolved("10m"),
+        ),
+    ),
+    Scenario(
+        "WardenEngineStalled",
+        "a one-sample stall",
+        {s(ENGINE_STALLED): "0x4 1 0x5"},
+        (pending("5m", CRITICAL), healthy("6m"), healthy("10m")),
+    ),
+    Scenario(
+        "WardenEngineDown",
+        "scrapes fail for 5 minutes",
+        {series_text("up", TARGET): "1x4 0x4 1x5"},
+        (
+            healthy("4m"),
+            pending("6m", CRITICAL),
+            fires("7m", Expected(CRITICAL, down_desc(INSTANCE))),
+            resolved("10m"),
+        ),
+    ),
+    Scenario(
+        "WardenEngineDown",
+        "the engine job has no targets",
+        {series_text("up", OTHER_JOB): "1x10"},
+        (
+            pending("1m", {"job": ENGINE_JOB, "severity": "critical"}),
+            fires("5m", Expected({"job": ENGINE_JOB, "severity": "critical"}, down_desc(""))),
+        ),
+    ),
+    Scenario(
+        "WardenEngineDown",
+        "engine up, another job down",
+        {series_text("up", TARGET): "1x10", series_text("up", OTHER_JOB): "0x10"},
+        (healthy("1m"), healthy("10m")),
+    ),
+    Scenario(
+        "WardenRestartLoop",
+        "a crash every 8 minutes for an hour",
+        restarts(8, 150, until=60),
+        (
+            healthy("30m"),
+            pending("48m", CRITICAL),
+            # crashes at 8, 16, ... 48 minutes
+            fires("55m", Expected(CRITICAL, restarts_desc(6))),
+            resolved("2h"),
+        ),
+    ),
+    Scenario(
+        "WardenRestartLoop",
+        "a crash every 15 minutes",
+        restarts(15, 180),
+        (healthy("1h"), healthy("2h"), healthy("2h59m")),
+    ),
+    Scenario(
+        "WardenEngineUnhealthy",
+        "unhealthy for 10 minutes",
+        {s(ENGINE_HEALTHY): "1x4 0x9 1x5"},
+        (
+            healthy("4m"),
+            pending("9m", CRITICAL),
+            fires("10m", Expected(CRITICAL, unhealthy_desc())),
+            resolved("15m"),
+        ),
+    ),
+    Scenario(
+        "WardenEngineUnhealthy",
+        "unhealthy for 3 minutes during a restart",
+        {s(ENGINE_HEALTHY): "1x4 0x2 1x10"},
+        (pending("7m", CRITICAL), healthy("8m"), healthy("15m")),
+    ),
+)
+
+
+# --- Recording rules -------------------------------------------------------------------------
+def at(record: str, value: float, **extra: str) -> Sample:
+    """A recorded sample of the engine instance."""
+    return Sample(series_text(record, {"instance": INSTANCE, **extra}), value)
+
+
+RECORDING_SCENARIOS = (
+    RecordingScenario(
+        "memory: one instance with two GPUs",
+        {
+            s(MEMORY_WATERMARK): "0 1 2 3 0",
+            s(GPU_MEMORY_USED, gpu="0"): f"{40 * GIB}x4",
+            s(GPU_MEMORY_TOTAL, gpu="0"): f"{80 * GIB}x4",
+            s(GPU_MEMORY_USED, gpu="1"): f"{60 * GIB}x4",
+            s(GPU_MEMORY_TOTAL, gpu="1"): f"{80 * GIB}x4",
+            s(TORCH_RESERVED, device="cuda:0"): f"{36 * GIB}x4",
+            s(TORCH_ALLOCATED, device="cuda:0"): f"{30 * GIB}x4",
+            s(TORCH_DEVICE_TOTAL, device="cuda:0"): f"{80 * GIB}x4",
+            s(TORCH_RESERVED, device="cuda:1"): f"{50 * GIB}x4",
+            s(TORCH_ALLOCATED, device="cuda:1"): f"{48 * GIB}x4",
+            s(TORCH_DEVICE_TOTAL, device="cuda:1"): f"{80 * GIB}x4",
+        },
+        (
+            ExprCheck("3m", rec.WATERMARK, (at(rec.WATERMARK, 3),)),
+            ExprCheck("4m", rec.WATERMARK, (at(rec.WATERMARK, 0),)),
+            ExprCheck(
+                "1m",
+                rec.GPU_USED_RATIO,
+                (at(rec.GPU_USED_RATIO, 0.5, gpu="0"), at(rec.GPU_USED_RATIO, 0.75, gpu="1")),
+            ),
+            ExprCheck(
+                "1m",
+                rec.TORCH_RESERVED_RATIO,
+                (
+                    at(rec.TORCH_RESERVED_RATIO, 0.45, device="cuda:0"),
+                    at(rec.TORCH_RESERVED_RATIO, 0.625, device="cuda:1"),
+                ),
+            ),
+            # the larger gap: 6 GiB on cuda:0 (2 GiB on cuda:1)
+            ExprCheck("1m", rec.TORCH_CACHED, (at(rec.TORCH_CACHED, 6 * GIB),)),
+            ExprCheck("1m", rec.TORCH_TOTAL, (at(rec.TORCH_TOTAL, 80 * GIB),)),
+        ),
+    ),
+    RecordingScenario(
+        "traffic: two engines, requests by outcome",
+        {
+            s(VLLM_NUM_REQUESTS_WAITING, engine="0"): "100x10",
+            s(VLLM_NUM_REQUESTS_WAITING, engine="1"): "250x10",
+            s(VLLM_NUM_PREEMPTIONS, engine="0"): "0+30x10",
+            s(VLLM_NUM_PREEMPTIONS, engine="1"): "0+90x10",
+            s(REQUESTS, outcome="success"): "0+540x10",
+            s(REQUESTS, outcome="client_error"): "0+60x10",
+            s(REQUESTS, outcome="server_error"): "0+120x10",
+            s(REQUESTS, outcome="rejected"): "0+600x10",
+            s(REQUEST_RETRIES, reason="oom"): "0+45x10",
+            s(REQUEST_RETRIES, reason="cuda_driver"): "0+45x10",
+            s(REQUEST_RETRIES_EXHAUSTED, reason="oom"): "0+22.5x10",
+            s(NONFINITE_LOGITS, kind="nan"): "0+6x10",
+            s(NONFINITE_LOGITS, kind="inf"): "0+1.2x10",
+        },
+        (
+            ExprCheck("10m", rec.QUEUE_WAITING, (at(rec.QUEUE_WAITING, 350),)),
+            # (30 + 90) a minute
+            ExprCheck("10m", rec.PREEMPTIONS_RATE, (at(rec.PREEMPTIONS_RATE, 2),)),
+            ExprCheck(
+                "10m",
+                rec.REQUESTS_BY_OUTCOME_RATE,
+                (
+                    at(rec.REQUESTS_BY_OUTCOME_RATE, 1, outcome="client_error"),
+                    at(rec.REQUESTS_BY_OUTCOME_RATE, 10, outcome="rejected"),
+                    at(rec.REQUESTS_BY_OUTCOME_RATE, 2, outcome="server_error"),
+                    at(rec.REQUESTS_BY_OUTCOME_RATE, 9, outcome="success"),
+                ),
+            ),
+            # served: everything but the rejected, 12 a second
+            ExprCheck("10m", rec.REQUESTS_SERVED_RATE, (at(rec.REQUESTS_SERVED_RATE, 12),)),
+            ExprCheck("10m", rec.SERVER_ERROR_RATIO, (at(rec.SERVER_ERROR_RATIO, 2 / 12),)),
+            # ratios with exact binary fractions: promtool compares values exactly
+            ExprCheck("10m", rec.RETRIES_RATIO, (at(rec.RETRIES_RATIO, 0.125),)),
+            ExprCheck(
+                "10m", rec.RETRIES_EXHAUSTED_RATIO, (at(rec.RETRIES_EXHAUSTED_RATIO, 0.03125),)
+            ),
+            ExprCheck("10m", rec.NONFINITE_RATE, (at(rec.NONFINITE_RATE, 0.12),)),
+            ExprCheck("10m", rec.NONFINITE_RATIO, (at(rec.NONFINITE_RATIO, 0.01),)),
+        ),
+    ),
+    RecordingScenario(
+        "liveness: restarts and collector errors",
+        {
+            s(ENGINE_RESTARTS, reason="crash"): "0+1x90",
+            s(ENGINE_RESTARTS, reason="stalled"): "0x90",
+            s(COLLECTOR_ERRORS, collector="nvml"): "0+6x90",
+            s(COLLECTOR_ERRORS, collector="cudagraph"): "0x90",
+        },
+        (
+            ExprCheck("90m", rec.RESTARTS_1H, (at(rec.RESTARTS_1H, 60),)),
+            ExprCheck(
+                "90m",
+                rec.COLLECTOR_ERRORS_RATE,
+                (
+                    at(rec.COLLECTOR_ERRORS_RATE, 0, collector="cudagraph"),
+                    at(rec.COLLECTOR_ERRORS_RATE, 0.1, collector="nvml"),
+                ),
+            ),
+        ),
+    ),
+)
+
 TEST_FILES: tuple[TestFile, ...] = (
+    TestFile("recording.yml", "1m", RECORDING_SCENARIOS),
     TestFile("memory.yml", "15s", MEMORY_SCENARIOS),
     TestFile("traffic.yml", "1m", BACKLOG_SCENARIOS + TRAFFIC_SCENARIOS),
     TestFile("faults.yml", "1m", FAULT_SCENARIOS),
+    TestFile("liveness.yml", "1m", LIVENESS_SCENARIOS),
     TestFile("creep.yml", "1m", CREEP_SCENARIOS + CACHE_SCENARIOS + GRAPH_SCENARIOS),
 )
