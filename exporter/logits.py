@@ -5,6 +5,12 @@ on the device, copied to pinned host memory without blocking, and read on a late
 the copy's event has completed. On CPU the flags are already on the host. vLLM's own check
 (``VLLM_COMPUTE_NANS_IN_LOGITS``) counts NaN only; this counts both kinds, once per request.
 
+Containment: a row found non-finite is turned into a certain end-of-sequence on the device
+(no sync), so the request stops instead of sampling garbage; its warden request id
+(``vllm_xargs.warden_rid``, set by warden's middleware) is written to the shared signal board,
+where the middleware finds it and retries or fails the request. On a GPU the flag is read one
+step later, so a poisoned request may emit one token before it stops.
+
 Test switch: with ``WARDEN_TEST_INJECT_NONFINITE=1`` in the engine's environment, a request
 that carries ``vllm_xargs: {"warden_inject": "nan"|"inf"}`` gets its logits poisoned, so tests
 can prove exactly that request is counted. Without the variable the argument is ignored.
@@ -14,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any
@@ -25,9 +32,11 @@ from vllm.v1.sample.logits_processor.interface import MoveDirectionality
 from exporter import catalog
 from exporter.config import ExporterConfig
 from exporter.metrics import process_metrics
+from exporter.signals import ENV_VAR, SignalBoard
 
 log = logging.getLogger("warden.exporter")
 INJECT_ARG = "warden_inject"
+RID_ARG = "warden_rid"
 # A request re-sent by warden's retry carries its attempt number; injection hits attempt 1 only,
 # modelling a transient fault that a retry with another seed gets past.
 ATTEMPT_ARG = "warden_attempt"
@@ -39,13 +48,17 @@ _MAX_PENDING = 64
 class _Row:
     request_key: int
     inject: str | None
+    rid: str | None
 
 
 class _PendingFlags:
     """Device flags on their way to the host; ready when the copy's event completed."""
 
-    def __init__(self, flags: torch.Tensor, keys: list[int], pin: bool) -> None:
+    def __init__(
+        self, flags: torch.Tensor, keys: list[int], rids: list[str | None], pin: bool
+    ) -> None:
         self.keys = keys
+        self.rids = rids
         if flags.device.type == "cpu":
             self.host = flags
             self.event: Any = None
@@ -71,6 +84,9 @@ class NonFiniteLogitsProcessor(LogitsProcessor):
         metrics = process_metrics()
         self._counter = metrics.get(catalog.NONFINITE_LOGITS)
         self._dropped = metrics.get(catalog.COLLECTOR_ERRORS).labels("nonfinite_logits")
+        path = os.environ.get(ENV_VAR)
+        self.board = SignalBoard(path) if path and os.path.exists(path) else None
+        self.eos_token_id = _eos_token_id(vllm_config)
         if self.inject_enabled:
             log.warning("warden: WARDEN_TEST_INJECT_NONFINITE is on: test-only logits poisoning")
 
@@ -97,7 +113,11 @@ class NonFiniteLogitsProcessor(LogitsProcessor):
         for index in batch_update.removed:
             self.rows.pop(index, None)
         for index, params, _prompt, _output in batch_update.added:
-            self.rows[index] = _Row(next(self._keys), self._injection(params))
+            extra = getattr(params, "extra_args", None) or {}
+            rid = extra.get(RID_ARG)
+            self.rows[index] = _Row(
+                next(self._keys), self._injection(params), rid if isinstance(rid, str) else None
+            )
         for source, target, direction in batch_update.moved:
             moving = self.rows.pop(source, None)
             if direction == MoveDirectionality.SWAP:
@@ -116,8 +136,16 @@ class NonFiniteLogitsProcessor(LogitsProcessor):
                 logits[index, :] = float("nan") if row.inject == "nan" else float("inf")
         nan_rows = torch.isnan(logits).any(dim=1)
         inf_rows = torch.isinf(logits).any(dim=1)
-        keys = [self.rows[i].request_key if i in self.rows else 0 for i in range(num_rows)]
-        self._pending.append(_PendingFlags(torch.stack((nan_rows, inf_rows)), keys, self.pin))
+        rows = [self.rows.get(i) for i in range(num_rows)]
+        keys = [row.request_key if row else 0 for row in rows]
+        rids = [row.rid if row else None for row in rows]
+        self._pending.append(_PendingFlags(torch.stack((nan_rows, inf_rows)), keys, rids, self.pin))
+        if self.eos_token_id is not None:
+            # Containment without a sync: bad rows can only sample end-of-sequence.
+            bad = (nan_rows | inf_rows).unsqueeze(1)
+            logits.masked_fill_(bad, float("-inf"))
+            eos = logits[:, self.eos_token_id]
+            logits[:, self.eos_token_id] = torch.where(bad.squeeze(1), 0.0, eos)
         self._drain()
         return logits
 
@@ -125,13 +153,28 @@ class NonFiniteLogitsProcessor(LogitsProcessor):
         while self._pending and self._pending[0].ready():
             pending = self._pending.popleft()
             nan_flags, inf_flags = pending.host.tolist()
-            for key, is_nan, is_inf in zip(pending.keys, nan_flags, inf_flags, strict=False):
+            for key, rid, is_nan, is_inf in zip(
+                pending.keys, pending.rids, nan_flags, inf_flags, strict=False
+            ):
                 if key and (is_nan or is_inf) and key not in self._counted:
                     self._counted[key] = None
                     if len(self._counted) > _MAX_REMEMBERED:
                         self._counted.popitem(last=False)
-                    self._counter.labels("nan" if is_nan else "inf").inc()
+                    kind = "nan" if is_nan else "inf"
+                    self._counter.labels(kind).inc()
+                    if rid is not None and self.board is not None:
+                        self.board.flag_request(rid, kind)
         while len(self._pending) > _MAX_PENDING:
             # The device is far behind; dropping a sample is better than blocking the step.
             self._pending.popleft()
             self._dropped.inc()
+
+
+def _eos_token_id(vllm_config: Any) -> int | None:
+    try:
+        eos = vllm_config.model_config.hf_config.eos_token_id
+    except AttributeError:
+        return None
+    if isinstance(eos, list | tuple):
+        eos = eos[0] if eos else None
+    return int(eos) if eos is not None else None

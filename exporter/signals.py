@@ -4,6 +4,10 @@ The watermark is computed in the API process once per engine step, but the alloc
 device signals live in the process that owns the device. Reading them through HTTP or a file
 per step would put I/O on the step path; a memory-mapped slot costs a memory load. Writers own
 one slot each (by local rank); a NaN slot means "no value".
+
+A second region is a ring of request ids whose logits went non-finite: the worker's logits
+processor writes them, the API server's middleware looks its request up there before it lets
+a response out, so a poisoned request is retried or failed instead of returned as garbage.
 """
 
 from __future__ import annotations
@@ -20,7 +24,13 @@ MAX_RANKS = 16
 # Per rank: device used ratio, torch reserved ratio, unix time of the sample.
 FIELDS = ("device", "torch_reserved", "timestamp")
 _SLOT = struct.Struct("<" + "d" * len(FIELDS))
-SIZE = _SLOT.size * MAX_RANKS
+SIGNALS_SIZE = _SLOT.size * MAX_RANKS
+RING_SLOTS = 1024
+RID_BYTES = 47  # request ids longer than this are truncated (warden's own are 32)
+_RING_SLOT = RID_BYTES + 1  # id + kind byte
+_RING_HEADER = struct.Struct("<Q")
+RING_OFFSET = SIGNALS_SIZE
+SIZE = RING_OFFSET + _RING_HEADER.size + RING_SLOTS * _RING_SLOT
 
 
 class SignalBoard:
@@ -32,6 +42,7 @@ class SignalBoard:
             if create:
                 os.ftruncate(fd, SIZE)
                 os.pwrite(fd, _SLOT.pack(*([math.nan] * len(FIELDS))) * MAX_RANKS, 0)
+                os.pwrite(fd, _RING_HEADER.pack(0), RING_OFFSET)
             self._map = mmap.mmap(fd, SIZE)
         finally:
             os.close(fd)
@@ -61,6 +72,25 @@ class SignalBoard:
                 if not math.isnan(value):
                     worst[name] = max(worst.get(name, 0.0), value)
         return worst
+
+    def flag_request(self, request_id: str, kind: str) -> None:
+        """Record that ``request_id`` produced non-finite logits (``kind`` nan or inf)."""
+        rid = request_id.encode("ascii", "replace")[:RID_BYTES].ljust(RID_BYTES, b"\0")
+        (count,) = _RING_HEADER.unpack_from(self._map, RING_OFFSET)
+        slot = RING_OFFSET + _RING_HEADER.size + (count % RING_SLOTS) * _RING_SLOT
+        self._map[slot : slot + _RING_SLOT] = rid + (b"n" if kind == "nan" else b"i")
+        _RING_HEADER.pack_into(self._map, RING_OFFSET, count + 1)
+
+    def flagged(self, request_id: str) -> str | None:
+        """'nan' or 'inf' if ``request_id`` was flagged (among the last RING_SLOTS), else None."""
+        rid = request_id.encode("ascii", "replace")[:RID_BYTES].ljust(RID_BYTES, b"\0")
+        start = RING_OFFSET + _RING_HEADER.size
+        position = self._map.find(rid, start)
+        while position != -1:
+            if (position - start) % _RING_SLOT == 0:
+                return "nan" if self._map[position + RID_BYTES] == ord("n") else "inf"
+            position = self._map.find(rid, position + 1)
+        return None
 
     def unlink(self) -> None:
         with contextlib.suppress(OSError):

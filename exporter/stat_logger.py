@@ -19,6 +19,7 @@ from exporter.config import ExporterConfig
 from exporter.metrics import process_metrics
 from exporter.signals import ENV_VAR, SignalBoard
 from exporter.stall import StallCollector
+from exporter.supervisor_mirror import SupervisorMirror
 from exporter.step_monitor import StepMonitor, process_monitor
 
 log = logging.getLogger("warden.exporter")
@@ -33,6 +34,9 @@ def _make_monitor() -> StepMonitor:
     board = SignalBoard(path) if path and os.path.exists(path) else None
     monitor = StepMonitor(config, metrics, board)
     collectors: list[Any] = [StallCollector(monitor, metrics, config.stall_timeout_s)]
+    mirror = SupervisorMirror.from_env(metrics)
+    if mirror is not None:
+        collectors.append(mirror)
     if os.environ.get("WARDEN_TEST_FAILING_COLLECTOR") == "1":
         collectors.append(FailingCollector())
     _runner = CollectorRunner(collectors, metrics, min(config.collector_interval_s, 1.0))

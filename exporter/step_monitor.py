@@ -58,6 +58,7 @@ class StepMonitor:
         metrics.get(catalog.SOURCE_AVAILABLE).labels("kv_cache").set(1)
         self._level.set(0)
         self.inflight: Callable[[], int] | None = None
+        self.watermark_changed_at: float | None = None
         self._lock = threading.Lock()
 
     def add_listener(self, listener: StepListener) -> None:
@@ -87,6 +88,7 @@ class StepMonitor:
         for source, value in signals.items():
             self._ratio.labels(source).set(value)
         if change is not None:
+            self.watermark_changed_at = now
             self._level.set(change.current)
             self._transitions.labels(change.entered).inc()
         for listener in self._listeners:

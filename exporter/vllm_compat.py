@@ -40,3 +40,36 @@ def device_type(vllm_config: Any = None) -> str:
         return str(current_platform.device_type)
     except Exception:
         return "unknown"
+
+
+def inflight_requests(engine_client: Any) -> list[tuple[str, int]]:
+    """(external request id, tokens held = prompt + generated) of every request in flight."""
+    processor = getattr(engine_client, "output_processor", None)
+    states = getattr(processor, "request_states", None) or {}
+    result = []
+    for state in list(states.values()):
+        external = getattr(state, "external_req_id", None) or getattr(state, "request_id", "")
+        prompt = int(getattr(state, "prompt_len", 0) or 0)
+        detokenizer = getattr(state, "detokenizer", None)
+        generated = 0
+        if detokenizer is not None and hasattr(detokenizer, "num_output_tokens"):
+            generated = int(detokenizer.num_output_tokens())
+        result.append((str(external), prompt + generated))
+    return result
+
+
+def kv_geometry(engine_client: Any) -> tuple[int, int] | None:
+    """(total KV blocks, tokens per block) once the engine has profiled its cache."""
+    try:
+        cache = engine_client.vllm_config.cache_config
+        blocks, size = int(cache.num_gpu_blocks or 0), int(cache.block_size or 0)
+    except Exception:
+        return None
+    return (blocks, size) if blocks > 0 and size > 0 else None
+
+
+def uses_priority_scheduling(engine_client: Any) -> bool:
+    try:
+        return str(engine_client.vllm_config.scheduler_config.policy) == "priority"
+    except Exception:
+        return False

@@ -1,42 +1,25 @@
 """vLLM endpoint plugin: warden's routes on the API server's own port.
 
 Registered under ``vllm.endpoint_plugins`` (it must be named in VLLM_PLUGINS). ``init_state``
-is where warden gets the engine client: the stall detector reads its in-flight request count.
+is where warden gets the engine client: the stall detector reads its in-flight request count,
+the controller uses it to preempt, and the local reflex is attached to the step monitor.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from argparse import Namespace
 from typing import Any
 
-from fastapi import APIRouter, FastAPI
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI
 
-from exporter.catalog import WATERMARK_LEVELS
 from exporter.step_monitor import process_monitor
+from warden.control import runtime
+from warden.control.reflex import Reflex
 
-router = APIRouter()
-
-
-@router.get("/warden/state")
-async def warden_state() -> JSONResponse:
-    monitor = process_monitor()
-    if monitor is None:
-        return JSONResponse({"watermark": None, "engine": None})
-    snap = monitor.snapshot
-    return JSONResponse(
-        {
-            "watermark": WATERMARK_LEVELS[snap.watermark],
-            "watermark_source": monitor.watermark.worst_source,
-            "signals": snap.signals,
-            "engine": {
-                "last_step_timestamp": snap.timestamp,
-                "running": snap.running,
-                "waiting": snap.waiting,
-                "kv_cache_usage": snap.kv_cache_usage,
-            },
-        }
-    )
+# Background tasks live here so they are not garbage-collected while the server runs.
+_tasks: set[asyncio.Task[None]] = set()
 
 
 def _inflight_counter(engine_client: Any) -> Any:
@@ -46,17 +29,31 @@ def _inflight_counter(engine_client: Any) -> Any:
     return processor.get_num_unfinished_requests
 
 
+async def _expire_leases_forever(interval_s: float = 1.0) -> None:
+    """Leases lapse even when no request arrives to look at the policy."""
+    control = runtime.controller()
+    while True:
+        with contextlib.suppress(Exception):
+            control.policy()
+        await asyncio.sleep(interval_s)
+
+
 class WardenEndpoints:
     name = "warden_endpoints"
     required_tasks = None
 
     def attach_router(self, app: FastAPI) -> None:
-        from warden import health
+        from warden import health, webhook
 
-        app.include_router(router)
+        app.include_router(webhook.router)
         app.include_router(health.router)
 
     async def init_state(self, engine_client: Any, state: Any, args: Namespace) -> None:
+        control = runtime.controller()
+        control.engine_client = engine_client
         monitor = process_monitor()
         if monitor is not None and engine_client is not None:
             monitor.inflight = _inflight_counter(engine_client)
+            monitor.add_listener(Reflex(control.config.reflex, control))
+        task = asyncio.get_running_loop().create_task(_expire_leases_forever())
+        _tasks.add(task)

@@ -1,0 +1,146 @@
+"""The control loop's configuration: one YAML file, validated at start.
+
+Every threshold, TTL and mapping lives here (see ``config/warden.example.yaml`` for the
+documented file). Validation is pydantic's, so an invalid value is refused with the field's
+path (``reflex.queue_levels.1.depth``) and the reason; unknown keys are refused too, since a
+typo in a safety setting must not silently fall back to a default.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+CONFIG_ENV = "WARDEN_CONFIG"
+
+
+class ControlConfigError(ValueError):
+    """The control config is invalid; the message names the field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LeaseSettings(_Strict):
+    ttl_s: float = Field(300.0, gt=0, le=86400, description="lease life without a renewal")
+
+
+class WebhookSettings(_Strict):
+    max_body_bytes: int = Field(1 << 20, ge=1024, le=64 << 20)
+    allow_insecure: bool = Field(False, description="accept notifications without a token")
+    tombstone_ttl_s: float = Field(86400.0, gt=0, description="memory of resolved alerts")
+
+
+class ForecastSettings(_Strict):
+    enabled: bool = True
+    safety_margin_blocks: int = Field(1, ge=0, le=1 << 20)
+    min_max_tokens: int = Field(16, ge=1, description="smallest cap worth admitting with")
+
+
+class AdmissionSettings(_Strict):
+    retry_after_s: int = Field(5, ge=1, le=3600)
+    shed_priority_threshold: int = Field(0, description="shed: refuse priority above this")
+    half_open_admit_fraction: float = Field(0.5, gt=0, le=1)
+    priority_header: str = "X-Request-Priority"
+    forecast: ForecastSettings = ForecastSettings()
+
+
+ReflexAction = Literal["stop_admission", "reject_all", "shed_low_priority", "cap_max_tokens"]
+
+
+class QueueLevel(_Strict):
+    depth: int = Field(ge=1)
+    action: ReflexAction
+    max_tokens: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _cap_needs_tokens(self) -> QueueLevel:
+        if self.action == "cap_max_tokens" and self.max_tokens is None:
+            raise ValueError("cap_max_tokens needs max_tokens")
+        return self
+
+
+class WatermarkLevelActions(_Strict):
+    actions: tuple[ReflexAction, ...] = ()
+    preempt: int = Field(0, ge=0, le=64, description="requests to preempt on entering")
+
+
+def _default_queue_levels() -> tuple[QueueLevel, ...]:
+    return (
+        QueueLevel(depth=100, action="cap_max_tokens", max_tokens=2048),
+        QueueLevel(depth=500, action="cap_max_tokens", max_tokens=512),
+        QueueLevel(depth=800, action="shed_low_priority"),
+        QueueLevel(depth=1000, action="reject_all"),
+    )
+
+
+class ReflexSettings(_Strict):
+    enabled: bool = True
+    lease_ttl_s: float = Field(10.0, gt=0, le=3600, description="renewed every step it holds")
+    high: WatermarkLevelActions = WatermarkLevelActions(actions=("stop_admission",))
+    critical: WatermarkLevelActions = WatermarkLevelActions(actions=("stop_admission",), preempt=1)
+    oom_imminent: WatermarkLevelActions = WatermarkLevelActions(
+        actions=("stop_admission", "reject_all"), preempt=3
+    )
+    queue_levels: tuple[QueueLevel, ...] = Field(default_factory=_default_queue_levels)
+    queue_hysteresis: float = Field(0.1, ge=0, lt=1, description="release below depth*(1-h)")
+    preempt_cooldown_s: float = Field(2.0, ge=0)
+
+    @model_validator(mode="after")
+    def _levels_ascend(self) -> ReflexSettings:
+        depths = [level.depth for level in self.queue_levels]
+        if depths != sorted(set(depths)):
+            raise ValueError("queue_levels depths must be strictly increasing")
+        return self
+
+
+class RetrySettings(_Strict):
+    max_attempts: int = Field(3, ge=1, le=10)
+    backoff_base_s: float = Field(0.1, ge=0, le=60)
+    backoff_max_s: float = Field(2.0, ge=0, le=600)
+    priority_boost: int = Field(10, ge=0, description="subtracted from priority on a resubmit")
+
+
+class ControlConfig(_Strict):
+    leases: LeaseSettings = LeaseSettings()
+    webhook: WebhookSettings = WebhookSettings()
+    admission: AdmissionSettings = AdmissionSettings()
+    reflex: ReflexSettings = ReflexSettings()
+    retry: RetrySettings = RetrySettings()
+
+
+def _describe(error: ValidationError, source: str) -> str:
+    problems = []
+    for item in error.errors():
+        where = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        problems.append(f"{where}: {item['msg']}")
+    return f"invalid warden config {source}: " + "; ".join(problems)
+
+
+def parse_config(data: object, source: str = "") -> ControlConfig:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ControlConfigError(f"invalid warden config {source}: expected a mapping")
+    data = {k: v for k, v in data.items() if k not in ("watermark",)}  # exporter's section
+    try:
+        return ControlConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ControlConfigError(_describe(exc, source)) from None
+
+
+def load_config(path: str | Path | None = None) -> ControlConfig:
+    """The file named by ``path`` or $WARDEN_CONFIG; defaults when neither is given."""
+    path = path or os.environ.get(CONFIG_ENV)
+    if not path:
+        return ControlConfig()
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ControlConfigError(f"cannot read warden config {path}: {exc}") from None
+    return parse_config(data, str(path))

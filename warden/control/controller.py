@@ -1,0 +1,240 @@
+"""The API process's control state: leases, the effective policy, and the engine link.
+
+One Controller per API server process. The webhook, manual overrides and the reflex write
+leases into it; the admission middleware reads ``policy()`` on every request (cached until a
+lease changes or expires). It publishes the degradation gauges whenever the policy changes
+and opens a span for every lease change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from exporter import catalog, vllm_compat
+from exporter.metrics import WardenMetrics
+from warden.control import telemetry
+from warden.control.actions import ActionRequest
+from warden.control.alertmanager import AlertEvent
+from warden.control.config import ControlConfig
+from warden.control.leases import Lease, LeaseTable, Outcome
+from warden.control.policy import CIRCUIT_ORDER, EffectivePolicy, combine
+
+log = logging.getLogger("warden.control")
+WARDEN_RID = re.compile(r"warden-[0-9a-f]{32}")
+ALERTMANAGER, REFLEX, MANUAL = catalog.LEASE_SOURCES
+
+
+class Controller:
+    def __init__(
+        self,
+        config: ControlConfig,
+        metrics: WardenMetrics,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.leases = LeaseTable(config.webhook.tombstone_ttl_s)
+        self.engine_client: Any = None
+        self._cached: tuple[int, EffectivePolicy] | None = None
+        self._lock = threading.RLock()
+        self._preempted: OrderedDict[str, float] = OrderedDict()
+        self.last_policy_change: float = clock()
+        self._active = metrics.get(catalog.DEGRADATION_ACTIVE)
+        self._lease_count = metrics.get(catalog.DEGRADATION_LEASES)
+        self._circuit = metrics.get(catalog.CIRCUIT_BREAKER_STATE)
+        self.rejections = metrics.get(catalog.ADMISSION_REJECTIONS)
+        self.capped = metrics.get(catalog.MAX_TOKENS_CAPPED)
+        self.notifications = metrics.get(catalog.WEBHOOK_NOTIFICATIONS)
+        self.retries = metrics.get(catalog.REQUEST_RETRIES)
+        self.retries_exhausted = metrics.get(catalog.REQUEST_RETRIES_EXHAUSTED)
+        self._reflex_actions = metrics.get(catalog.REFLEX_ACTIONS)
+        self._preemptions = metrics.get(catalog.WARDEN_PREEMPTIONS)
+        metrics.ensure([catalog.MAX_TOKENS_CAPPED, catalog.WARDEN_PREEMPTIONS])
+        self._publish(EffectivePolicy(retry_after_s=config.admission.retry_after_s), [])
+
+    # --- policy -------------------------------------------------------------------------
+
+    def policy(self) -> EffectivePolicy:
+        now = self.clock()
+        expired = self.leases.expire(now)
+        for lease in expired:
+            self._span("warden.lease.expire", lease)
+        with self._lock:
+            version = self.leases.version
+            if self._cached is not None and self._cached[0] == version:
+                return self._cached[1]
+            live = self.leases.live(now)
+            admission = self.config.admission
+            policy = combine(
+                live,
+                admission.retry_after_s,
+                admission.shed_priority_threshold,
+                admission.half_open_admit_fraction,
+            )
+            if self._cached is None or self._cached[1] != policy:
+                self.last_policy_change = now
+            self._cached = (version, policy)
+            self._publish(policy, live)
+            return policy
+
+    def _publish(self, policy: EffectivePolicy, live: list[Lease]) -> None:
+        values = {
+            "stop_admission": float(policy.stop_admission),
+            "reject_all": float(policy.reject_all),
+            "cap_max_tokens": float(policy.cap_max_tokens or 0),
+            "shed_low_priority": float(policy.shed_priority_above is not None),
+            "circuit_breaker": float(CIRCUIT_ORDER[policy.circuit]),
+            "enforce_eager": float(policy.enforce_eager),
+        }
+        for action, value in values.items():
+            self._active.labels(action).set(value)
+        for source in catalog.LEASE_SOURCES:
+            self._lease_count.labels(source).set(sum(1 for x in live if x.source == source))
+        self._circuit.set(CIRCUIT_ORDER[policy.circuit])
+
+    def _span(self, name: str, lease: Lease | None = None, **attributes: Any) -> None:
+        with telemetry.tracer().start_as_current_span(name) as span:
+            if lease is not None:
+                span.set_attribute("warden.action", lease.action)
+                span.set_attribute("warden.source", lease.source)
+                span.set_attribute("warden.lease.key", lease.key)
+                span.set_attribute("warden.lease.expires_at", lease.expires_at)
+                if lease.labels.get("alertname"):
+                    span.set_attribute("warden.alertname", lease.labels["alertname"])
+            for key, value in attributes.items():
+                span.set_attribute(f"warden.{key}", value)
+
+    # --- lease writers ------------------------------------------------------------------
+
+    def apply_alerts(self, events: list[AlertEvent]) -> dict[str, int]:
+        """Apply a validated notification; return counts per outcome."""
+        now = self.clock()
+        ttl = self.config.leases.ttl_s
+        counts: dict[str, int] = {}
+        preempt = 0
+        for event in events:
+            if event.unknown_action is not None:
+                log.warning(
+                    "warden: alert %s asks for unknown action %r; ignored",
+                    event.alertname,
+                    event.unknown_action,
+                )
+                outcome = "unknown_action"
+            elif event.request is None:
+                outcome = "not_for_warden"
+            elif event.status == "firing":
+                outcome = self.leases.renew(
+                    ALERTMANAGER,
+                    event.fingerprint,
+                    event.request,
+                    ttl,
+                    now,
+                    started_at=event.starts_at,
+                    labels=event.labels,
+                )
+                if outcome == Outcome.APPLIED:
+                    preempt = max(preempt, event.request.preempt)
+            else:
+                outcome = self.leases.release(
+                    ALERTMANAGER, event.fingerprint, now, started_at=event.starts_at
+                )
+            counts[outcome] = counts.get(outcome, 0) + 1
+            if outcome in (Outcome.APPLIED, Outcome.RELEASED):
+                lease = self.leases.get(ALERTMANAGER, event.fingerprint)
+                self._span(
+                    f"warden.lease.{outcome}",
+                    lease,
+                    alertname=event.alertname,
+                    action=event.request.action if event.request else "",
+                    source=ALERTMANAGER,
+                )
+        self.policy()
+        if preempt:
+            self.preempt_largest(preempt, "alert")
+        return counts
+
+    def set_manual(self, key: str, request: ActionRequest, ttl_s: float) -> Lease:
+        now = self.clock()
+        self.leases.renew(MANUAL, key, request, ttl_s, now)
+        lease = self.leases.get(MANUAL, key)
+        assert lease is not None
+        self._span("warden.lease.applied", lease)
+        self.policy()
+        if request.preempt:
+            self.preempt_largest(request.preempt, "manual")
+        return lease
+
+    def clear_manual(self, key: str | None) -> int:
+        if key is None:
+            cleared = self.leases.release_source(MANUAL)
+        else:
+            cleared = int(self.leases.release(MANUAL, key, self.clock()) == Outcome.RELEASED)
+        self.policy()
+        return cleared
+
+    def hold_reflex(self, key: str, request: ActionRequest) -> None:
+        """Take or keep a reflex lease; renewed only when half its life is gone (cheap)."""
+        now = self.clock()
+        ttl = self.config.reflex.lease_ttl_s
+        current = self.leases.get(REFLEX, key)
+        if (
+            current is not None
+            and current.params == request.params
+            and (current.expires_at - now > ttl / 2)
+        ):
+            return
+        if self.leases.renew(REFLEX, key, request, ttl, now) == Outcome.APPLIED:
+            self._reflex_actions.labels(request.action).inc()
+            self._span("warden.lease.applied", self.leases.get(REFLEX, key))
+
+    def drop_reflex(self, key: str) -> None:
+        lease = self.leases.get(REFLEX, key)
+        if self.leases.release(REFLEX, key, self.clock()) == Outcome.RELEASED:
+            self._span("warden.lease.released", lease)
+
+    # --- preemption ---------------------------------------------------------------------
+
+    def preempt_largest(self, count: int, reason: str) -> None:
+        """Abort the ``count`` requests holding the most KV; the middleware resubmits them."""
+        client = self.engine_client
+        if client is None or count <= 0:
+            return
+        candidates = sorted(vllm_compat.inflight_requests(client), key=lambda r: -r[1])
+        victims = [rid for rid, _tokens in candidates[:count]]
+        if not victims:
+            return
+        now = self.clock()
+        with self._lock:
+            for rid in victims:
+                match = WARDEN_RID.search(rid)
+                self._preempted[match.group(0) if match else rid] = now
+            while len(self._preempted) > 4096:
+                self._preempted.popitem(last=False)
+        self._preemptions.inc(len(victims))
+        self._span("warden.preempt", reason=reason, count=len(victims))
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        loop.create_task(client.abort(victims))
+
+    def was_preempted(self, warden_rid: str) -> bool:
+        with self._lock:
+            return warden_rid in self._preempted
+
+    # --- state --------------------------------------------------------------------------
+
+    def state_json(self) -> dict[str, Any]:
+        policy = self.policy()
+        return {
+            "policy": policy.to_json(),
+            "leases": [lease.to_json() for lease in self.leases.live(self.clock())],
+            "last_policy_change": self.last_policy_change,
+        }

@@ -1,0 +1,144 @@
+"""Degradation leases: every active action is held by someone, and lapses on its own.
+
+A lease is (source, key) -> action + params + expiry. Alertmanager's leases are keyed by the
+alert's fingerprint and carry its ``startsAt``; firing renews, resolved releases, and silence
+lets the lease expire, so a lost notification can never leave the engine degraded.
+
+Idempotent under duplicates, reordering and replays: a firing whose ``startsAt`` is not newer
+than a resolution already applied for that fingerprint is stale and ignored; a resolution for
+an older ``startsAt`` than the live lease does not release it.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from warden.control.actions import ActionRequest
+
+
+@dataclass(frozen=True)
+class Lease:
+    source: str
+    key: str
+    action: str
+    params: dict[str, Any]
+    expires_at: float
+    started_at: float = 0.0
+    renewed_at: float = 0.0
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "key": self.key,
+            "action": self.action,
+            "params": self.params,
+            "expires_at": self.expires_at,
+            "started_at": self.started_at,
+            "renewed_at": self.renewed_at,
+            "alertname": self.labels.get("alertname"),
+        }
+
+
+class Outcome:
+    APPLIED = "applied"
+    RENEWED = "renewed"
+    RELEASED = "released"
+    STALE = "stale"
+    NOOP = "noop"
+
+
+class LeaseTable:
+    """Thread-safe; every mutation bumps ``version`` so readers can cache the policy."""
+
+    def __init__(self, tombstone_ttl_s: float = 86400.0) -> None:
+        self._leases: dict[tuple[str, str], Lease] = {}
+        self._resolved: dict[str, tuple[float, float]] = {}  # key -> (startsAt, recorded at)
+        self._tombstone_ttl_s = tombstone_ttl_s
+        self._lock = threading.RLock()
+        self.version = 0
+
+    def renew(
+        self,
+        source: str,
+        key: str,
+        request: ActionRequest,
+        ttl_s: float,
+        now: float,
+        started_at: float | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> str:
+        started = now if started_at is None else started_at
+        with self._lock:
+            tomb = self._resolved.get(key)
+            if started_at is not None and tomb is not None and started_at <= tomb[0]:
+                return Outcome.STALE
+            current = self._leases.get((source, key))
+            if current is not None and started_at is not None and started < current.started_at:
+                return Outcome.STALE  # an older firing replayed after a newer one
+            lease = Lease(
+                source,
+                key,
+                request.action,
+                dict(request.params),
+                expires_at=now + ttl_s,
+                started_at=started,
+                renewed_at=now,
+                labels=dict(labels or {}),
+            )
+            self._leases[(source, key)] = lease
+            self.version += 1
+            return Outcome.APPLIED if current is None else Outcome.RENEWED
+
+    def release(self, source: str, key: str, now: float, started_at: float | None = None) -> str:
+        with self._lock:
+            if started_at is not None:
+                tomb = self._resolved.get(key)
+                if tomb is None or started_at > tomb[0]:
+                    self._resolved[key] = (started_at, now)
+            current = self._leases.get((source, key))
+            if current is None:
+                return Outcome.NOOP
+            if started_at is not None and started_at < current.started_at:
+                return Outcome.STALE  # resolves an older incarnation of the alert
+            del self._leases[(source, key)]
+            self.version += 1
+            return Outcome.RELEASED
+
+    def release_source(self, source: str) -> int:
+        with self._lock:
+            keys = [k for k in self._leases if k[0] == source]
+            for k in keys:
+                del self._leases[k]
+            if keys:
+                self.version += 1
+            return len(keys)
+
+    def expire(self, now: float) -> list[Lease]:
+        with self._lock:
+            gone = [lease for lease in self._leases.values() if lease.expires_at <= now]
+            for lease in gone:
+                del self._leases[(lease.source, lease.key)]
+            old = [k for k, (_s, at) in self._resolved.items() if now - at > self._tombstone_ttl_s]
+            for k in old:
+                del self._resolved[k]
+            if gone:
+                self.version += 1
+            return gone
+
+    def live(self, now: float) -> list[Lease]:
+        with self._lock:
+            return sorted(
+                (lease for lease in self._leases.values() if lease.expires_at > now),
+                key=lambda lease: (lease.source, lease.key),
+            )
+
+    def get(self, source: str, key: str) -> Lease | None:
+        with self._lock:
+            return self._leases.get((source, key))
+
+    def snapshot(self) -> dict[tuple[str, str], Lease]:
+        with self._lock:
+            return {k: replace(v) for k, v in self._leases.items()}

@@ -1,0 +1,81 @@
+"""The local reflex: the short path from the in-engine watermark and queue to leases.
+
+Called by the exporter's StepMonitor once per engine step, in the API process, so it acts
+within one step of a crossing, long before a scrape, a rule evaluation and a notification
+could. It only takes and releases leases (source ``reflex``) and asks for preemptions; the
+admission middleware enforces the resulting policy like any other.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from exporter.catalog import WATERMARK_LEVELS
+from exporter.step_monitor import StepSnapshot
+from warden.control.actions import ActionRequest
+from warden.control.config import ReflexSettings, WatermarkLevelActions
+
+
+class LeaseSink(Protocol):
+    def hold_reflex(self, key: str, request: ActionRequest) -> None: ...
+    def drop_reflex(self, key: str) -> None: ...
+    def preempt_largest(self, count: int, reason: str) -> None: ...
+
+
+class Reflex:
+    name = "reflex"
+
+    def __init__(
+        self, settings: ReflexSettings, sink: LeaseSink, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.settings = settings
+        self.sink = sink
+        self.clock = clock
+        self.level = 0
+        self.queue_index = -1  # index into settings.queue_levels; -1 = below all
+        self._held: set[str] = set()
+        self._last_preempt = -1e18
+        self.first_action_at: dict[str, float] = {}
+
+    def _level_actions(self, level: int) -> WatermarkLevelActions | None:
+        name = WATERMARK_LEVELS[level]
+        return getattr(self.settings, name, None) if level > 0 else None
+
+    def _queue_index(self, depth: int) -> int:
+        levels = self.settings.queue_levels
+        index = self.queue_index
+        while index + 1 < len(levels) and depth >= levels[index + 1].depth:
+            index += 1
+        while index >= 0 and depth < levels[index].depth * (1 - self.settings.queue_hysteresis):
+            index -= 1
+        return index
+
+    def __call__(self, snap: StepSnapshot) -> None:
+        if not self.settings.enabled:
+            return
+        now = self.clock()
+        wanted: dict[str, ActionRequest] = {}
+        entered = snap.watermark > self.level
+        self.level = snap.watermark
+        level_actions = self._level_actions(snap.watermark)
+        if level_actions is not None:
+            for action in level_actions.actions:
+                wanted[f"watermark:{action}"] = ActionRequest(action)
+            cooled = now - self._last_preempt >= self.settings.preempt_cooldown_s
+            if level_actions.preempt and entered and cooled:
+                self._last_preempt = now
+                self.sink.preempt_largest(level_actions.preempt, WATERMARK_LEVELS[snap.watermark])
+        self.queue_index = self._queue_index(snap.waiting)
+        if self.queue_index >= 0:
+            level = self.settings.queue_levels[self.queue_index]
+            params = {"max_tokens": level.max_tokens} if level.max_tokens is not None else {}
+            wanted[f"queue:{level.depth}"] = ActionRequest(level.action, params)
+        for key, request in wanted.items():
+            self.sink.hold_reflex(key, request)
+            self.first_action_at.setdefault(key, now)
+        for key in self._held - wanted.keys():
+            self.sink.drop_reflex(key)
+            self.first_action_at.pop(key, None)
+        self._held = set(wanted)

@@ -1,0 +1,184 @@
+"""Warden's HTTP surface for control: the Alertmanager webhook, manual overrides, state.
+
+Answers follow Alertmanager's delivery rules: 2xx = applied; 401/400/403/415 = a bad request,
+not retried; 5xx only for a transient internal failure, which Alertmanager retries. Every
+request is checked completely (auth, type, size, shape) before any state changes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from exporter.catalog import WATERMARK_LEVELS
+from exporter.step_monitor import process_monitor
+from warden.control import auth, runtime, telemetry
+from warden.control.actions import ActionError, parse_action
+from warden.control.alertmanager import PayloadError, parse_payload
+
+log = logging.getLogger("warden.control")
+router = APIRouter()
+
+
+def _error(status: int, message: str, **headers: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers or None)
+
+
+class _Guard:
+    """The token (or insecure mode), read once at first use."""
+
+    token: str | None = None
+    loaded = False
+    problem: str | None = None
+
+    @classmethod
+    def check(cls, request: Request) -> JSONResponse | None:
+        if not cls.loaded:
+            try:
+                cls.token = auth.load_token()
+            except auth.TokenError as exc:
+                cls.problem = str(exc)
+            cls.loaded = True
+        if cls.token is None:
+            if auth.insecure_requested() or runtime.controller().config.webhook.allow_insecure:
+                return None
+            reason = cls.problem or (
+                f"no token configured: set {auth.TOKEN_FILE_ENV} or {auth.TOKEN_ENV} "
+                f"(or {auth.INSECURE_ENV}=1 to run without one)"
+            )
+            return _error(403, f"warden webhook disabled: {reason}")
+        if not auth.authorized(request.headers.get("authorization"), cls.token):
+            return _error(401, "missing or wrong bearer token", **{"WWW-Authenticate": "Bearer"})
+        return None
+
+
+async def _read_json_body(request: Request, limit: int) -> bytes | JSONResponse:
+    content_type = request.headers.get("content-type", "")
+    if content_type.split(";")[0].strip().lower() != "application/json":
+        return _error(415, f"content type must be application/json, got {content_type!r}")
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        return _error(400, f"body too large (limit {limit} bytes)")
+    body = bytearray()
+    async for chunk in request.stream():
+        body.extend(chunk)
+        if len(body) > limit:
+            return _error(400, f"body too large (limit {limit} bytes)")
+    return bytes(body)
+
+
+@router.post("/warden/alertmanager")
+async def alertmanager_webhook(request: Request) -> JSONResponse:
+    control = runtime.controller()
+    outcomes = control.notifications
+    with telemetry.tracer().start_as_current_span("warden.webhook") as span:
+        denied = _Guard.check(request)
+        if denied is not None:
+            outcome = "disabled" if denied.status_code == 403 else "unauthorized"
+            outcomes.labels(outcome).inc()
+            span.set_attribute("warden.outcome", outcome)
+            return denied
+        body = await _read_json_body(request, control.config.webhook.max_body_bytes)
+        if isinstance(body, JSONResponse):
+            outcomes.labels("malformed").inc()
+            span.set_attribute("warden.outcome", "malformed")
+            return body
+        try:
+            events = parse_payload(body)
+        except PayloadError as exc:
+            outcomes.labels("malformed").inc()
+            span.set_attribute("warden.outcome", "malformed")
+            return _error(400, f"malformed notification: {exc}")
+        span.set_attribute("warden.alertnames", sorted({e.alertname for e in events}))
+        try:
+            counts = control.apply_alerts(events)
+        except Exception:
+            log.exception("warden: applying a notification failed")
+            outcomes.labels("error").inc()
+            span.set_attribute("warden.outcome", "error")
+            return _error(500, "internal error applying the notification; retry")
+        outcomes.labels("applied").inc()
+        if counts.get("unknown_action"):
+            outcomes.labels("unknown_action").inc(counts["unknown_action"])
+        span.set_attribute("warden.outcome", "applied")
+        return JSONResponse({"status": "applied", "alerts": counts, **control.state_json()})
+
+
+@router.get("/warden/degrade")
+async def list_overrides() -> JSONResponse:
+    return JSONResponse({"leases": runtime.controller().state_json()["leases"]})
+
+
+@router.post("/warden/degrade")
+async def set_override(request: Request) -> JSONResponse:
+    denied = _Guard.check(request)
+    if denied is not None:
+        return denied
+    control = runtime.controller()
+    body = await _read_json_body(request, 64 * 1024)
+    if isinstance(body, JSONResponse):
+        return body
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return _error(400, f"body is not JSON: {exc}")
+    if not isinstance(data, dict):
+        return _error(400, "body: expected an object")
+    params = data.get("params", {})
+    key = data.get("key", data.get("action"))
+    ttl = data.get("ttl_s", control.config.leases.ttl_s)
+    if not isinstance(params, dict):
+        return _error(400, "params: expected an object")
+    if not isinstance(key, str) or not key or len(key) > 200:
+        return _error(400, "key: expected a non-empty string of at most 200 characters")
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl <= 7 * 86400:
+        return _error(400, "ttl_s: expected seconds in (0, 604800]")
+    try:
+        action = parse_action(data.get("action"), params)
+    except ActionError as exc:
+        return _error(400, str(exc))
+    lease = control.set_manual(key, action, float(ttl))
+    return JSONResponse({"lease": lease.to_json(), **control.state_json()})
+
+
+@router.delete("/warden/degrade")
+async def clear_override(request: Request) -> JSONResponse:
+    denied = _Guard.check(request)
+    if denied is not None:
+        return denied
+    key = request.query_params.get("key")
+    everything = request.query_params.get("all", "").lower() in ("1", "true", "yes")
+    if key is None and not everything:
+        return _error(400, "name a lease with ?key=KEY, or clear every manual lease with ?all=1")
+    control = runtime.controller()
+    cleared = control.clear_manual(None if everything else key)
+    return JSONResponse({"cleared": cleared, **control.state_json()})
+
+
+@router.get("/warden/state")
+async def warden_state() -> JSONResponse:
+    state: dict[str, Any] = runtime.controller().state_json()
+    monitor = process_monitor()
+    if monitor is not None:
+        snap = monitor.snapshot
+        state.update(
+            {
+                "watermark": WATERMARK_LEVELS[snap.watermark],
+                "watermark_source": monitor.watermark.worst_source,
+                "watermark_changed_at": monitor.watermark_changed_at,
+                "signals": snap.signals,
+                "engine": {
+                    "last_step_timestamp": snap.timestamp,
+                    "running": snap.running,
+                    "waiting": snap.waiting,
+                    "kv_cache_usage": snap.kv_cache_usage,
+                },
+            }
+        )
+    else:
+        state.update({"watermark": None, "engine": None})
+    return JSONResponse(state)
