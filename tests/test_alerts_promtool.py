@@ -1,0 +1,117 @@
+"""The generated rules and Alertmanager config, checked by promtool and amtool themselves.
+
+Runs the promtool unit tests rendered from alerts/scenarios.py, and shows they bite: small
+mutations of the rules (a label value, a band edge, a ``for``, a threshold, a template) must
+make them fail.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from alerts.alertmanager import RouteTiming, render_alertmanager_config
+from alerts.generate import ALERTMANAGER_PATH, RULES_PATH, TESTS_DIR, render_all
+from alerts.scenarios import TEST_FILES
+
+pytestmark = pytest.mark.skipif(
+    not (shutil.which("promtool") and shutil.which("amtool")),
+    reason="promtool and amtool are needed",
+)
+
+
+@pytest.fixture
+def generated(tmp_path: Path) -> Path:
+    """render_all() written under a scratch root, laid out as in the repository."""
+    for path, text in render_all().items():
+        target = tmp_path / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+    return tmp_path
+
+
+def run(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(a) for a in args], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def test_promtool_check_rules(generated: Path) -> None:
+    result = run("promtool", "check", "rules", generated / RULES_PATH)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
+def test_promtool_check_rules_rejects_a_broken_expression(generated: Path) -> None:
+    rules = generated / RULES_PATH
+    rules.write_text(rules.read_text().replace("max by (instance) (", "max by (instance) ((", 1))
+    assert run("promtool", "check", "rules", rules).returncode != 0
+
+
+@pytest.mark.parametrize("test_file", [f.name for f in TEST_FILES])
+def test_promtool_unit_tests(generated: Path, test_file: str) -> None:
+    result = run("promtool", "test", "rules", generated / TESTS_DIR / test_file)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
+# (test file, text in rules.yml, replacement): each must break that file's tests.
+MUTATIONS = [
+    ("traffic.yml", "warden_max_tokens: '2048'", "warden_max_tokens: '4096'"),
+    (
+        "traffic.yml",
+        "instance:vllm_num_requests_waiting:sum < 1000",
+        "instance:vllm_num_requests_waiting:sum < 1300",
+    ),
+    ("memory.yml", "for: 30s", "for: 1m"),
+    ("faults.yml", "still failed after their last retry", "failed after retries"),
+    (
+        "liveness.yml",
+        "round(instance:warden_engine_restarts:increase1h) > 5",
+        "round(instance:warden_engine_restarts:increase1h) > 6",
+    ),
+    ("recording.yml", '{outcome!="rejected"}', ""),
+]
+
+
+@pytest.mark.parametrize(("test_file", "old", "new"), MUTATIONS, ids=[m[1] for m in MUTATIONS])
+def test_promtool_unit_tests_catch_a_mutation(
+    generated: Path, test_file: str, old: str, new: str
+) -> None:
+    rules = generated / RULES_PATH
+    text = rules.read_text()
+    assert text.count(old) == 1, f"mutation target {old!r} must occur exactly once"
+    rules.write_text(text.replace(old, new))
+    result = run("promtool", "test", "rules", generated / TESTS_DIR / test_file)
+    assert result.returncode != 0, f"tests still pass with {old!r} -> {new!r}"
+    assert "FAILED" in result.stdout + result.stderr
+
+
+def test_amtool_check_config_committed(generated: Path) -> None:
+    result = run("amtool", "check-config", generated / ALERTMANAGER_PATH)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "4 receivers" in result.stdout and "1 inhibit rules" in result.stdout
+
+
+def test_amtool_check_config_runtime_render(tmp_path: Path) -> None:
+    config = tmp_path / "alertmanager.yml"
+    config.write_text(
+        render_alertmanager_config(
+            "http://127.0.0.1:8000/warden/alertmanager",
+            str(tmp_path / "token"),
+            "http://127.0.0.1:9099/",
+            queue_url="http://127.0.0.1:9098/",
+            engine_timing=RouteTiming("200ms", "1s", "30s"),
+        )
+    )
+    result = run("amtool", "check-config", config)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_amtool_check_config_rejects_a_broken_route(generated: Path) -> None:
+    config = generated / ALERTMANAGER_PATH
+    config.write_text(config.read_text().replace("receiver: pager", "receiver: nobody", 1))
+    assert run("amtool", "check-config", config).returncode != 0

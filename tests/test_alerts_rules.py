@@ -1,0 +1,399 @@
+"""Static checks of the alert definitions: names, labels, metrics, runbooks, test coverage.
+
+These read the Python definitions and the generated files; promtool and Alertmanager themselves
+run in test_alerts_promtool.py and test_alerts_alertmanager.py.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+import alerts
+from alerts import recording as rec
+from alerts.alertmanager import (
+    ENGINE_RECEIVER,
+    PAGER_RECEIVER,
+    QUEUE_RECEIVER,
+    build_alertmanager_config,
+)
+from alerts.config import DASHBOARD_UIDS, ENGINE_JOB, GRAFANA_BASE_URL, RUNBOOK_BASE_URL
+from alerts.generate import render_all
+from alerts.model import AlertRule
+from alerts.promtool_tests import Scenario
+from alerts.recording import RECORDING_RULES, TORCH_CACHED_GAP
+from alerts.rules import ALERT_NAMES, ALERT_RULES, BACKLOG_BANDS
+from alerts.scenarios import RECORDING_SCENARIOS, TEST_FILES
+from exporter import catalog
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNBOOKS = ROOT / "alerts" / "runbooks.md"
+
+REQUIRED_ALERTS = {
+    "WardenMemoryWatermarkHigh",
+    "WardenMemoryWatermarkCritical",
+    "WardenOOMImminent",
+    "WardenTimeToOOM",
+    "WardenAllocatorCacheGrowth",
+    "WardenCudaGraphPoolGrowth",
+    "WardenPreemptionStorm",
+    "WardenNonFiniteLogits",
+    "WardenRequestRetriesHigh",
+    "WardenErrorRateHigh",
+    "WardenQueueBacklog",
+    "WardenEngineStalled",
+    "WardenEngineDown",
+    "WardenRestartLoop",
+    "WardenEngineUnhealthy",
+    "WardenCollectorErrors",
+}
+
+# --- PromQL identifiers ---------------------------------------------------------------------
+PROMQL_KEYWORDS = frozenset(
+    {"and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right"}
+    | {"offset", "bool", "inf", "nan"}
+)
+_STRINGS_AND_COMMENTS = re.compile(r'"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\'|#[^\n]*')
+_GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")
+_IDENTIFIER = re.compile(r"(?<![\w:.])([A-Za-z_:][\w:]*)(\s*\()?")
+_SELECTOR = re.compile(r"(?<![\w:.])([A-Za-z_:][\w:]*)\s*\{([^}]*)\}")
+_MATCHER = re.compile(r"([A-Za-z_]\w*)\s*(?:=~|!~|!=|=)\s*\"")
+
+
+def metric_names(expr: str) -> set[str]:
+    """Series names an expression reads: identifiers that are not functions, keywords, label
+    names in matchers or grouping clauses, durations or strings."""
+    text = _STRINGS_AND_COMMENTS.sub('""', expr)
+    text = re.sub(r"\{[^}]*\}", "", text)
+    text = re.sub(r"\[[^\]]*\]", "", text)
+    text = _GROUPING.sub("", text)
+    return {
+        match.group(1)
+        for match in _IDENTIFIER.finditer(text)
+        if match.group(2) is None and match.group(1).lower() not in PROMQL_KEYWORDS
+    }
+
+
+def selector_labels(expr: str) -> list[tuple[str, str]]:
+    """(series name, label name) for every label matcher in the expression."""
+    text = re.sub(r"#[^\n]*", "", expr)
+    return [
+        (name, label)
+        for name, body in _SELECTOR.findall(text)
+        for label in _MATCHER.findall(body)
+    ]
+
+
+def test_metric_name_parser_finds_what_it_should() -> None:
+    expr = (
+        'sum by (instance, outcome) (rate(warden_bogus_total{outcome!="x"}[5m]))\n'
+        "# a comment naming not_a_metric\n"
+        "/ on (instance) group_left () vllm:num_requests_waiting offset 1h > 1e3\n"
+        'and absent(up{job="a b"}) * 0 > bool 0 or label_replace(foo, "dst", "v", "", "")'
+    )
+    assert metric_names(expr) == {
+        "warden_bogus_total",
+        "vllm:num_requests_waiting",
+        "up",
+        "foo",
+    }
+    assert selector_labels(expr) == [("warden_bogus_total", "outcome"), ("up", "job")]
+
+
+RECORDED = {rule.record: rule for rule in RECORDING_RULES.rules if hasattr(rule, "record")}
+ALL_EXPRESSIONS = [(rule.name, rule.expr) for rule in ALERT_RULES] + [
+    (name, rule.expr) for name, rule in RECORDED.items()
+]
+
+
+@pytest.mark.parametrize(("owner", "expr"), ALL_EXPRESSIONS, ids=[n for n, _ in ALL_EXPRESSIONS])
+def test_expressions_read_only_known_series(owner: str, expr: str) -> None:
+    allowed = catalog.KNOWN_SERIES | catalog.PROMETHEUS_BUILTINS | RECORDED.keys()
+    names = metric_names(expr)
+    assert names, f"{owner}: no series found in {expr!r}"
+    assert names <= allowed, f"{owner} reads unknown series {sorted(names - allowed)}"
+
+
+def _recorded_labels(record: str) -> set[str]:
+    labels: set[str] = set()
+    for clause in re.findall(r"\bby\s*\(([^)]*)\)", RECORDED[record].expr):
+        labels |= {label.strip() for label in clause.split(",") if label.strip()}
+    return labels
+
+
+@pytest.mark.parametrize(("owner", "expr"), ALL_EXPRESSIONS, ids=[n for n, _ in ALL_EXPRESSIONS])
+def test_label_matchers_use_labels_the_series_has(owner: str, expr: str) -> None:
+    for name, label in selector_labels(expr):
+        if name in RECORDED:
+            known = _recorded_labels(name)
+        elif name in catalog.PROMETHEUS_BUILTINS:
+            known = {"job", "instance"}
+        else:
+            known = set(catalog.BY_NAME[name].labels) | {"job", "instance"}
+        assert label in known, f"{owner}: {name} has no label {label!r}"
+
+
+def test_recording_rules_follow_naming_and_are_used() -> None:
+    metrics = {spec.base.replace(":", "_") for spec in catalog.ALL} | {TORCH_CACHED_GAP}
+    used = " ".join(rule.expr for rule in ALERT_RULES) + " ".join(
+        rule.expr for rule in RECORDED.values()
+    )
+    tested = {check.expr for scenario in RECORDING_SCENARIOS for check in scenario.checks}
+    for name in RECORDED:
+        level, metric, operations = name.split(":")
+        assert level.split("_")[0] == "instance", name
+        assert metric in metrics, f"{name}: {metric} is not a catalog metric"
+        assert not metric.endswith("_total"), f"{name}: strip _total"
+        assert operations, name
+        assert name in used, f"{name} is recorded but no rule reads it"
+        assert name in tested, f"{name} has no promql_expr_test"
+
+
+# --- Conventions ----------------------------------------------------------------------------
+def test_required_alerts_exist_and_nothing_else() -> None:
+    assert set(ALERT_NAMES) == REQUIRED_ALERTS
+
+
+@pytest.mark.parametrize("rule", ALERT_RULES, ids=lambda r: f"{r.name}-{r.severity}")
+def test_alert_conventions(rule: AlertRule) -> None:
+    assert re.fullmatch(r"Warden[A-Z][A-Za-z0-9]+", rule.name)
+    assert rule.severity in ("critical", "warning", "info")
+    assert "{{" not in rule.summary, "summary is static"
+    assert "$labels.instance" in rule.description and "$value" in rule.description
+    annotations = rule.annotations
+    assert annotations["runbook_url"] == f"{RUNBOOK_BASE_URL}#{rule.name.lower()}"
+    uid = annotations["dashboard_url"].removeprefix(f"{GRAFANA_BASE_URL}/d/")
+    assert uid in DASHBOARD_UIDS
+    assert rule.for_ not in ("0s", "0m"), "every alert has a for, and a tested pending state"
+    assert "instance" in rule.expr or "up{" in rule.expr
+
+
+def test_severity_is_consistent_within_a_name() -> None:
+    by_name: dict[str, list[AlertRule]] = {}
+    for rule in ALERT_RULES:
+        by_name.setdefault(rule.name, []).append(rule)
+    for name, rules in by_name.items():
+        variants = [tuple(sorted(rule.labels.items())) for rule in rules]
+        assert len(set(variants)) == len(variants), f"{name}: two rules with identical labels"
+        summaries = {rule.summary for rule in rules if rule.severity == rules[0].severity}
+        assert len(summaries) == 1, name
+
+
+# --- Action label contract (shared with the engine webhook) -----------------------------------
+ACTION_RULES = [rule for rule in ALERT_RULES if rule.action is not None]
+
+
+def test_actions_named_in_the_issue_are_wired() -> None:
+    actions = {(rule.name, rule.action) for rule in ACTION_RULES}
+    assert ("WardenMemoryWatermarkHigh", "stop_admission") in actions
+    assert ("WardenMemoryWatermarkCritical", "shed_low_priority") in actions
+    assert ("WardenOOMImminent", "reject_all") in actions
+    assert ("WardenCudaGraphPoolGrowth", "enforce_eager") in actions
+    assert ("WardenErrorRateHigh", "circuit_breaker") in actions
+    critical = next(r for r in ACTION_RULES if r.name == "WardenMemoryWatermarkCritical")
+    assert critical.labels[catalog.PARAM_PREEMPT] == "1"
+    oom = next(r for r in ACTION_RULES if r.name == "WardenOOMImminent")
+    assert int(oom.labels[catalog.PARAM_RETRY_AFTER]) > 0
+    circuits = {
+        r.labels[catalog.PARAM_CIRCUIT]: r for r in ACTION_RULES if r.name == "WardenErrorRateHigh"
+    }
+    assert circuits["half_open"].severity == "warning"
+    assert 0 < float(circuits["half_open"].labels[catalog.PARAM_ADMIT_FRACTION]) <= 1
+    assert circuits["open"].severity == "critical"
+
+
+@pytest.mark.parametrize("rule", ACTION_RULES, ids=lambda r: f"{r.name}-{r.severity}")
+def test_action_labels_parse_in_the_engine(rule: AlertRule) -> None:
+    """The engine webhook's own parser accepts each alert's labels, parameters included."""
+    from warden.control.actions import parse_action
+
+    labels = rule.labels
+    assert labels[catalog.ACTION_LABEL] in catalog.DEGRADATION_ACTIONS
+    request = parse_action(labels[catalog.ACTION_LABEL], labels)
+    for label in catalog.ACTION_PARAM_LABELS:
+        if label in labels and label != catalog.PARAM_PREEMPT:
+            assert request.params, f"{rule.name}: {label} was not picked up"
+    assert request.preempt == int(labels.get(catalog.PARAM_PREEMPT, "0"))
+    assert set(labels) <= {"severity", catalog.ACTION_LABEL, *catalog.ACTION_PARAM_LABELS}
+
+
+def test_backlog_bands_are_disjoint_and_match_the_reflex() -> None:
+    from warden.control.config import ReflexSettings
+
+    floors = [band.floor for band in BACKLOG_BANDS]
+    assert floors == [100, 500, 800, 1000]
+    for lower, upper in zip(BACKLOG_BANDS, BACKLOG_BANDS[1:], strict=False):
+        assert lower.ceiling == upper.floor, "bands must tile the range without overlap"
+    assert BACKLOG_BANDS[-1].ceiling is None
+    reflex = ReflexSettings().queue_levels
+    assert [(lvl.depth, lvl.action) for lvl in reflex] == [
+        (band.floor, band.action) for band in BACKLOG_BANDS
+    ]
+    for level, band in zip(reflex, BACKLOG_BANDS, strict=True):
+        if level.max_tokens is not None:
+            assert band.params[catalog.PARAM_MAX_TOKENS] == str(level.max_tokens)
+
+
+def test_engine_job_is_one_shared_constant() -> None:
+    assert alerts.ENGINE_JOB == ENGINE_JOB == "vllm-warden"
+    down = next(rule for rule in ALERT_RULES if rule.name == "WardenEngineDown")
+    assert down.expr.count(f'up{{job="{ENGINE_JOB}"}}') == 2
+
+
+# --- Runbooks -------------------------------------------------------------------------------
+RUNBOOK_FIELDS = (
+    "**What it means:**",
+    "**User impact:**",
+    "**What warden does:**",
+    "**What to do:**",
+    "**How to tune:**",
+)
+
+
+def _runbook_sections() -> dict[str, str]:
+    text = RUNBOOKS.read_text(encoding="utf-8")
+    parts = re.split(r"^## ", text, flags=re.MULTILINE)[1:]
+    return {part.splitlines()[0].strip(): part for part in parts}
+
+
+def test_every_alert_has_a_complete_runbook_section() -> None:
+    sections = _runbook_sections()
+    for name in ALERT_NAMES:
+        assert name in sections, f"runbooks.md lacks '## {name}'"
+        for field in RUNBOOK_FIELDS:
+            assert field in sections[name], f"{name}: runbook lacks {field}"
+    orphans = {title for title in sections if title.startswith("Warden")} - set(ALERT_NAMES)
+    assert not orphans, f"runbook sections for no alert: {orphans}"
+
+
+def test_runbook_mentions_the_engine_actions() -> None:
+    sections = _runbook_sections()
+    for rule in ACTION_RULES:
+        assert f"warden_action={rule.action}" in sections[rule.name] or (
+            f"`{rule.action}`" in sections[rule.name]
+        ), f"{rule.name}: runbook does not say it triggers {rule.action}"
+
+
+# --- Promtool scenario coverage -------------------------------------------------------------
+def _alert_scenarios() -> list[Scenario]:
+    return [s for f in TEST_FILES for s in f.scenarios if isinstance(s, Scenario)]
+
+
+def _to_seconds(duration: str) -> float:
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+    return sum(
+        float(n) * units[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)", duration)
+    )
+
+
+@pytest.mark.parametrize("rule", ALERT_RULES, ids=lambda r: f"{r.name}-{r.severity}")
+def test_scenarios_cover_every_rule(rule: AlertRule) -> None:
+    """Each rule fires, is seen pending inside its for, resolves; its name stays quiet on
+    healthy input."""
+    kinds: set[str] = set()
+
+    def mine(labels: object) -> bool:
+        return all(dict(labels).get(k) == v for k, v in rule.labels.items())  # type: ignore[call-overload]
+
+    for scenario in _alert_scenarios():
+        fired_at: float | None = None
+        for alertname, check in sorted(scenario.checks_for(), key=lambda c: _to_seconds(c[1].at)):
+            if alertname != rule.name:
+                continue
+            if check.kind == "fires" and any(mine(e.labels) for e in check.firing):
+                kinds.add("fires")
+                fired_at = _to_seconds(check.at) if fired_at is None else fired_at
+            if check.kind == "pending" and any(mine(labels) for labels in check.pending):
+                kinds.add("pending")
+            if check.kind == "healthy":
+                kinds.add("healthy")
+            if check.kind == "resolved" and fired_at is not None:
+                kinds.add("resolved")
+    assert kinds == {"fires", "pending", "healthy", "resolved"}, f"missing {rule.name}"
+
+
+def test_expected_alerts_spell_out_every_label() -> None:
+    """Expected label sets name instance (or job) and every static label of their rule."""
+    for scenario in _alert_scenarios():
+        for _, check in scenario.checks_for():
+            for expected in check.firing:
+                assert "severity" in expected.labels
+                assert "instance" in expected.labels or "job" in expected.labels
+                assert expected.description and "{{" not in expected.description
+
+
+# --- Generated files and the Alertmanager configuration ------------------------------------
+def test_render_all_is_deterministic_and_committed() -> None:
+    first, second = render_all(), render_all()
+    assert first == second
+    assert "alerts/generated/rules.yml" in first
+    assert "alerts/generated/alertmanager.yml" in first
+    for path, text in first.items():
+        on_disk = ROOT / path
+        assert on_disk.exists(), f"{path} not generated; run `warden generate`"
+        assert on_disk.read_text(encoding="utf-8") == text, f"{path} is stale"
+
+
+def test_generated_rules_match_definitions() -> None:
+    rules = yaml.safe_load(render_all()["alerts/generated/rules.yml"])
+    alerts_in_file = [r for g in rules["groups"] for r in g["rules"] if "alert" in r]
+    assert len(alerts_in_file) == len(ALERT_RULES)
+    assert rules["groups"][0]["name"] == RECORDING_RULES.name
+    for entry in alerts_in_file:
+        assert all(isinstance(v, str) for v in entry["labels"].values())
+
+
+def test_alertmanager_routes() -> None:
+    from warden.control.config import LeaseSettings
+
+    config = build_alertmanager_config("http://e/hook", "/run/token", "http://p/")
+    routes = config["route"]["routes"]
+    engine, pager, queue = routes
+    assert engine["receiver"] == ENGINE_RECEIVER and engine["continue"] is True
+    assert engine["matchers"] == [f'{catalog.ACTION_LABEL}=~".+"']
+    assert set(engine["group_by"]) >= {"alertname", "instance", catalog.ACTION_LABEL}
+    assert set(engine["group_by"]) >= set(catalog.ACTION_PARAM_LABELS)
+    lease_ttl = LeaseSettings().ttl_s
+    assert _to_seconds(engine["repeat_interval"]) * 2 <= lease_ttl
+    assert _to_seconds(engine["group_interval"]) <= 10
+    assert pager["receiver"] == PAGER_RECEIVER and pager["matchers"] == ['severity="critical"']
+    assert queue["receiver"] == QUEUE_RECEIVER and queue["matchers"] == ['severity="warning"']
+    assert config["route"]["receiver"] not in (ENGINE_RECEIVER, PAGER_RECEIVER, QUEUE_RECEIVER)
+    receivers = {r["name"]: r for r in config["receivers"]}
+    hook = receivers[ENGINE_RECEIVER]["webhook_configs"][0]
+    assert hook == {
+        "url": "http://e/hook",
+        "send_resolved": True,
+        "http_config": {"authorization": {"type": "Bearer", "credentials_file": "/run/token"}},
+    }
+    assert receivers[PAGER_RECEIVER]["webhook_configs"][0]["send_resolved"] is True
+    assert "webhook_configs" not in receivers[QUEUE_RECEIVER], "queue is a placeholder"
+    assert config["inhibit_rules"] == [
+        {
+            "source_matchers": ['severity="critical"'],
+            "target_matchers": ['severity="warning"'],
+            "equal": ["alertname", "instance"],
+        }
+    ]
+
+
+def test_committed_alertmanager_config_uses_compose_defaults() -> None:
+    text = render_all()["alerts/generated/alertmanager.yml"]
+    config = yaml.safe_load(text)
+    receivers = {r["name"]: r for r in config["receivers"]}
+    hook = receivers[ENGINE_RECEIVER]["webhook_configs"][0]
+    assert hook["url"] == "http://engine:8000/warden/alertmanager"
+    assert hook["http_config"]["authorization"]["credentials_file"] == (
+        "/run/secrets/warden_webhook_token"
+    )
+    assert receivers[PAGER_RECEIVER]["webhook_configs"][0]["url"] == "http://pager:9099/"
+    for receiver in receivers.values():
+        live = set(receiver) - {"name", "webhook_configs"}
+        assert not live, f"{receiver['name']}: real integrations are documented, not configured"
+
+
+def test_recording_names_are_module_constants() -> None:
+    assert rec.WATERMARK in RECORDED and rec.QUEUE_WAITING in RECORDED
