@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-GENERATORS = ("alerts.generate", "dashboards.generate")
+GENERATORS = ("alerts.generate", "dashboards.generate", "warden.stack.generate")
 
 
 def cmd_model_tiny(args: argparse.Namespace) -> int:
@@ -89,6 +89,24 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
+def cmd_up(args: argparse.Namespace) -> int:
+    from warden.stack.up import run
+
+    return run(args)
+
+
+def cmd_chaos(args: argparse.Namespace) -> int:
+    from warden.stack.chaos import run
+
+    return run(args)
+
+
+def cmd_pager(args: argparse.Namespace) -> int:
+    from warden.stack.pager import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="warden", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -127,6 +145,20 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--workdir", default=str(REPO_ROOT / "run" / "demo"))
     demo.add_argument("--port", type=int, default=8000)
     demo.set_defaults(func=cmd_demo)
+
+    from warden.stack import chaos, pager, up
+
+    up_parser = sub.add_parser("up", help="the whole stack on this machine, until Ctrl-C")
+    up.add_arguments(up_parser)
+    up_parser.set_defaults(func=cmd_up)
+
+    chaos_parser = sub.add_parser("chaos", help="break a local engine on purpose")
+    chaos.add_arguments(chaos_parser)
+    chaos_parser.set_defaults(func=cmd_chaos)
+
+    pager_parser = sub.add_parser("pager", help="a local Alertmanager receiver that records pages")
+    pager.add_arguments(pager_parser)
+    pager_parser.set_defaults(func=cmd_pager)
     return parser
 
 

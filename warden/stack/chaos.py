@@ -1,0 +1,326 @@
+"""``warden chaos``: break a running local engine on purpose, to watch warden react.
+
+- ``pressure``: long prompts, many at once, to fill the KV cache (bounded count and time).
+- ``nan``: requests asking the test hook to poison their logits (the engine must run with
+  ``WARDEN_TEST_INJECT_NONFINITE=1``, e.g. ``warden up --chaos``).
+- ``stall``: SIGSTOP the engine core for a while, then SIGCONT (unless told not to).
+- ``crash``: SIGKILL the engine core.
+
+Only loopback engines: this is a tool for a stack on your own machine, and the signals can only
+reach local processes anyway. The engine core is found from the engine's port: the process
+listening there is the API server, and the engine core is its descendant whose process title
+(set by vLLM) contains ``EngineCore``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ipaddress
+import os
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import psutil
+
+from exporter.catalog import NONFINITE_LOGITS
+
+DEFAULT_ENGINE_URL = os.environ.get("WARDEN_ENGINE_URL", "http://127.0.0.1:8000")
+ENGINE_CORE_MARK = "EngineCore"
+PROMPT_WORDS = ("memory", "watermark", "cache", "block", "engine", "request", "token", "prompt")
+
+Out = Callable[[str], None]
+
+
+class ChaosError(RuntimeError):
+    """The chaos action cannot run: not a loopback engine, no engine core found, ..."""
+
+
+# --- Argument checks --------------------------------------------------------------------------
+def bounded_int(low: int, high: int) -> Callable[[str], int]:
+    """argparse type: an int in [low, high], so a typo cannot start an unbounded flood."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is not in {low}..{high}")
+        return value
+
+    return parse
+
+
+def bounded_float(low: float, high: float) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        value = float(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is not in {low}..{high}")
+        return value
+
+    return parse
+
+
+def is_loopback(url: str) -> bool:
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def require_loopback(url: str) -> None:
+    if not is_loopback(url):
+        raise ChaosError(f"{url}: chaos only targets engines on this machine (loopback)")
+
+
+def engine_port(url: str) -> int:
+    parts = urlsplit(url)
+    if parts.port is not None:
+        return parts.port
+    return 443 if parts.scheme == "https" else 80
+
+
+# --- Process discovery ------------------------------------------------------------------------
+def listening_process(port: int) -> psutil.Process:
+    """The process listening on ``port``; the outermost one if several share the socket."""
+    pids = {
+        conn.pid
+        for conn in psutil.net_connections(kind="inet")
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid
+    }
+    if not pids:
+        raise ChaosError(f"no process of yours listens on port {port}: is the engine running?")
+    processes = [psutil.Process(pid) for pid in pids]
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            if not any(parent.pid in pids for parent in process.parents()):
+                return process
+    return processes[0]
+
+
+def _title(process: psutil.Process) -> str:
+    with contextlib.suppress(psutil.Error):
+        return " ".join([process.name(), *process.cmdline()])
+    return ""
+
+
+def find_engine_core(server: psutil.Process) -> psutil.Process:
+    """The engine core below the API server (vLLM titles it ``VLLM::EngineCore``)."""
+    if ENGINE_CORE_MARK in _title(server):
+        return server
+    cores = [p for p in server.children(recursive=True) if ENGINE_CORE_MARK in _title(p)]
+    if not cores:
+        raise ChaosError(
+            f"no {ENGINE_CORE_MARK} process below PID {server.pid} ({_title(server)[:80]})"
+        )
+    # With data parallelism there is one core per rank; the first is enough to break it.
+    return min(cores, key=lambda p: p.pid)
+
+
+def engine_core_for(engine_url: str, server_pid: int | None = None) -> psutil.Process:
+    server = (
+        psutil.Process(server_pid) if server_pid else listening_process(engine_port(engine_url))
+    )
+    return find_engine_core(server)
+
+
+# --- Actions ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    max_model_len: int
+
+
+def served_model(engine_url: str, client: httpx.Client) -> ModelInfo:
+    """The first model the engine serves, and its context length (from /v1/models)."""
+    data = client.get(f"{engine_url}/v1/models").raise_for_status().json()["data"]
+    if not data:
+        raise ChaosError(f"{engine_url} serves no model")
+    return ModelInfo(data[0]["id"], int(data[0].get("max_model_len") or 2048))
+
+
+def long_prompt(words: int) -> str:
+    return " ".join(PROMPT_WORDS[i % len(PROMPT_WORDS)] for i in range(words))
+
+
+def pressure(
+    engine_url: str,
+    requests: int,
+    concurrency: int,
+    duration_s: float,
+    out: Out = print,
+) -> Counter[str]:
+    """Send ``requests`` long completions, ``concurrency`` at a time, for at most
+    ``duration_s``; returns the count of outcomes (HTTP status or error name)."""
+    require_loopback(engine_url)
+    deadline = time.monotonic() + duration_s
+    outcomes: Counter[str] = Counter()
+    lock = threading.Lock()
+    with httpx.Client(timeout=httpx.Timeout(duration_s + 5.0)) as client:
+        model = served_model(engine_url, client)
+        # A third of the context as prompt, a third generated, EOS ignored: every request holds
+        # its KV blocks for as long as possible.
+        budget = max(8, model.max_model_len // 3)
+        body: dict[str, Any] = {
+            "model": model.name,
+            "prompt": long_prompt(budget),
+            "max_tokens": budget,
+            "ignore_eos": True,
+        }
+        out(
+            f"pressure: {requests} requests x ~{budget} prompt words + {budget} tokens, "
+            f"{concurrency} at a time, at most {duration_s:.0f}s, against {engine_url}"
+        )
+
+        def send(_: int) -> None:
+            if time.monotonic() >= deadline:
+                outcome = "skipped (time up)"
+            else:
+                try:
+                    remaining = max(1.0, deadline - time.monotonic())
+                    response = client.post(
+                        f"{engine_url}/v1/completions", json=body, timeout=remaining
+                    )
+                    outcome = str(response.status_code)
+                except httpx.HTTPError as exc:
+                    outcome = type(exc).__name__
+            with lock:
+                outcomes[outcome] += 1
+
+        with ThreadPoolExecutor(concurrency) as pool:
+            list(pool.map(send, range(requests)))
+    out(f"pressure: done, outcomes {dict(sorted(outcomes.items()))}")
+    return outcomes
+
+
+def _metric_total(engine_url: str, name: str, client: httpx.Client) -> float | None:
+    """Sum of a metric's samples on the engine's /metrics, or None when it is absent."""
+    with contextlib.suppress(httpx.HTTPError):
+        text = client.get(f"{engine_url}/metrics").text
+        values = [
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith((name + "{", name + " "))
+        ]
+        return sum(values) if values else None
+    return None
+
+
+def inject_nan(engine_url: str, count: int, out: Out = print) -> Counter[str]:
+    """Send ``count`` requests whose logits the engine's test hook turns into NaN."""
+    from exporter.logits import INJECT_ARG  # imports torch: only this command pays for it
+
+    require_loopback(engine_url)
+    outcomes: Counter[str] = Counter()
+    with httpx.Client(timeout=120.0) as client:
+        model = served_model(engine_url, client)
+        before = _metric_total(engine_url, NONFINITE_LOGITS.name, client)
+        body = {
+            "model": model.name,
+            "prompt": long_prompt(8),
+            "max_tokens": 8,
+            "vllm_xargs": {INJECT_ARG: "nan"},
+        }
+        out(f"nan: {count} requests with vllm_xargs {{{INJECT_ARG!r}: 'nan'}} to {engine_url}")
+        for _ in range(count):
+            try:
+                outcomes[
+                    str(client.post(f"{engine_url}/v1/completions", json=body).status_code)
+                ] += 1
+            except httpx.HTTPError as exc:
+                outcomes[type(exc).__name__] += 1
+        after = _metric_total(engine_url, NONFINITE_LOGITS.name, client)
+    out(f"nan: outcomes {dict(sorted(outcomes.items()))}")
+    if before is not None and after is not None:
+        out(f"nan: {NONFINITE_LOGITS.name} went from {before:g} to {after:g}")
+        if after == before:
+            out("nan: nothing counted: is the engine running with WARDEN_TEST_INJECT_NONFINITE=1?")
+    return outcomes
+
+
+def stall(
+    engine_url: str,
+    seconds: float,
+    resume: bool = True,
+    server_pid: int | None = None,
+    out: Out = print,
+    sleep: Callable[[float], None] = time.sleep,
+) -> psutil.Process:
+    """SIGSTOP the engine core; after ``seconds`` SIGCONT it, unless ``resume`` is False.
+
+    An interrupted wait still resumes the engine: a stall should not outlive the command by
+    accident, only on request."""
+    require_loopback(engine_url)
+    core = engine_core_for(engine_url, server_pid)
+    core.send_signal(signal.SIGSTOP)
+    out(f"stall: SIGSTOP sent to engine core PID {core.pid} ({_title(core)[:60]})")
+    if not resume:
+        out(f"stall: left stopped; resume it with: kill -CONT {core.pid}")
+        return core
+    try:
+        sleep(seconds)
+    finally:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            core.send_signal(signal.SIGCONT)
+            out(f"stall: SIGCONT sent to PID {core.pid} after {seconds:g}s")
+    return core
+
+
+def crash(engine_url: str, server_pid: int | None = None, out: Out = print) -> psutil.Process:
+    """SIGKILL the engine core; vLLM's API server notices and shuts down (or a supervisor
+    restarts it)."""
+    require_loopback(engine_url)
+    core = engine_core_for(engine_url, server_pid)
+    core.send_signal(signal.SIGKILL)
+    out(f"crash: SIGKILL sent to engine core PID {core.pid} ({_title(core)[:60]})")
+    return core
+
+
+# --- Command line -----------------------------------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="chaos_command", required=True)
+
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--engine-url", default=DEFAULT_ENGINE_URL, help="a loopback engine")
+        return p
+
+    p = command("pressure", "flood long prompts concurrently to fill the KV cache")
+    p.add_argument("--requests", type=bounded_int(1, 1000), default=32)
+    p.add_argument("--concurrency", type=bounded_int(1, 64), default=8)
+    p.add_argument("--duration", type=bounded_float(1, 600), default=60.0, help="seconds, max")
+    p = command("nan", "requests whose logits the engine's test hook poisons with NaN")
+    p.add_argument("--count", type=bounded_int(1, 100), default=3)
+    p = command("stall", "SIGSTOP the engine core, SIGCONT it after --seconds")
+    p.add_argument("--seconds", type=bounded_float(0, 3600), default=10.0)
+    p.add_argument("--no-resume", action="store_true", help="leave it stopped")
+    p.add_argument("--pid", type=int, help="API server PID (default: found from the port)")
+    p = command("crash", "SIGKILL the engine core")
+    p.add_argument("--pid", type=int, help="API server PID (default: found from the port)")
+
+
+def run(args: argparse.Namespace, out: Out = print) -> int:
+    try:
+        if args.chaos_command == "pressure":
+            pressure(args.engine_url, args.requests, args.concurrency, args.duration, out)
+        elif args.chaos_command == "nan":
+            inject_nan(args.engine_url, args.count, out)
+        elif args.chaos_command == "stall":
+            stall(args.engine_url, args.seconds, not args.no_resume, args.pid, out)
+        elif args.chaos_command == "crash":
+            crash(args.engine_url, args.pid, out)
+        else:  # pragma: no cover - argparse restricts the choices
+            raise ChaosError(f"unknown chaos command {args.chaos_command!r}")
+    except (ChaosError, psutil.Error, httpx.HTTPError) as exc:
+        out(f"warden chaos {args.chaos_command}: {exc}")
+        return 1
+    return 0

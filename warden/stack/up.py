@@ -1,0 +1,106 @@
+"""``warden up``: the stack in the foreground until Ctrl-C (or SIGTERM) stops all of it."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import time
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING
+
+from warden.stack.config import DEFAULT_WORKDIR, Intervals
+
+if TYPE_CHECKING:
+    from warden.stack.native import StackSettings
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", help="model dir or name (default: build the tiny model)")
+    parser.add_argument("--workdir", default=str(DEFAULT_WORKDIR), help="configs, data, logs")
+    parser.add_argument("--host", default="127.0.0.1", help="address every server binds")
+    parser.add_argument("--engine-port", type=int, default=8000)
+    parser.add_argument("--prometheus-port", type=int, default=9090)
+    parser.add_argument("--alertmanager-port", type=int, default=9093)
+    parser.add_argument("--grafana-port", type=int, default=3000)
+    parser.add_argument("--pager-port", type=int, default=9099)
+    parser.add_argument("--scrape-interval", default=Intervals.scrape, help="e.g. 5s, 1s")
+    parser.add_argument("--evaluation-interval", default=Intervals.evaluation)
+    parser.add_argument(
+        "--chaos",
+        action="store_true",
+        help="let `warden chaos nan` poison logits (WARDEN_TEST_INJECT_NONFINITE=1); test only",
+    )
+    parser.add_argument("--otlp-endpoint", help="OTLP/HTTP collector for vLLM's request traces")
+    parser.add_argument("--no-grafana", action="store_true", help="do not start Grafana")
+    parser.add_argument(
+        "--engine-url", help="use an engine that is already running instead of starting one"
+    )
+    parser.add_argument("vllm_args", nargs=argparse.REMAINDER, help="-- then vLLM arguments")
+
+
+def settings_from_args(args: argparse.Namespace) -> StackSettings:
+    from warden.stack.native import StackSettings
+
+    extra = list(args.vllm_args)
+    if extra and extra[0] == "--":
+        extra = extra[1:]
+    return StackSettings(
+        workdir=Path(args.workdir),
+        model=args.model,
+        engine_args=extra or None,
+        host=args.host,
+        engine_port=args.engine_port,
+        prometheus_port=args.prometheus_port,
+        alertmanager_port=args.alertmanager_port,
+        grafana_port=args.grafana_port,
+        pager_port=args.pager_port,
+        intervals=Intervals(args.scrape_interval, args.evaluation_interval),
+        inject_faults=args.chaos,
+        otlp_endpoint=args.otlp_endpoint,
+        with_grafana=not args.no_grafana,
+        engine_url=args.engine_url,
+    )
+
+
+def _interrupt(signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start, report where everything is, watch the children, stop all on a signal."""
+    from warden.stack.native import NativeStack, StackError
+
+    stack = NativeStack(settings_from_args(args))
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    status = 0
+    try:
+        print(f"starting the warden stack in {stack.workdir} (Ctrl-C stops everything)")
+        stack.start()
+        print("\nthe warden stack is up:\n" + stack.summary() + "\n", flush=True)
+        print(f"try: warden chaos pressure --engine-url {stack.engine_url}", flush=True)
+        while True:
+            dead = stack.exited()
+            if dead:
+                print(f"{', '.join(dead)} exited; stopping the stack (logs: {stack.logs_dir})")
+                status = 1
+                break
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        print("\nstopping the warden stack ...", flush=True)
+    except StackError as exc:
+        print(f"warden up: {exc}")
+        status = 2
+    except Exception as exc:  # a child failed to start: say which and where its log is
+        print(f"warden up: {exc}")
+        status = 1
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            stack.stop()
+        finally:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGTERM, previous)
+    print("stopped: no child of warden up is running")
+    return status
