@@ -1,0 +1,437 @@
+"""The control loop's logic in-process: leases, policy, payload parsing, admission, reflex.
+
+No fakes: the real Controller with its own registry; only the clock is controlled."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
+
+from exporter.config import ExporterConfig
+from exporter.metrics import WardenMetrics
+from exporter.step_monitor import StepMonitor, StepSnapshot
+from warden.control.actions import ActionError, ActionRequest, parse_action
+from warden.control.admission import HalfOpenGate, KvState, RequestFacts, decide
+from warden.control.alertmanager import PayloadError, parse_payload
+from warden.control.config import (
+    AdmissionSettings,
+    ControlConfig,
+    ControlConfigError,
+    load_config,
+    parse_config,
+)
+from warden.control.controller import Controller
+from warden.control.leases import LeaseTable
+from warden.control.policy import EffectivePolicy, combine
+from warden.control.reflex import Reflex
+from warden.control.retry import backoff_s, classify_failure
+
+
+class Clock:
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def alert(
+    status: str, fingerprint: str = "fp1", starts: str = "2026-11-21T10:00:00Z", **labels: str
+) -> dict:
+    return {
+        "status": status,
+        "labels": {"alertname": "WardenMemoryWatermarkHigh", **labels},
+        "annotations": {"summary": "x"},
+        "startsAt": starts,
+        "endsAt": "0001-01-01T00:00:00Z" if status == "firing" else "2026-11-21T11:00:00Z",
+        "generatorURL": "http://prometheus/graph",
+        "fingerprint": fingerprint,
+    }
+
+
+def payload(*alerts: dict) -> bytes:
+    return json.dumps(
+        {
+            "version": "4",
+            "groupKey": "{}:{}",
+            "truncatedAlerts": 0,
+            "status": "firing",
+            "receiver": "engine",
+            "groupLabels": {},
+            "commonLabels": {},
+            "commonAnnotations": {},
+            "externalURL": "http://alertmanager",
+            "alerts": list(alerts),
+        }
+    ).encode()
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    return CollectorRegistry()
+
+
+@pytest.fixture
+def controller(clock: Clock, registry: CollectorRegistry) -> Controller:
+    return Controller(ControlConfig(), WardenMetrics(registry), clock=clock)
+
+
+def apply(controller: Controller, *alerts: dict) -> dict[str, int]:
+    return controller.apply_alerts(parse_payload(payload(*alerts)))
+
+
+# --- leases and idempotency ------------------------------------------------------------------
+
+
+def test_firing_takes_a_lease_and_resolved_releases_it(controller: Controller) -> None:
+    assert apply(controller, alert("firing", warden_action="stop_admission")) == {"applied": 1}
+    assert controller.policy().stop_admission
+    assert apply(controller, alert("resolved", warden_action="stop_admission")) == {"released": 1}
+    assert controller.policy() == EffectivePolicy()
+
+
+def test_duplicates_renew_without_changing_the_outcome(
+    controller: Controller, clock: Clock
+) -> None:
+    firing = alert("firing", warden_action="reject_all", warden_retry_after="30")
+    apply(controller, firing)
+    clock.now += 200
+    assert apply(controller, firing) == {"renewed": 1}
+    clock.now += 200  # 400 s after the first, 200 after the renewal: still live (TTL 300)
+    assert controller.policy().reject_all
+    assert controller.policy().retry_after_s == 30
+
+
+def test_silence_lets_the_lease_expire(controller: Controller, clock: Clock) -> None:
+    apply(controller, alert("firing", warden_action="stop_admission"))
+    clock.now += 299
+    assert controller.policy().stop_admission
+    clock.now += 2
+    assert not controller.policy().stop_admission
+
+
+def test_a_replayed_firing_cannot_undo_a_newer_resolution(controller: Controller) -> None:
+    firing = alert("firing", warden_action="stop_admission")
+    apply(controller, firing)
+    apply(controller, alert("resolved", warden_action="stop_admission"))
+    assert apply(controller, firing) == {"stale": 1}  # delivered late or replayed
+    assert not controller.policy().stop_admission
+
+
+def test_reordered_resolution_of_an_old_incarnation_keeps_the_new_lease(
+    controller: Controller,
+) -> None:
+    apply(controller, alert("firing", starts="2026-11-21T12:00:00Z", warden_action="reject_all"))
+    old = alert("resolved", starts="2026-11-21T10:00:00Z", warden_action="reject_all")
+    assert apply(controller, old) == {"stale": 1}
+    assert controller.policy().reject_all
+
+
+def test_resolution_with_no_lease_is_a_noop(controller: Controller) -> None:
+    assert apply(controller, alert("resolved", warden_action="reject_all")) == {"noop": 1}
+
+
+def test_new_incarnation_after_resolution_applies(controller: Controller) -> None:
+    apply(controller, alert("firing", warden_action="stop_admission"))
+    apply(controller, alert("resolved", warden_action="stop_admission"))
+    later = alert("firing", starts="2026-11-21T13:00:00Z", warden_action="stop_admission")
+    assert apply(controller, later) == {"applied": 1}
+
+
+def test_unknown_actions_and_foreign_alerts_are_ignored(controller: Controller) -> None:
+    counts = apply(
+        controller,
+        alert("firing", fingerprint="a", warden_action="reboot_the_datacenter"),
+        alert("firing", fingerprint="b"),
+    )
+    assert counts == {"unknown_action": 1, "not_for_warden": 1}
+    assert controller.policy() == EffectivePolicy()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from(["firing", "resolved"]), st.integers(0, 5)), max_size=12),
+    st.permutations(list(range(12))),
+)
+def test_any_delivery_order_ends_in_the_state_of_the_newest_event(events, order) -> None:
+    """Alertmanager delivers at least once, in any order: the newest incarnation wins."""
+    table = LeaseTable()
+    request = ActionRequest("stop_admission")
+    applied = [events[i] for i in order if i < len(events)]
+    for status, hour in applied:
+        if status == "firing":
+            table.renew("alertmanager", "fp", request, 300, 0.0, started_at=float(hour))
+        else:
+            table.release("alertmanager", "fp", 0.0, started_at=float(hour))
+    if not events:
+        return
+    newest_start = max(hour for _, hour in events)
+    resolved_newest = any(s == "resolved" and h == newest_start for s, h in events)
+    assert (table.get("alertmanager", "fp") is not None) == (not resolved_newest)
+
+
+# --- policy ------------------------------------------------------------------------------------
+
+
+def test_policy_is_the_most_restrictive_combination(controller: Controller) -> None:
+    apply(
+        controller,
+        alert("firing", fingerprint="a", warden_action="cap_max_tokens", warden_max_tokens="2048"),
+        alert("firing", fingerprint="b", warden_action="cap_max_tokens", warden_max_tokens="512"),
+        alert(
+            "firing",
+            fingerprint="c",
+            warden_action="circuit_breaker",
+            warden_circuit="half_open",
+            warden_admit_fraction="0.25",
+        ),
+        alert(
+            "firing",
+            fingerprint="d",
+            warden_action="shed_low_priority",
+            warden_priority_threshold="3",
+        ),
+        alert("firing", fingerprint="e", warden_action="enforce_eager"),
+    )
+    policy = controller.policy()
+    assert policy.cap_max_tokens == 512
+    assert (policy.circuit, policy.admit_fraction) == ("half_open", 0.25)
+    assert policy.shed_priority_above == 3
+    assert policy.enforce_eager
+    apply(
+        controller,
+        alert("firing", fingerprint="f", warden_action="circuit_breaker", warden_circuit="open"),
+    )
+    assert controller.policy().circuit == "open"
+
+
+def test_policy_gauges_follow_the_leases(
+    controller: Controller, registry: CollectorRegistry
+) -> None:
+    apply(controller, alert("firing", warden_action="cap_max_tokens", warden_max_tokens="64"))
+    value = registry.get_sample_value
+    assert value("warden_degradation_active", {"action": "cap_max_tokens"}) == 64
+    assert value("warden_degradation_leases", {"source": "alertmanager"}) == 1
+    apply(controller, alert("resolved", warden_action="cap_max_tokens", warden_max_tokens="64"))
+    assert value("warden_degradation_active", {"action": "cap_max_tokens"}) == 0
+
+
+def test_combine_with_no_leases_is_normal() -> None:
+    assert combine([]) == EffectivePolicy()
+    assert not EffectivePolicy().degraded
+
+
+# --- payload validation ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [
+        (b"not json", "not JSON"),
+        (b"[]", "JSON object"),
+        (json.dumps({"version": "3", "alerts": []}).encode(), "version"),
+        (json.dumps({"version": "4", "alerts": {}}).encode(), "alerts"),
+        (payload({**alert("firing"), "status": "weird"}), "status"),
+        (payload({**alert("firing"), "labels": {"a": 1}}), "labels"),
+        (payload({**alert("firing"), "fingerprint": ""}), "fingerprint"),
+        (payload({**alert("firing"), "startsAt": "yesterday"}), "startsAt"),
+        (payload(alert("firing", warden_action="cap_max_tokens")), "warden_max_tokens"),
+        (
+            payload(alert("firing", warden_action="cap_max_tokens", warden_max_tokens="-3")),
+            "warden_max_tokens",
+        ),
+        (
+            payload(alert("firing", warden_action="circuit_breaker", warden_circuit="ajar")),
+            "warden_circuit",
+        ),
+    ],
+)
+def test_malformed_payloads_say_where(body: bytes, where: str) -> None:
+    with pytest.raises(PayloadError, match=where):
+        parse_payload(body)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(["version", "alerts", "status", "receiver", "groupLabels"]), json_values
+    )
+)
+def test_parser_rejects_garbage_with_payload_error_only(data: dict) -> None:
+    with contextlib.suppress(PayloadError):
+        parse_payload(json.dumps(data).encode())
+
+
+def test_nanosecond_timestamps_parse() -> None:
+    (event,) = parse_payload(payload(alert("firing", starts="2026-11-21T10:00:00.123456789Z")))
+    assert event.starts_at == pytest.approx(1795255200.123456)
+
+
+def test_action_params_are_validated() -> None:
+    assert parse_action("cap_max_tokens", {"max_tokens": 5}).params == {"max_tokens": 5}
+    with pytest.raises(ActionError):
+        parse_action("cap_max_tokens", {"max_tokens": "many"})
+    with pytest.raises(ActionError):
+        parse_action("dance", {})
+
+
+# --- config ------------------------------------------------------------------------------------
+
+
+def test_invalid_config_is_refused_naming_the_field(tmp_path) -> None:
+    path = tmp_path / "warden.yaml"
+    path.write_text(
+        "leases:\n  ttl_s: -5\nreflex:\n  queue_levels:\n    - {depth: 10, action: x}\n"
+    )
+    with pytest.raises(ControlConfigError) as info:
+        load_config(path)
+    assert "leases.ttl_s" in str(info.value)
+    assert "reflex.queue_levels.0.action" in str(info.value)
+    with pytest.raises(ControlConfigError, match="typo_field"):
+        parse_config({"leases": {"typo_field": 1}})
+    with pytest.raises(ControlConfigError, match="strictly increasing"):
+        parse_config(
+            {
+                "reflex": {
+                    "queue_levels": [
+                        {"depth": 5, "action": "reject_all"},
+                        {"depth": 5, "action": "stop_admission"},
+                    ]
+                }
+            }
+        )
+
+
+def test_example_config_file_is_valid_and_matches_defaults() -> None:
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parent.parent / "config" / "warden.example.yaml"
+    assert load_config(example) == ControlConfig()
+
+
+# --- admission ---------------------------------------------------------------------------------
+
+
+def admit(policy: EffectivePolicy, kv: KvState | None = None, **facts) -> object:
+    return decide(RequestFacts(**facts), policy, AdmissionSettings(), HalfOpenGate(), kv)
+
+
+def test_admission_refusals_name_their_reason() -> None:
+    assert admit(EffectivePolicy(stop_admission=True)).reason == "stop_admission"
+    assert admit(EffectivePolicy(reject_all=True, retry_after_s=9)).retry_after_s == 9
+    assert admit(EffectivePolicy(circuit="open", admit_fraction=0.0)).status == 503
+    shed = EffectivePolicy(shed_priority_above=0)
+    assert admit(shed, priority=5).reason == "shed_low_priority"
+    assert admit(shed, priority=0).admit
+
+
+def test_cap_rewrites_only_larger_requests() -> None:
+    policy = EffectivePolicy(cap_max_tokens=64)
+    assert admit(policy, max_tokens=500).cap == 64
+    assert admit(policy, max_tokens=10).cap is None
+    assert admit(policy).cap == 64
+
+
+def test_half_open_admits_the_fraction() -> None:
+    gate = HalfOpenGate()
+    policy = EffectivePolicy(circuit="half_open", admit_fraction=0.25)
+    results = [decide(RequestFacts(), policy, AdmissionSettings(), gate).admit for _ in range(100)]
+    assert sum(results) == 25
+
+
+def test_forecast_caps_rejects_or_refuses_for_good() -> None:
+    kv = KvState(total_blocks=10, block_size=32, usage=0.5)  # 5 free, 4 after the margin
+    normal = EffectivePolicy()
+    assert admit(normal, kv, prompt_tokens=40, max_tokens=60).admit
+    capped = admit(normal, kv, prompt_tokens=40, max_tokens=500)
+    assert capped.admit and capped.cap == 4 * 32 - 40
+    full = admit(normal, KvState(10, 32, 0.95), prompt_tokens=40, max_tokens=60)
+    assert (full.status, full.reason, full.retry_after_s) == (429, "kv_headroom", 5)
+    never = admit(normal, kv, prompt_tokens=10 * 32, max_tokens=1)
+    assert (never.status, never.reason) == (400, "kv_never_fits")
+
+
+# --- reflex ------------------------------------------------------------------------------------
+
+
+def test_reflex_takes_leases_within_the_step_and_releases_with_hysteresis(
+    controller: Controller, registry: CollectorRegistry
+) -> None:
+    reflex = Reflex(controller.config.reflex, controller)
+    reflex(StepSnapshot(watermark=1, waiting=0))
+    assert controller.policy().stop_admission
+    reflex(StepSnapshot(watermark=0, waiting=120))
+    policy = controller.policy()
+    assert not policy.stop_admission and policy.cap_max_tokens == 2048
+    reflex(StepSnapshot(watermark=0, waiting=95))  # inside the 10 % band: held
+    assert controller.policy().cap_max_tokens == 2048
+    reflex(StepSnapshot(watermark=0, waiting=1200))
+    assert controller.policy().reject_all
+    reflex(StepSnapshot(watermark=0, waiting=850))  # below 1000 * 0.9: reject_all released
+    assert not controller.policy().reject_all
+    assert controller.policy().shed_priority_above == 0
+    reflex(StepSnapshot(watermark=0, waiting=10))
+    assert controller.policy() == EffectivePolicy()
+    assert (
+        registry.get_sample_value("warden_reflex_actions_total", {"action": "cap_max_tokens"}) == 1
+    )
+
+
+def test_reflex_runs_as_a_step_listener(
+    controller: Controller, registry: CollectorRegistry
+) -> None:
+    monitor = StepMonitor(ExporterConfig(), WardenMetrics(registry), None, clock=controller.clock)
+    monitor.add_listener(Reflex(controller.config.reflex, controller))
+    monitor.on_step(running=8, waiting=0, kv_usage=0.99)
+    policy = controller.policy()
+    assert policy.reject_all and policy.stop_admission  # oom_imminent
+    monitor.on_step(running=2, waiting=0, kv_usage=0.2)
+    assert controller.policy() == EffectivePolicy()
+
+
+def test_reflex_leases_lapse_if_steps_stop(controller: Controller, clock: Clock) -> None:
+    Reflex(controller.config.reflex, controller)(StepSnapshot(watermark=1))
+    clock.now += controller.config.reflex.lease_ttl_s + 1
+    assert not controller.policy().stop_admission
+
+
+# --- retry -------------------------------------------------------------------------------------
+
+
+def test_only_transient_failures_are_retried() -> None:
+    assert classify_failure(200, b"", preempted=True, nonfinite=False) == "warden_preemption"
+    assert classify_failure(200, b"", preempted=False, nonfinite=True) == "nonfinite_logits"
+    assert classify_failure(500, b"CUDA out of memory", False, False) == "engine_oom"
+    assert classify_failure(504, b"", False, False) == "timeout"
+    assert classify_failure(400, b"out of memory", False, False) is None
+    assert classify_failure(500, b"boom", False, False) is None
+    assert classify_failure(200, b"", False, False) is None
+
+
+def test_backoff_grows_and_is_capped() -> None:
+    retry = ControlConfig().retry
+    import random
+
+    rng = random.Random(1)
+    samples = [backoff_s(retry, 5, rng) for _ in range(200)]
+    assert max(samples) <= retry.backoff_max_s
+    assert max(backoff_s(retry, 2, rng) for _ in range(200)) <= retry.backoff_base_s
