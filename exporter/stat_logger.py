@@ -19,8 +19,8 @@ from exporter.config import ExporterConfig
 from exporter.metrics import process_metrics
 from exporter.signals import ENV_VAR, SignalBoard
 from exporter.stall import StallCollector
-from exporter.supervisor_mirror import SupervisorMirror
 from exporter.step_monitor import StepMonitor, process_monitor
+from exporter.supervisor_mirror import SupervisorMirror
 
 log = logging.getLogger("warden.exporter")
 _runner: CollectorRunner | None = None

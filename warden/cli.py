@@ -24,7 +24,12 @@ def cmd_model_tiny(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    import logging
+    import tempfile
+
     from warden.launch import LaunchSpec
+    from warden.supervisor import Supervisor, SupervisorConfig
+    from warden.supervisor_policy import Backoff
 
     extra = list(args.vllm_args)
     if extra and extra[0] == "--":
@@ -33,14 +38,39 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.print_command:
         print(" ".join(spec.argv()))
         return 0
-    process = subprocess.Popen(spec.argv(), env=spec.environment())
+    if args.no_supervise:
+        process = subprocess.Popen(spec.argv(), env=spec.environment())
 
-    def forward(signum: int, _frame: object) -> None:
-        process.send_signal(signum)
+        def forward(signum: int, _frame: object) -> None:
+            process.send_signal(signum)
 
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-    return process.wait()
+        signal.signal(signal.SIGTERM, forward)
+        signal.signal(signal.SIGINT, forward)
+        return process.wait()
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+        )
+    run_dir = Path(args.run_dir) if args.run_dir else Path(tempfile.mkdtemp(prefix="warden-"))
+    control_port = None if args.supervisor_port < 0 else args.supervisor_port
+    config = SupervisorConfig(
+        max_restarts=args.max_restarts,
+        window_s=args.restart_window_s,
+        backoff=Backoff(args.backoff_base_s, args.backoff_max_s, args.backoff_reset_s),
+        stall_grace_s=args.stall_grace_s,
+        unhealthy_grace_s=args.unhealthy_grace_s,
+        start_timeout_s=args.start_timeout_s,
+        drain_timeout_s=args.drain_timeout_s,
+        eager_fallback=not args.no_eager_fallback,
+        reset_circuit=args.reset_circuit,
+        clear_eager=args.clear_eager,
+        control_host=args.supervisor_host,
+        control_port=control_port,
+        log_dir=Path(args.engine_log_dir) if args.engine_log_dir else None,
+    )
+    supervisor = Supervisor(spec, run_dir, config)
+    supervisor.install_signal_handlers()
+    return supervisor.run()
 
 
 def render_generated() -> dict[str, str]:
@@ -118,12 +148,48 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(func=cmd_model_tiny)
 
-    serve = sub.add_parser("serve", help="start vLLM's OpenAI server with every warden hook")
-    serve.add_argument("model")
+    serve = sub.add_parser(
+        "serve",
+        help="run vLLM's OpenAI server with every warden hook, supervised",
+        description="Warden options go before MODEL; everything after MODEL goes to vLLM.",
+    )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--print-command", action="store_true", help="print the vLLM command")
-    serve.add_argument("vllm_args", nargs=argparse.REMAINDER, help="-- then vLLM arguments")
+    serve.add_argument("--no-supervise", action="store_true", help="run vLLM once, no restarts")
+    serve.add_argument("--run-dir", help="state file, metrics folder, caches (default: temp dir)")
+    serve.add_argument("--engine-log-dir", help="write each vLLM start's output to a file here")
+    serve.add_argument("--max-restarts", type=int, default=5, help="per window, then circuit")
+    serve.add_argument("--restart-window-s", type=float, default=3600.0)
+    serve.add_argument("--backoff-base-s", type=float, default=1.0)
+    serve.add_argument("--backoff-max-s", type=float, default=60.0)
+    serve.add_argument(
+        "--backoff-reset-s", type=float, default=600.0, help="ready this long: backoff resets"
+    )
+    serve.add_argument(
+        "--stall-grace-s", type=float, default=10.0, help="stalled this long: restart"
+    )
+    serve.add_argument(
+        "--unhealthy-grace-s", type=float, default=15.0, help="engine dead this long: restart"
+    )
+    serve.add_argument("--start-timeout-s", type=float, default=900.0)
+    serve.add_argument("--drain-timeout-s", type=float, default=120.0)
+    serve.add_argument(
+        "--no-eager-fallback",
+        action="store_true",
+        help="never restart with --enforce-eager (and leave eager mode kept from before)",
+    )
+    serve.add_argument("--clear-eager", action="store_true", help="leave kept eager mode")
+    serve.add_argument("--reset-circuit", action="store_true", help="close an open circuit")
+    serve.add_argument("--supervisor-host", default="127.0.0.1")
+    serve.add_argument(
+        "--supervisor-port",
+        type=int,
+        default=8001,
+        help="supervisor control/liveness port (0: any free port, -1: none)",
+    )
+    serve.add_argument("model")
+    serve.add_argument("vllm_args", nargs=argparse.REMAINDER, help="vLLM arguments")
     serve.set_defaults(func=cmd_serve)
 
     generate = sub.add_parser("generate", help="write rules, Alertmanager config, dashboards")

@@ -1,0 +1,572 @@
+"""``warden serve``'s supervisor: keeps one vLLM server serving, or says loudly why it cannot.
+
+It starts vLLM (``LaunchSpec``, all warden hooks), waits until it is ready, then watches it:
+the process tree (a vanished engine core is a crash), ``/warden/ready`` (stalled, engine dead,
+driver error), the engine's policy (``enforce_eager``) and, with ``--enable-fault-tolerance``,
+vLLM's fault tolerance status. A failure is answered with a restart after a backoff; planned
+restarts (eager switch, manual) drain first. More restarts than the limit within the window open
+a circuit: no more restarts, readiness false, a log line and a metric, so a person is paged
+instead of a restart loop running. Restart history and the circuit live in a state file that
+every engine mirrors into its metrics (see ``warden.supervisor_state``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from warden import supervisor_ft as ft
+from warden.launch import LaunchSpec
+from warden.supervisor_drain import Drainer, webhook_token
+from warden.supervisor_engine import SupervisedEngine
+from warden.supervisor_http import HttpServer
+from warden.supervisor_policy import (
+    ENFORCE_EAGER,
+    MANUAL,
+    STALLED,
+    UNCOUNTED_REASONS,
+    UNHEALTHY,
+    Backoff,
+    RestartWindow,
+    classify_exit,
+    describe_returncode,
+)
+from warden.supervisor_state import STATE_ENV_VAR, RestartEvent, SupervisorState
+
+log = logging.getLogger("warden.supervisor")
+EAGER_FLAG = "--enforce-eager"
+STATE_FILE = "supervisor-state.json"
+
+
+@dataclass
+class SupervisorConfig:
+    max_restarts: int = 5
+    window_s: float = 3600.0
+    backoff: Backoff = field(default_factory=Backoff)
+    poll_s: float = 0.5
+    probe_s: float = 1.0
+    policy_poll_s: float = 2.0
+    stall_grace_s: float = 10.0
+    unhealthy_grace_s: float = 15.0
+    start_timeout_s: float = 900.0
+    stop_timeout_s: float = 30.0
+    drain_timeout_s: float = 120.0
+    ft_recovery_timeout_s: float = 60.0
+    eager_fallback: bool = True
+    reset_circuit: bool = False
+    clear_eager: bool = False
+    control_host: str = "127.0.0.1"
+    control_port: int | None = None  # None: no control server; 0: any free port
+    log_dir: Path | None = None  # None: vLLM writes to the supervisor's stdout
+
+
+@dataclass
+class Failure:
+    reason: str
+    detail: str
+    at: float
+    planned: bool = False  # the engine still works: drain it and stop it gracefully
+
+
+@dataclass
+class _Timers:
+    """Since when a condition has held, per running engine (None: it does not hold)."""
+
+    silent: float | None = None
+    stalled: float | None = None
+    sick: float | None = None
+
+
+EngineFactory = Callable[[LaunchSpec, Path | None], SupervisedEngine]
+
+
+class Supervisor:
+    def __init__(
+        self,
+        spec: LaunchSpec,
+        run_dir: Path,
+        config: SupervisorConfig | None = None,
+        engine_factory: EngineFactory = SupervisedEngine,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config or SupervisorConfig()
+        self.run_dir = run_dir
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.spec = dataclasses.replace(spec, run_dir=run_dir)
+        self.state_path = run_dir / STATE_FILE
+        self.engine_factory = engine_factory
+        self.clock = clock
+        self.state = SupervisorState.load(self.state_path)
+        self.window = RestartWindow(
+            self.config.max_restarts, self.config.window_s, list(self.state.window)
+        )
+        self.token = webhook_token({**os.environ, **spec.env})
+        self.drainer = Drainer(self.token, self.config.drain_timeout_s)
+        self.fault_tolerance = ft.fault_tolerance_enabled(spec.extra_args)
+        self.engine: SupervisedEngine | None = None
+        self.control: HttpServer | None = None
+        self._ready = False
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._requests: queue.SimpleQueue[str] = queue.SimpleQueue()
+
+    # --- the control surface (HTTP thread, signal handlers) ---------------------------
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            data = self.state.to_json()
+        data["engine_ready"] = self._ready
+        data["serving_url"] = f"http://{self.spec.host}:{self.spec.port}"
+        data["state_file"] = str(self.state_path)
+        data["restart_limit"] = {
+            "max_restarts": self.window.limit,
+            "window_s": self.window.window_s,
+        }
+        return data
+
+    def engine_ready(self) -> bool:
+        return self._ready
+
+    def request(self, action: str) -> str:
+        self._requests.put(action)
+        self._wake.set()
+        return "queued"
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM/SIGINT stop the engine and the supervisor; SIGHUP restarts the engine."""
+
+        def on_stop(signum: int, _frame: FrameType | None) -> None:
+            log.info("supervisor: %s received, stopping", signal.Signals(signum).name)
+            self.stop()
+
+        def on_hup(_signum: int, _frame: FrameType | None) -> None:
+            self.request("restart")
+
+        signal.signal(signal.SIGTERM, on_stop)
+        signal.signal(signal.SIGINT, on_stop)
+        signal.signal(signal.SIGHUP, on_hup)
+
+    # --- run ----------------------------------------------------------------------------
+
+    def run(self) -> int:
+        self._prepare()
+        if self.config.control_port is not None:
+            self.control = HttpServer(
+                self.config.control_host, self.config.control_port, self, stand_in=False
+            )
+            log.info(
+                "supervisor: control on http://%s:%d/supervisor/state",
+                self.config.control_host,
+                self.control.port,
+            )
+        try:
+            self._loop()
+        finally:
+            self._ready = False
+            if self.engine is not None:
+                self.engine.stop(self.config.stop_timeout_s)
+                self.engine.close()
+            with self._lock:
+                self.state.phase = "stopped"
+                self.state.engine_pid = None
+                self._save()
+            if self.control is not None:
+                self.control.close()
+        return 0
+
+    def _prepare(self) -> None:
+        with self._lock:
+            if self.config.reset_circuit and self.state.circuit_open:
+                log.warning("supervisor: restart circuit closed by --reset-circuit")
+                self.state.close_circuit()
+                self.window.history = []
+            if (self.config.clear_eager or not self.config.eager_fallback) and self.state.eager:
+                log.warning("supervisor: leaving eager mode (--clear-eager/--no-eager-fallback)")
+                self.state.set_eager(False, "", self.clock())
+            self.state.draining = False
+            self._save()
+
+    def _save(self) -> None:
+        with self._lock:
+            self.state.window = list(self.window.history)
+            self.state.save(self.state_path)
+
+    def _sleep(self, seconds: float) -> None:
+        self._stop.wait(seconds)
+
+    def _loop(self) -> None:
+        next_start: Failure | None = None  # why the coming start is a restart
+        down_since: float | None = None  # when the engine last stopped serving
+        ready_at: float | None = None
+        attempt = 0  # consecutive unplanned failures (backoff)
+        if self.state.circuit_open and not self._hold_circuit_open():
+            return
+        while not self._stop.is_set():
+            event = self._record_restart(next_start) if next_start is not None else None
+            engine = self._start_engine()
+            failure = self._wait_ready(engine)
+            if self._stop.is_set():
+                return
+            if failure is None:
+                ready_at = self.clock()
+                self._on_ready(engine, event, down_since, ready_at)
+                down_since = None
+                failure = self._watch_until_restart(engine)
+                if failure is None:
+                    return
+            self._ready = False
+            self._take_down(engine, failure)
+            if down_since is None:
+                down_since = failure.at
+            if not failure.planned:
+                if ready_at is not None and failure.at - ready_at >= self.config.backoff.stable_s:
+                    attempt = 0
+                attempt += 1
+            counted = failure.reason not in UNCOUNTED_REASONS
+            if self.state.circuit_open or (counted and not self.window.allows(self.clock())):
+                self._open_circuit(failure)
+                if not self._hold_circuit_open():
+                    return
+                next_start = Failure(MANUAL, "restart circuit reset by an operator", self.clock())
+                down_since, attempt = self.clock(), 0
+                continue
+            delay = 0.0 if failure.planned else self.config.backoff.delay(attempt)
+            if delay > 0:
+                log.warning("supervisor: waiting %.1fs before restart (attempt %d)", delay, attempt)
+                with self._lock:
+                    self.state.phase = "backoff"
+                    self._save()
+                self._sleep(delay)
+            next_start = failure
+
+    # --- steps ----------------------------------------------------------------------------
+
+    def _record_restart(self, failure: Failure) -> RestartEvent:
+        now = self.clock()
+        with self._lock:
+            event = self.state.record_restart(failure.reason, failure.at, now, failure.detail)
+            if failure.reason not in UNCOUNTED_REASONS:
+                self.window.record(now)
+            self._save()
+        log.warning(
+            "supervisor: restarting vLLM, reason=%s (%s); %s",
+            failure.reason,
+            failure.detail,
+            self.window.explain(now),
+        )
+        return event
+
+    def _start_engine(self) -> SupervisedEngine:
+        args = list(self.spec.extra_args)
+        if self.state.eager and EAGER_FLAG not in args:
+            args.append(EAGER_FLAG)
+        spec = dataclasses.replace(
+            self.spec, extra_args=args, env={**self.spec.env, STATE_ENV_VAR: str(self.state_path)}
+        )
+        with self._lock:
+            self.state.generation += 1
+            generation = self.state.generation
+            log_dir = self.config.log_dir
+            log_path = log_dir / f"engine-{generation}.log" if log_dir is not None else None
+            engine = self.engine_factory(spec, log_path)
+            engine.start()
+            self.engine = engine
+            self.state.engine_pid = engine.pid
+            self.state.phase = "starting"
+            self._save()
+        log.info(
+            "supervisor: started vLLM generation %d (pid %s%s%s)",
+            generation,
+            engine.pid,
+            ", eager" if EAGER_FLAG in args else "",
+            f", log {log_path}" if log_path else "",
+        )
+        return engine
+
+    def _wait_ready(self, engine: SupervisedEngine) -> Failure | None:
+        started = self.clock()
+        while not self._stop.is_set():
+            self._handle_requests(engine_running=False)
+            returncode = engine.returncode()
+            if returncode is not None:
+                reason = classify_exit(returncode, engine.vanished_children())
+                return Failure(
+                    reason,
+                    f"vLLM {describe_returncode(returncode)} before it was ready",
+                    self.clock(),
+                )
+            engine.refresh_children()
+            if engine.get("/health").status == 200:
+                return None
+            if self.clock() - started > self.config.start_timeout_s:
+                return Failure(
+                    UNHEALTHY,
+                    f"not ready after {self.config.start_timeout_s:.0f}s",
+                    self.clock(),
+                )
+            self._sleep(self.config.poll_s)
+        return None
+
+    def _on_ready(
+        self,
+        engine: SupervisedEngine,
+        event: RestartEvent | None,
+        down_since: float | None,
+        now: float,
+    ) -> None:
+        engine.refresh_children()
+        with self._lock:
+            if event is not None and down_since is not None:
+                self.state.record_ready(event, down_since, now)
+            self.state.phase = "running"
+            self._save()
+        self._ready = True
+        took = f" {event.duration_s:.1f}s after the failure" if event and event.duration_s else ""
+        log.info(
+            "supervisor: vLLM ready (generation %d, pid %s, children %s)%s",
+            self.state.generation,
+            engine.pid,
+            sorted(engine.children.values()),
+            took,
+        )
+
+    def _watch_until_restart(self, engine: SupervisedEngine) -> Failure | None:
+        """Watch a ready engine; a planned restart the circuit forbids keeps it running."""
+        while True:
+            failure = self._watch(engine)
+            if failure is None:
+                return None
+            counted = failure.reason not in UNCOUNTED_REASONS
+            if failure.planned and counted and not self.window.allows(self.clock()):
+                self._open_circuit(failure, engine_kept=True)
+                continue
+            return failure
+
+    def _watch(self, engine: SupervisedEngine) -> Failure | None:
+        timers = _Timers()
+        next_probe = next_policy = next_children = 0.0
+        while not self._stop.is_set():
+            now = self.clock()
+            planned = self._handle_requests(engine_running=True)
+            if planned is not None:
+                return planned
+            returncode = engine.returncode()
+            vanished = engine.vanished_children()
+            if returncode is not None or vanished:
+                detail = f"vLLM server {describe_returncode(returncode)}"
+                if vanished:
+                    detail += f"; vanished: {', '.join(vanished)}"
+                return Failure(classify_exit(returncode, vanished), detail, now)
+            if now >= next_children:
+                engine.refresh_children()
+                next_children = now + 10.0
+            if now >= next_probe:
+                next_probe = now + self.config.probe_s
+                failure = self._probe(engine, timers, now)
+                if failure is not None:
+                    return failure
+            if now >= next_policy and self._may_switch_to_eager():
+                next_policy = now + self.config.policy_poll_s
+                if self._policy_wants_eager(engine):
+                    return Failure(ENFORCE_EAGER, "engine policy enforce_eager", now, planned=True)
+            self._wake.wait(self.config.poll_s)
+            self._wake.clear()
+        return None
+
+    def _may_switch_to_eager(self) -> bool:
+        return (
+            self.config.eager_fallback
+            and not self.state.eager
+            and not self.state.circuit_open
+            and EAGER_FLAG not in self.spec.extra_args
+        )
+
+    def _policy_wants_eager(self, engine: SupervisedEngine) -> bool:
+        probe = engine.get("/warden/state")
+        if probe.status != 200 or not isinstance(probe.body, dict):
+            return False
+        policy = probe.body.get("policy")
+        return isinstance(policy, dict) and policy.get("enforce_eager") is True
+
+    def _probe(self, engine: SupervisedEngine, timers: _Timers, now: float) -> Failure | None:
+        grace = self.config.unhealthy_grace_s
+        if self.fault_tolerance:
+            status = ft.engine_status(engine)
+            if status == ft.DEAD:
+                return Failure(UNHEALTHY, "fault tolerance: engine reported dead", now)
+            if status == ft.UNHEALTHY:
+                recovered, detail = self._recover_in_place(engine)
+                if not recovered:
+                    return Failure(UNHEALTHY, f"fault tolerance: {detail}", self.clock())
+                return None
+        probe = engine.get("/warden/ready")
+        if not probe.answered:
+            timers.silent = timers.silent or now
+            if now - timers.silent >= grace:
+                return Failure(UNHEALTHY, f"no answer on /warden/ready for {grace:.0f}s", now)
+            return None
+        timers.silent = None
+        checks = probe.body.get("checks") if isinstance(probe.body, dict) else None
+        if not isinstance(checks, dict):
+            ok = engine.get("/health").status == 200
+            checks = {"engine": {"ok": ok, "detail": "vLLM /health"}}
+        failing = {name: c.get("detail", "") for name, c in checks.items() if not c.get("ok", True)}
+        if "stalled" in failing:
+            timers.stalled = timers.stalled or now
+            if now - timers.stalled >= self.config.stall_grace_s:
+                return Failure(STALLED, f"engine stalled: {failing['stalled']}", now)
+        else:
+            timers.stalled = None
+        if "driver_error" in failing:
+            return Failure(UNHEALTHY, failing["driver_error"], now)
+        if "engine" in failing:
+            timers.sick = timers.sick or now
+            if now - timers.sick >= grace:
+                return Failure(UNHEALTHY, str(failing["engine"]), now)
+        else:
+            timers.sick = None
+        return None
+
+    def _recover_in_place(self, engine: SupervisedEngine) -> tuple[bool, str]:
+        """vLLM fault tolerance: a retry instruction, under the same restart circuit."""
+        failed_at = self.clock()
+        if self.state.circuit_open:
+            return True, "circuit open: no retry"
+        if not self.window.allows(failed_at):
+            self._open_circuit(Failure(UNHEALTHY, "fault tolerance retry", failed_at), True)
+            return True, "circuit opened"
+        event = self._record_restart(
+            Failure(UNHEALTHY, "fault tolerance: in-place retry", failed_at)
+        )
+        recovered, detail = ft.retry(engine, self.config.ft_recovery_timeout_s)
+        if recovered:
+            with self._lock:
+                self.state.record_ready(event, failed_at, self.clock())
+                self._save()
+            log.info("supervisor: engine %s", detail)
+        return recovered, detail
+
+    def _handle_requests(self, engine_running: bool) -> Failure | None:
+        """Apply queued operator requests; return a planned restart if one was asked for."""
+        planned: Failure | None = None
+        while True:
+            try:
+                action = self._requests.get_nowait()
+            except queue.Empty:
+                return planned
+            now = self.clock()
+            if action == "reset":
+                self._close_circuit("operator request")
+            elif action == "clear_eager":
+                with self._lock:
+                    self.state.set_eager(False, "", now)
+                    self._save()
+                log.warning("supervisor: eager mode cleared; the next start captures graphs")
+            elif action == "restart" and engine_running:
+                planned = Failure(MANUAL, "operator request", now, planned=True)
+            elif action == "eager" and engine_running and not self.state.eager:
+                planned = Failure(ENFORCE_EAGER, "operator request", now, planned=True)
+
+    def _take_down(self, engine: SupervisedEngine, failure: Failure) -> None:
+        log.error(
+            "supervisor: vLLM generation %d down, reason=%s: %s",
+            self.state.generation,
+            failure.reason,
+            failure.detail,
+        )
+        if failure.planned and engine.returncode() is None:
+            self._drain(engine, failure)
+            engine.stop(self.config.stop_timeout_s)
+        else:
+            engine.kill()
+        engine.close()
+        with self._lock:
+            if failure.reason == ENFORCE_EAGER:
+                self.state.set_eager(True, failure.detail, self.clock())
+            self.state.draining = False
+            self.state.phase = "restarting"
+            self.state.engine_pid = None
+            self._save()
+
+    def _drain(self, engine: SupervisedEngine, failure: Failure) -> None:
+        with self._lock:
+            self.state.draining = True
+            self.state.phase = "draining"
+            self._save()
+        result = self.drainer.drain(engine)
+        log.warning(
+            "supervisor: drained for %s in %.1fs: admission stopped=%s (%s), %s in flight left",
+            failure.reason,
+            result.waited_s,
+            result.admission_stopped,
+            result.detail,
+            result.left_inflight,
+        )
+
+    def _open_circuit(self, failure: Failure, engine_kept: bool = False) -> None:
+        now = self.clock()
+        reason = f"{self.window.explain(now)}; last failure: {failure.reason} ({failure.detail})"
+        with self._lock:
+            already = self.state.circuit_open
+            if not already:
+                self.state.open_circuit(reason, now)
+            self.state.phase = "running" if engine_kept else "circuit_open"
+            self._save()
+        if not already:
+            log.critical(
+                "supervisor: RESTART CIRCUIT OPEN - %s. Not restarting; readiness is false "
+                "until an operator resets it (POST /supervisor/reset, or warden serve "
+                "--reset-circuit). %s",
+                reason,
+                "The running engine is kept." if engine_kept else "The engine stays down.",
+            )
+
+    def _close_circuit(self, why: str) -> None:
+        with self._lock:
+            if not self.state.circuit_open:
+                return
+            self.state.close_circuit()
+            self.window.history = []
+            if self._ready:
+                self.state.phase = "running"
+            self._save()
+        log.warning("supervisor: restart circuit closed (%s)", why)
+
+    def _hold_circuit_open(self) -> bool:
+        """Stay down with the circuit open; True once an operator resets it, False on stop."""
+        log.error(
+            "supervisor: engine down with the restart circuit open (%s); answering the "
+            "serving port with 503 until an operator resets it",
+            self.state.circuit_reason,
+        )
+        stand_in: HttpServer | None = None
+        try:
+            stand_in = HttpServer(self.spec.host, self.spec.port, self, stand_in=True)
+        except OSError as exc:
+            log.warning("supervisor: no stand-in on the serving port: %s", exc)
+        try:
+            while not self._stop.is_set():
+                self._handle_requests(engine_running=False)
+                if not self.state.circuit_open:
+                    return True
+                self._wake.wait(self.config.poll_s)
+                self._wake.clear()
+            return False
+        finally:
+            if stand_in is not None:
+                stand_in.close()

@@ -1,0 +1,116 @@
+"""Draining an engine before a planned restart, through the engine's manual override API.
+
+The engine's control loop (``POST /warden/degrade``, bearer token) takes a ``stop_admission``
+lease: new requests get 503 + Retry-After while those in flight finish. The supervisor waits
+until vLLM reports nothing running or waiting, up to a bound, then restarts. If the override API
+is missing or refuses, the drain still waits for in-flight requests (new ones keep arriving);
+the result says so.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from exporter import catalog
+from warden.supervisor_engine import SupervisedEngine
+
+LEASE_KEY = "supervisor-drain"
+
+
+def webhook_token(env: dict[str, str] | None = None) -> str | None:
+    """The engine's override token: ``WARDEN_WEBHOOK_TOKEN_FILE``, else ``WARDEN_WEBHOOK_TOKEN``."""
+    env = dict(os.environ) if env is None else env
+    path = env.get("WARDEN_WEBHOOK_TOKEN_FILE")
+    if path:
+        try:
+            return Path(path).read_text().strip() or None
+        except OSError:
+            return None
+    return env.get("WARDEN_WEBHOOK_TOKEN") or None
+
+
+def sum_samples(text: str, name: str) -> float | None:
+    """Sum of every sample of ``name`` in a Prometheus text page (None if absent)."""
+    total: float | None = None
+    for line in text.splitlines():
+        if line.startswith(name) and line[len(name) : len(name) + 1] in ("{", " "):
+            try:
+                value = float(line.rsplit(None, 1)[-1])
+            except ValueError:
+                continue
+            total = (total or 0.0) + value
+    return total
+
+
+def inflight(engine: SupervisedEngine) -> int | None:
+    """Requests vLLM is running or queueing, from its /metrics (None if it does not answer)."""
+    text = engine.metrics_text()
+    if text is None:
+        return None
+    running = sum_samples(text, catalog.VLLM_NUM_REQUESTS_RUNNING.name) or 0.0
+    waiting = sum_samples(text, catalog.VLLM_NUM_REQUESTS_WAITING.name) or 0.0
+    return int(running + waiting)
+
+
+@dataclass
+class DrainResult:
+    admission_stopped: bool
+    drained: bool
+    left_inflight: int | None
+    waited_s: float
+    detail: str = ""
+
+
+class Drainer:
+    def __init__(
+        self,
+        token: str | None,
+        timeout_s: float = 120.0,
+        poll_s: float = 0.5,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.token = token
+        self.timeout_s = timeout_s
+        self.poll_s = poll_s
+        self.clock = clock
+        self.sleep = sleep
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    def stop_admission(self, engine: SupervisedEngine) -> tuple[bool, str]:
+        body = {
+            "action": "stop_admission",
+            "params": {},
+            "ttl_s": self.timeout_s + 60,
+            "key": LEASE_KEY,
+        }
+        probe = engine.post("/warden/degrade", body, self._headers())
+        if probe.status is not None and 200 <= probe.status < 300:
+            return True, "stop_admission lease taken"
+        return False, f"POST /warden/degrade answered {probe.status}: {probe.body!r}"[:300]
+
+    def release(self, engine: SupervisedEngine) -> None:
+        """Drop the drain lease (when the restart is called off and the engine stays)."""
+        engine.delete(f"/warden/degrade?key={LEASE_KEY}", self._headers())
+
+    def drain(self, engine: SupervisedEngine) -> DrainResult:
+        started = self.clock()
+        stopped, detail = self.stop_admission(engine)
+        # Two idle readings in a row: a request still being tokenized in the API process is
+        # not yet counted by the scheduler.
+        idle_readings = 0
+        left = inflight(engine)
+        while self.clock() - started < self.timeout_s:
+            idle_readings = idle_readings + 1 if left == 0 else 0
+            if idle_readings >= 2 or left is None:
+                break
+            self.sleep(self.poll_s)
+            left = inflight(engine)
+        waited = self.clock() - started
+        return DrainResult(stopped, left == 0, left, round(waited, 3), detail)

@@ -1,0 +1,68 @@
+"""The supervisor's numbers as a Prometheus page, for when no engine serves them.
+
+While the circuit is open the engine is down, and with it its /metrics; the supervisor then
+answers on the serving port (and always on its own port) with the same catalog series built
+from its state, so the circuit-open metric that pages a person can actually be scraped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from exporter import catalog
+from warden.supervisor_policy import RESTART_REASONS
+
+
+def histogram_buckets(durations: list[float], bounds: tuple[float, ...]) -> list[tuple[str, float]]:
+    buckets = [(repr(float(b)), float(sum(1 for d in durations if d <= b))) for b in bounds]
+    return [*buckets, ("+Inf", float(len(durations)))]
+
+
+class _StateCollector:
+    def __init__(self, state: dict[str, Any], ready: bool) -> None:
+        self.state = state
+        self.ready = ready
+
+    def collect(self) -> Iterator[Metric]:
+        state = self.state
+        totals = {reason: 0 for reason in RESTART_REASONS}
+        totals.update(state.get("restart_totals") or {})
+        restarts = CounterMetricFamily(
+            catalog.ENGINE_RESTARTS.base, catalog.ENGINE_RESTARTS.help, labels=["reason"]
+        )
+        for reason, total in sorted(totals.items()):
+            restarts.add_metric([reason], float(total))
+        yield restarts
+        durations = [
+            float(e["duration_s"])
+            for e in state.get("restarts") or []
+            if e.get("duration_s") is not None
+        ]
+        spec = catalog.ENGINE_RESTART_DURATION
+        yield HistogramMetricFamily(
+            spec.name,
+            spec.help,
+            buckets=histogram_buckets(durations, spec.buckets),
+            sum_value=sum(durations),
+        )
+        for gauge, value in (
+            (catalog.SUPERVISOR_CIRCUIT_OPEN, bool(state.get("circuit_open"))),
+            (catalog.ENGINE_EAGER_MODE, bool(state.get("eager"))),
+            (catalog.ENGINE_READY, self.ready),
+        ):
+            yield GaugeMetricFamily(gauge.name, gauge.help, value=1.0 if value else 0.0)
+
+
+def render(state: dict[str, Any], ready: bool) -> bytes:
+    registry = CollectorRegistry()
+    registry.register(_StateCollector(state, ready))  # type: ignore[arg-type]
+    return generate_latest(registry)
