@@ -107,9 +107,7 @@ RECORDING_RULES = RuleGroup(
         ),
         RecordingRule(NONFINITE_RATE, f"sum by (instance) (rate({NONFINITE_LOGITS.name}[5m]))"),
         RecordingRule(NONFINITE_RATIO, f"{NONFINITE_RATE}\n/\n{REQUESTS_SERVED_RATE}"),
-        RecordingRule(
-            RESTARTS_1H, f"sum by (instance) (increase({ENGINE_RESTARTS.name}[1h]))"
-        ),
+        RecordingRule(RESTARTS_1H, f"sum by (instance) (increase({ENGINE_RESTARTS.name}[1h]))"),
         RecordingRule(
             COLLECTOR_ERRORS_RATE,
             f"sum by (instance, collector) (rate({COLLECTOR_ERRORS.name}[5m]))",

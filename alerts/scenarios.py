@@ -7,7 +7,7 @@ one-minute samples with a small wobble, the way memory really moves.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 from alerts import recording as rec
 from alerts.config import ENGINE_JOB
@@ -114,7 +114,9 @@ def memory_bytes(
     return values_text(values)
 
 
-def engine_up(minutes: int, down_first: int = 0, down: tuple[int, int] | None = None) -> dict:
+def engine_up(
+    minutes: int, down_first: int = 0, down: tuple[int, int] | None = None
+) -> dict[str, str]:
     """``up`` of the engine target: failing scrapes for the first ``down_first`` minutes (the
     engine is loading) and during ``down`` (start and end minute, a restart)."""
     values = [
@@ -323,7 +325,9 @@ CREEP_SCENARIOS = (
 )
 
 
-def allocator(minutes: int, gap_gib: float, gib_per_hour: float, growth_stops: int) -> dict[str, str]:
+def allocator(
+    minutes: int, gap_gib: float, gib_per_hour: float, growth_stops: int
+) -> dict[str, str]:
     """PyTorch allocator series whose cached gap (reserved - allocated) reaches ``gap_gib`` in
     3 minutes, then grows ``gib_per_hour`` until ``growth_stops``; live tensors churn."""
     allocated, reserved = [], []
@@ -681,7 +685,9 @@ RETRIES_HIGH = labels("warning")
 RETRIES_EXHAUSTED = labels("critical")
 
 
-def retries(minutes: int, retried: Callable[[int], float], failed: Callable[[int], float]):
+def retries(
+    minutes: int, retried: Callable[[int], float], failed: Callable[[int], float]
+) -> dict[str, str]:
     """60 requests a minute; ``retried`` of them retried, ``failed`` still failing after."""
     return {
         **requests(minutes, success=lambda m: 60),
@@ -697,9 +703,7 @@ RETRY_NORMAL = retries(60, lambda m: 3, lambda m: 0)
 
 
 def retries_high(percent: str) -> Expected:
-    return Expected(
-        RETRIES_HIGH, f"Retries on {INSTANCE} amount to {percent} of requests served."
-    )
+    return Expected(RETRIES_HIGH, f"Retries on {INSTANCE} amount to {percent} of requests served.")
 
 
 def retries_exhausted(percent: str) -> Expected:

@@ -81,9 +81,7 @@ def selector_labels(expr: str) -> list[tuple[str, str]]:
     """(series name, label name) for every label matcher in the expression."""
     text = re.sub(r"#[^\n]*", "", expr)
     return [
-        (name, label)
-        for name, body in _SELECTOR.findall(text)
-        for label in _MATCHER.findall(body)
+        (name, label) for name, body in _SELECTOR.findall(text) for label in _MATCHER.findall(body)
     ]
 
 
@@ -284,9 +282,7 @@ def _alert_scenarios() -> list[Scenario]:
 
 def _to_seconds(duration: str) -> float:
     units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
-    return sum(
-        float(n) * units[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)", duration)
-    )
+    return sum(float(n) * units[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)", duration))
 
 
 @pytest.mark.parametrize("rule", ALERT_RULES, ids=lambda r: f"{r.name}-{r.severity}")
