@@ -81,7 +81,9 @@ def time_to_oom() -> str:
 def projected_utilization() -> str:
     """Where each source's utilization will be in ``HORIZON_SECONDS`` at its current trend."""
     fit = f"predict_linear({selector(MEMORY_UTILIZATION)}[{TREND_WINDOW}], {HORIZON_SECONDS})"
-    return aggregate("max", fit, ["source"])
+    # Clamped to 0-200%: past "full" the exact overshoot means nothing, and a short noisy
+    # history would otherwise swamp the axis.
+    return aggregate("max", f"clamp({fit}, 0, 2)", ["source"])
 
 
 def headline_row() -> Row:
@@ -190,7 +192,8 @@ def utilization_row() -> Row:
     projected = timeseries(
         "Projected utilization in 1 h",
         f"predict_linear over the last {TREND_WINDOW}: where each source would be in an hour "
-        "at its current trend. Normal: below 100%; above it, the source runs out within the hour.",
+        "at its current trend (shown between 0 and 200%). Normal: below 100%; above it, the "
+        "source runs out within the hour.",
         [target(projected_utilization(), "{{source}}")],
         MEMORY_UTILIZATION.unit,
         minimum=None,
