@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from alerts.alertmanager import render_compose_alertmanager_config
 from alerts.promtool_tests import render_test_file
 from alerts.rules_file import RULE_GROUPS, render_rules
@@ -32,8 +34,6 @@ def render_all() -> dict[str, str]:
 
 def write_all(root: str = ".") -> list[str]:
     """Write every generated file under ``root``; returns the paths written."""
-    from pathlib import Path
-
     written = []
     for path, text in render_all().items():
         target = Path(root) / path
