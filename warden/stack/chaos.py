@@ -113,11 +113,19 @@ def _title(process: psutil.Process) -> str:
     return ""
 
 
+def is_engine_core(process: psutil.Process) -> bool:
+    """vLLM sets the core's process title (argv[0], and the kernel's 15-character comm)."""
+    with contextlib.suppress(psutil.Error):
+        argv = process.cmdline()
+        return ENGINE_CORE_MARK in process.name() or bool(argv and ENGINE_CORE_MARK in argv[0])
+    return False
+
+
 def find_engine_core(server: psutil.Process) -> psutil.Process:
     """The engine core below the API server (vLLM titles it ``VLLM::EngineCore``)."""
-    if ENGINE_CORE_MARK in _title(server):
+    if is_engine_core(server):
         return server
-    cores = [p for p in server.children(recursive=True) if ENGINE_CORE_MARK in _title(p)]
+    cores = [p for p in server.children(recursive=True) if is_engine_core(p)]
     if not cores:
         raise ChaosError(
             f"no {ENGINE_CORE_MARK} process below PID {server.pid} ({_title(server)[:80]})"
@@ -217,9 +225,11 @@ def _metric_total(engine_url: str, name: str, client: httpx.Client) -> float | N
 
 def inject_nan(engine_url: str, count: int, out: Out = print) -> Counter[str]:
     """Send ``count`` requests whose logits the engine's test hook turns into NaN."""
-    from exporter.logits import INJECT_ARG  # imports torch: only this command pays for it
-
     require_loopback(engine_url)
+    # The request argument's name lives with the logits processor, which imports torch and
+    # vLLM (seconds): only this command pays for it.
+    from exporter.logits import INJECT_ARG
+
     outcomes: Counter[str] = Counter()
     with httpx.Client(timeout=120.0) as client:
         model = served_model(engine_url, client)

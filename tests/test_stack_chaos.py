@@ -1,0 +1,192 @@
+"""``warden chaos``: argument bounds, the loopback guard, and finding and signalling the engine
+core, against a stand-in process tree shaped like vLLM's (an API server listening on a port,
+with a child titled ``VLLM::EngineCore``). The real engine is broken in test_stack_native."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+from tests.support.prometheus import free_port
+from warden.stack import chaos
+
+# A parent that listens like the API server and forks a child titled like vLLM's engine core.
+SERVER = textwrap.dedent(
+    """
+    import signal, socket, subprocess, sys, time
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # reap the core when it dies, as vLLM does
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", int(sys.argv[1])))
+    sock.listen()
+    core = subprocess.Popen(
+        ["VLLM::EngineCore", "-c", "import time; time.sleep(120)"], executable=sys.executable
+    )
+    print(core.pid, flush=True)
+    time.sleep(120)
+    """
+)
+
+
+@contextlib.contextmanager
+def fake_engine() -> Iterator[tuple[str, psutil.Process, psutil.Process]]:
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVER, str(port)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert server.stdout is not None
+        core_pid = int(server.stdout.readline())
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with contextlib.suppress(chaos.ChaosError):
+                chaos.listening_process(port)
+                break
+            time.sleep(0.05)
+        yield url, psutil.Process(server.pid), psutil.Process(core_pid)
+    finally:
+        for process in psutil.Process(server.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        server.kill()
+        server.wait(10)
+
+
+def settled_status(process: psutil.Process, wanted: str, timeout: float = 5.0) -> str:
+    """The status once it reads ``wanted`` (signals land asynchronously), or the last seen."""
+    deadline = time.monotonic() + timeout
+    status = process.status()
+    while status != wanted and time.monotonic() < deadline:
+        time.sleep(0.02)
+        status = process.status()
+    return status
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    chaos.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_defaults_are_bounded_and_point_at_the_local_engine() -> None:
+    args = parse("pressure")
+    assert (args.requests, args.concurrency, args.duration) == (32, 8, 60.0)
+    assert chaos.is_loopback(args.engine_url)
+    assert parse("stall").seconds == 10.0 and not parse("stall").no_resume
+    assert parse("stall", "--no-resume").no_resume
+    assert parse("nan", "--count", "5").count == 5
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("pressure", "--requests", "0"),
+        ("pressure", "--requests", "100000"),
+        ("pressure", "--concurrency", "1000"),
+        ("pressure", "--duration", "86400"),
+        ("nan", "--count", "0"),
+        ("stall", "--seconds", "-1"),
+        ("explode",),
+    ],
+)
+def test_out_of_bounds_arguments_are_refused(argv: tuple[str, ...]) -> None:
+    with pytest.raises(SystemExit):
+        parse(*argv)
+
+
+@pytest.mark.parametrize(
+    ("url", "loopback"),
+    [
+        ("http://127.0.0.1:8000", True),
+        ("http://localhost:8000", True),
+        ("http://127.0.0.2:8000", True),
+        ("http://[::1]:8000", True),
+        ("http://10.0.0.5:8000", False),
+        ("http://engine:8000", False),
+        ("http://example.com", False),
+    ],
+)
+def test_loopback_only(url: str, loopback: bool) -> None:
+    assert chaos.is_loopback(url) is loopback
+
+
+@pytest.mark.parametrize("command", ["pressure", "nan", "stall", "crash"])
+def test_every_command_refuses_a_remote_engine(command: str) -> None:
+    lines: list[str] = []
+    status = chaos.run(parse(command, "--engine-url", "http://10.1.2.3:8000"), out=lines.append)
+    assert status == 1
+    assert "loopback" in lines[-1]
+
+
+def test_no_engine_listening_is_a_clear_error() -> None:
+    lines: list[str] = []
+    url = f"http://127.0.0.1:{free_port()}"
+    assert chaos.run(parse("crash", "--engine-url", url), out=lines.append) == 1
+    assert "is the engine running" in lines[-1]
+
+
+def test_engine_core_is_found_below_the_process_on_the_port() -> None:
+    with fake_engine() as (url, server, core):
+        assert chaos.listening_process(chaos.engine_port(url)).pid == server.pid
+        assert chaos.engine_core_for(url).pid == core.pid
+        assert chaos.engine_core_for(url, server_pid=server.pid).pid == core.pid
+
+
+def test_a_server_without_engine_core_is_reported() -> None:
+    with fake_engine() as (url, server, core):
+        core.kill()
+        core.wait(5)
+        with pytest.raises(chaos.ChaosError, match="no EngineCore process"):
+            chaos.engine_core_for(url)
+
+
+def test_stall_stops_then_resumes_the_engine_core() -> None:
+    seen: list[str] = []
+    with fake_engine() as (url, _server, core):
+        lines: list[str] = []
+        chaos.stall(
+            url,
+            0.5,
+            out=lines.append,
+            sleep=lambda _: seen.append(settled_status(core, psutil.STATUS_STOPPED)),
+        )
+        assert seen == [psutil.STATUS_STOPPED]
+        assert settled_status(core, psutil.STATUS_SLEEPING) == psutil.STATUS_SLEEPING
+        assert f"SIGSTOP sent to engine core PID {core.pid}" in lines[0]
+        assert "SIGCONT" in lines[-1]
+
+
+def test_stall_without_resume_leaves_it_stopped() -> None:
+    with fake_engine() as (url, _server, core):
+        lines: list[str] = []
+        chaos.run(parse("stall", "--engine-url", url, "--no-resume"), out=lines.append)
+        assert settled_status(core, psutil.STATUS_STOPPED) == psutil.STATUS_STOPPED
+        assert f"kill -CONT {core.pid}" in lines[-1]
+
+
+def test_an_interrupted_stall_still_resumes() -> None:
+    def interrupted(_: float) -> None:
+        raise KeyboardInterrupt
+
+    with fake_engine() as (url, _server, core):
+        with pytest.raises(KeyboardInterrupt):
+            chaos.stall(url, 30, out=lambda _: None, sleep=interrupted)
+        assert settled_status(core, psutil.STATUS_SLEEPING) == psutil.STATUS_SLEEPING
+
+
+def test_crash_kills_the_engine_core_only() -> None:
+    with fake_engine() as (url, server, core):
+        lines: list[str] = []
+        assert chaos.run(parse("crash", "--engine-url", url), out=lines.append) == 0
+        core.wait(5)
+        assert not core.is_running()
+        assert server.is_running()
+        assert f"SIGKILL sent to engine core PID {core.pid}" in lines[-1]

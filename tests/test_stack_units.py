@@ -1,0 +1,215 @@
+"""Pieces of the native stack that need no server: pager, token, configs, Grafana, arguments."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from alerts.config import ENGINE_JOB
+from dashboards.datasource import DATASOURCE_UID
+from tests.support.prometheus import free_port
+from warden.stack import grafana, up
+from warden.stack.config import Intervals, prometheus_config
+from warden.stack.native import NativeStack, StackError, StackSettings, ensure_port_free
+from warden.stack.pager import PagerServer, describe, read_pages
+from warden.stack.webhook_token import read_token, write_compose_token, write_token
+
+FIRING = {
+    "version": "4",
+    "receiver": "pager",
+    "status": "firing",
+    "alerts": [
+        {
+            "status": "firing",
+            "labels": {"alertname": "WardenEngineDown", "severity": "critical", "instance": "e:1"},
+            "annotations": {"summary": "Prometheus cannot scrape the engine."},
+            "startsAt": "2025-01-01T00:00:00Z",
+            "endsAt": "0001-01-01T00:00:00Z",
+            "fingerprint": "abc",
+        }
+    ],
+    "groupKey": '{}:{alertname="WardenEngineDown"}',
+}
+
+
+# --- Pager ------------------------------------------------------------------------------------
+def test_pager_records_each_notification_and_prints_it(tmp_path: Path) -> None:
+    printed: list[str] = []
+    pages_path = tmp_path / "pages.jsonl"
+    with PagerServer(pages_path, port=0, on_page=lambda p: printed.extend(describe(p))) as pager:
+        assert httpx.get(pager.url).json() == {"status": "ok", "pages": 0}
+        assert httpx.post(pager.url, json=FIRING).status_code == 200
+        assert httpx.post(pager.url, json=FIRING).status_code == 200
+        assert httpx.get(pager.url).json()["pages"] == 2
+    pages = read_pages(pages_path)
+    assert len(pages) == 2
+    assert pages[0]["alerts"] == FIRING["alerts"] and pages[0]["received_at"] > 0
+    assert printed[0].startswith("PAGE FIRING WardenEngineDown [critical] e:1")
+
+
+def test_pager_refuses_what_is_not_an_alertmanager_payload(tmp_path: Path) -> None:
+    with PagerServer(tmp_path / "pages.jsonl", port=0, on_page=lambda _: None) as pager:
+        assert httpx.post(pager.url, content=b"not json").status_code == 400
+        assert httpx.post(pager.url, json={"alerts": "x"}).status_code == 400
+        assert httpx.post(pager.url, json=[1, 2]).status_code == 400
+        assert pager.pages() == []
+
+
+def test_pager_command_line_serves_until_interrupted(tmp_path: Path) -> None:
+    port = free_port()
+    out = tmp_path / "pages.jsonl"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "warden.cli", "pager", "--port", str(port), "--out", str(out)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        assert "pager listening" in process.stdout.readline()
+        httpx.post(f"http://127.0.0.1:{port}/", json=FIRING).raise_for_status()
+        assert process.stdout.readline().startswith("PAGE FIRING WardenEngineDown")
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(10)
+    assert process.returncode == 0
+    assert len(read_pages(out)) == 1
+
+
+# --- Token ------------------------------------------------------------------------------------
+def test_webhook_token_is_private_and_fresh(tmp_path: Path) -> None:
+    path = write_token(tmp_path / "run" / "token")
+    first = read_token(path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert len(first) == 64 and int(first, 16) >= 0
+    assert read_token(write_token(path)) != first
+
+
+def test_compose_token_is_readable_by_containers_in_a_private_folder(tmp_path: Path) -> None:
+    path = write_compose_token(tmp_path / "secrets" / "webhook-token")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+
+
+# --- Configs ----------------------------------------------------------------------------------
+def test_prometheus_config_scrapes_the_engine_job_at_the_given_intervals() -> None:
+    config = prometheus_config(
+        ["127.0.0.1:8000"],
+        rule_files=["/r.yml"],
+        alertmanagers=["127.0.0.1:9093"],
+        self_target="127.0.0.1:9090",
+        intervals=Intervals("1s", "2s"),
+    )
+    assert config["global"] == {
+        "scrape_interval": "1s",
+        "scrape_timeout": "1s",
+        "evaluation_interval": "2s",
+    }
+    jobs = {
+        job["job_name"]: job["static_configs"][0]["targets"] for job in config["scrape_configs"]
+    }
+    assert jobs[ENGINE_JOB] == ["127.0.0.1:8000"]
+    assert config["rule_files"] == ["/r.yml"]
+
+
+def test_port_in_use_is_reported_with_the_option_to_change(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        with pytest.raises(StackError, match="--prometheus-port"):
+            ensure_port_free("127.0.0.1", port, "prometheus")
+
+
+# --- Grafana ----------------------------------------------------------------------------------
+def _fake_grafana(root: Path, name: str) -> Path:
+    bin_dir = root / "bin"
+    bin_dir.mkdir(parents=True)
+    (root / "conf").mkdir()
+    (root / "conf" / "defaults.ini").write_text("")
+    binary = bin_dir / name
+    binary.write_text("#!/bin/sh\nexit 0\n")
+    binary.chmod(0o755)
+    return bin_dir
+
+
+@pytest.mark.parametrize(("name", "server_word"), [("grafana", True), ("grafana-server", False)])
+def test_grafana_found_on_path_with_its_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, server_word: bool
+) -> None:
+    bin_dir = _fake_grafana(tmp_path / "grafana-11", name)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    install = grafana.find_grafana()
+    assert install is not None and install.homepath == (tmp_path / "grafana-11").resolve()
+    argv = install.argv()
+    assert (argv[1] == "server") is server_word
+    assert argv[-1] == f"--homepath={install.homepath}"
+
+
+def test_no_grafana_on_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert grafana.find_grafana() is None
+
+
+def test_grafana_files_provision_the_native_prometheus_and_every_dashboard(tmp_path: Path) -> None:
+    env = grafana.grafana_files(tmp_path, "http://127.0.0.1:19090", "127.0.0.1", 13000)
+    assert env["GF_SERVER_HTTP_PORT"] == "13000"
+    provisioning = Path(env["GF_PATHS_PROVISIONING"])
+    datasource = yaml.safe_load((provisioning / "datasources" / "warden.yaml").read_text())
+    entry = datasource["datasources"][0]
+    assert entry["uid"] == DATASOURCE_UID and entry["url"] == "http://127.0.0.1:19090"
+    provider = yaml.safe_load((provisioning / "dashboards" / "warden.yaml").read_text())
+    folder = Path(provider["providers"][0]["options"]["path"])
+    repo = Path(__file__).resolve().parent.parent
+    for committed in (repo / "dashboards" / "generated").glob("*.json"):
+        assert json.loads((folder / committed.name).read_text()) == json.loads(
+            committed.read_text()
+        )
+
+
+# --- warden up arguments ----------------------------------------------------------------------
+def test_up_arguments_become_settings(tmp_path: Path) -> None:
+    parser = argparse.ArgumentParser()
+    up.add_arguments(parser)
+    args = parser.parse_args(
+        [
+            "--workdir",
+            str(tmp_path),
+            "--prometheus-port",
+            "19090",
+            "--scrape-interval",
+            "1s",
+            "--chaos",
+            "--no-grafana",
+            "--",
+            "--max-model-len",
+            "128",
+        ]
+    )
+    settings = up.settings_from_args(args)
+    assert settings.prometheus_port == 19090 and settings.alertmanager_port == 9093
+    assert settings.intervals == Intervals("1s", "5s")
+    assert settings.inject_faults and not settings.with_grafana
+    assert settings.engine_args == ["--max-model-len", "128"]
+    assert settings.model is None  # the tiny model
+
+
+def test_summary_says_why_grafana_did_not_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", os.defpath)
+    stack = NativeStack(StackSettings(workdir=tmp_path, engine_url="http://127.0.0.1:1"))
+    stack.grafana_note = "no grafana-server or grafana binary on PATH"
+    text = stack.summary()
+    assert "grafana" in text and "no grafana-server or grafana binary on PATH" in text
+    assert str(tmp_path / "pages.jsonl") in text
