@@ -12,12 +12,14 @@ import random
 import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import matplotlib.image as mpimg
 import pytest
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4 as CONTENT_TYPE_PLAIN
 
 from dashboards import promql
 from dashboards.generate import dashboard_models
@@ -80,6 +82,29 @@ class SyntheticExporter:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/metrics"
 
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        """Always the classic text format, as vLLM's own /metrics route answers.
+
+        prometheus_client's negotiating handlers give Prometheus OpenMetrics with
+        "escaping=underscores", which writes "vllm:x" samples as "vllm_x"
+        (prometheus/client_python#1177); vLLM's route is not affected.
+        """
+        registry = self.registry
+
+        class Metrics(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+                body = generate_latest(registry)
+                self.send_response(200)
+                self.send_header("Content-Type", CONTENT_TYPE_PLAIN)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        return Metrics
+
     def _tick(self, t: float) -> None:
         for spec in catalog.ALL:
             metric = self.metrics.get(spec)
@@ -105,7 +130,8 @@ class SyntheticExporter:
 
     def __enter__(self) -> SyntheticExporter:
         self._tick(time.time())
-        self._server, _ = start_http_server(self.port, "127.0.0.1", registry=self.registry)
+        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), self._handler())
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
         self._thread.start()
         return self
 

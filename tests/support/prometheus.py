@@ -35,19 +35,6 @@ PROMETHEUS_BINARY = "prometheus"
 
 Sample = dict[str, Any]  # one element of a query result: {"metric": {...}, "value"|"values": ...}
 
-# prometheus_client 0.22+ answers Prometheus's OpenMetrics Accept header with
-# "escaping=underscores" and then writes sample names with ':' turned into '_'
-# (prometheus/client_python#1177), so vLLM's "vllm:kv_cache_usage_perc" is stored as
-# "vllm_kv_cache_usage_perc". Prometheus 2.42 cannot ask for another format; this
-# metric relabelling puts the documented names back. Any Prometheus scraping vLLM needs it
-# until the client is fixed.
-RESTORE_VLLM_COLON_NAMES: dict[str, Any] = {
-    "source_labels": ["__name__"],
-    "regex": "vllm_(.+)",
-    "target_label": "__name__",
-    "replacement": "vllm:${1}",
-}
-
 
 class PrometheusError(RuntimeError):
     """Prometheus did not start, or answered a query with an error (e.g. bad PromQL)."""
@@ -71,8 +58,8 @@ class ScrapeTarget:
     url: str
     job: str = "vllm"
     labels: Mapping[str, str] = field(default_factory=dict)
-    # Applied to every scraped sample; defaults to restoring vLLM's colon names (see above).
-    metric_relabel_configs: Sequence[Mapping[str, Any]] = (RESTORE_VLLM_COLON_NAMES,)
+    # Prometheus metric_relabel_configs rules, applied to every scraped sample.
+    metric_relabel_configs: Sequence[Mapping[str, Any]] = ()
 
     def scrape_config(self, index: int, interval: str) -> dict[str, Any]:
         parts = urlsplit(self.url)
