@@ -202,6 +202,20 @@ def test_up_arguments_become_settings(tmp_path: Path) -> None:
     assert settings.inject_faults and not settings.with_grafana
     assert settings.engine_args == ["--max-model-len", "128"]
     assert settings.model is None  # the tiny model
+    assert settings.supervise and settings.supervisor_port == 8001
+
+
+def test_engine_runs_under_warden_serve(tmp_path: Path) -> None:
+    stack = NativeStack(StackSettings(workdir=tmp_path, engine_port=18000, supervisor_port=18001))
+    argv = stack.engine_argv("/models/tiny", ["--max-model-len", "128"])
+    assert argv[1:4] == ["-m", "warden.cli", "serve"]
+    assert argv[argv.index("--port") + 1] == "18000"
+    assert argv[argv.index("--supervisor-port") + 1] == "18001"
+    assert argv[-3:] == ["/models/tiny", "--max-model-len", "128"]
+    assert stack.supervisor_url == "http://127.0.0.1:18001"
+    unsupervised = NativeStack(StackSettings(workdir=tmp_path, supervise=False))
+    assert "--no-supervise" in unsupervised.engine_argv("m", [])
+    assert unsupervised.supervisor_url is None
 
 
 def test_summary_says_why_grafana_did_not_start(

@@ -1,7 +1,8 @@
 """The stack on one machine without Docker: what ``warden up`` runs, and what tests drive.
 
-``NativeStack`` starts a vLLM engine with every warden hook, Prometheus and Alertmanager from
-the PATH, Grafana when a binary is installed, and the local pager in process. Their configs are
+``NativeStack`` starts the engine with ``warden serve`` (vLLM with every warden hook, under the
+supervisor), Prometheus and Alertmanager from the PATH, Grafana when a binary is installed, and
+the local pager in process. Their configs are
 rendered into the run directory from the same sources as the compose files (rules, routes,
 dashboards, provisioning), with loopback addresses instead of service names::
 
@@ -20,6 +21,7 @@ import contextlib
 import os
 import shutil
 import socket
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,8 +38,6 @@ from alerts.alertmanager import (
     render_alertmanager_config,
 )
 from alerts.rules_file import render_rules
-from warden.engine_process import EngineProcess
-from warden.launch import LaunchSpec
 from warden.stack.children import ChildProcess, ChildStartError, descendants, wait_http_ok
 from warden.stack.config import (
     DEFAULT_WORKDIR,
@@ -71,6 +71,7 @@ class StackSettings:
     ``model`` None builds and serves the tiny model with small-KV-cache engine arguments.
     ``engine_url`` points the stack at an engine that is already running (none is started).
     ``inject_faults`` sets WARDEN_TEST_INJECT_NONFINITE=1 so ``warden chaos nan`` works.
+    ``supervise`` False runs ``warden serve --no-supervise`` (no restarts, no control port).
     ``engine_timing``/``pager_timing`` override Alertmanager's route timings (tests use short
     ones); None keeps the alerts' defaults.
     """
@@ -80,6 +81,7 @@ class StackSettings:
     engine_args: Sequence[str] | None = None
     host: str = "127.0.0.1"
     engine_port: int = 8000
+    supervisor_port: int = 8001
     prometheus_port: int = 9090
     alertmanager_port: int = 9093
     grafana_port: int = 3000
@@ -91,6 +93,7 @@ class StackSettings:
     engine_env: Mapping[str, str] = field(default_factory=dict)
     otlp_endpoint: str | None = None
     with_grafana: bool = True
+    supervise: bool = True
     engine_url: str | None = None
     engine_ready_timeout_s: float = 600.0
     server_ready_timeout_s: float = 60.0
@@ -128,7 +131,6 @@ class NativeStack:
         self.token_path = self.workdir / "webhook-token"
         self.pages_path = self.workdir / "pages.jsonl"
         self.pager: PagerServer | None = None
-        self.engine: EngineProcess | None = None
         self.servers: dict[str, ChildProcess] = {}
         self.grafana_install: GrafanaInstall | None = None
         self.grafana_note = ""
@@ -141,6 +143,13 @@ class NativeStack:
         if self.settings.engine_url:
             return self.settings.engine_url.rstrip("/")
         return f"http://{self.settings.host}:{self.settings.engine_port}"
+
+    @property
+    def supervisor_url(self) -> str | None:
+        """The supervisor's control and liveness server, when this stack runs one."""
+        if self.settings.engine_url is not None or not self.settings.supervise:
+            return None
+        return f"http://{self.settings.host}:{self.settings.supervisor_port}"
 
     @property
     def prometheus_url(self) -> str:
@@ -186,8 +195,9 @@ class NativeStack:
                 self._start_engine()
             self._write_configs()
             self._start_servers()
-            for child in self.servers.values():
-                child.wait_ready(self.settings.server_ready_timeout_s)
+            for name, child in self.servers.items():
+                if name != "engine":
+                    child.wait_ready(self.settings.server_ready_timeout_s)
             self._wait_engine()
         except BaseException:
             self.stop()
@@ -200,13 +210,11 @@ class NativeStack:
         leftovers: list[psutil.Process] = []
         for pid in list(self._roots()):
             leftovers.extend(descendants(pid))
-        for name in ("prometheus", "alertmanager", "grafana"):
+        for name in ("prometheus", "alertmanager", "grafana", "engine"):
             child = self.servers.pop(name, None)
             if child is not None:
-                child.stop()
-        if self.engine is not None:
-            self.engine.stop()
-            self.engine = None
+                # The supervisor drains and stops vLLM on SIGTERM; give it the time to.
+                child.stop(timeout_s=60.0 if name == "engine" else 15.0)
         for process in leftovers:
             with contextlib.suppress(psutil.Error):
                 if process.is_running():
@@ -231,11 +239,7 @@ class NativeStack:
 
     def exited(self) -> list[str]:
         """Names of started children that are no longer running."""
-        dead = [name for name, child in self.servers.items() if not child.running()]
-        engine = self.engine
-        if engine is not None and engine.process is not None and engine.process.poll() is not None:
-            dead.append("engine")
-        return dead
+        return [name for name, child in self.servers.items() if not child.running()]
 
     def pages(self) -> list[Page]:
         return self.pager.pages() if self.pager is not None else []
@@ -273,6 +277,7 @@ class NativeStack:
         """Where everything is, for people."""
         rows = [
             ("engine", f"{self.engine_url}  (OpenAI API, /metrics, /warden/state)"),
+            ("supervisor", self.supervisor_url or "-"),
             ("prometheus", self.prometheus_url),
             ("alertmanager", self.alertmanager_url),
             ("grafana", self.grafana_url or f"not started: {self.grafana_note}"),
@@ -289,10 +294,7 @@ class NativeStack:
 
     # --- Steps --------------------------------------------------------------------------------
     def _roots(self) -> list[int]:
-        pids = [child.pid for child in self.servers.values() if child.pid is not None]
-        if self.engine is not None and self.engine.process is not None:
-            pids.append(self.engine.process.pid)
-        return pids
+        return [child.pid for child in self.servers.values() if child.pid is not None]
 
     def _check_ports(self) -> None:
         s = self.settings
@@ -300,6 +302,8 @@ class NativeStack:
         wanted.append(("pager", s.pager_port))
         if s.engine_url is None:
             wanted.append(("engine", s.engine_port))
+            if s.supervise:
+                wanted.append(("supervisor", s.supervisor_port))
         if s.with_grafana:
             wanted.append(("grafana", s.grafana_port))
         for what, port in wanted:
@@ -327,6 +331,18 @@ class NativeStack:
         args = DEMO_ENGINE_ARGS if s.engine_args is None else s.engine_args
         return str(model_dir), list(args), dict(TINY_ENGINE_ENV)
 
+    def engine_argv(self, model: str, vllm_args: Sequence[str]) -> list[str]:
+        """``warden serve`` for this stack: supervised unless told otherwise, one log per start."""
+        s = self.settings
+        argv = [sys.executable, "-m", "warden.cli", "serve", "--host", s.host]
+        argv += ["--port", str(s.engine_port), "--run-dir", str(self.workdir / "engine")]
+        if s.supervise:
+            argv += ["--supervisor-port", str(s.supervisor_port)]
+            argv += ["--engine-log-dir", str(self.logs_dir / "vllm")]
+        else:
+            argv.append("--no-supervise")
+        return [*argv, model, *vllm_args]
+
     def _start_engine(self) -> None:
         s = self.settings
         model, args, env = self._resolve_model()
@@ -338,20 +354,17 @@ class NativeStack:
             env.update(otlp_environment(s.otlp_endpoint))
             args = [*args, "--otlp-traces-endpoint", otlp_traces_endpoint(s.otlp_endpoint)]
         env.update(s.engine_env)
-        spec = LaunchSpec(
-            model,
-            host=s.host,
-            port=s.engine_port,
-            extra_args=args,
-            env=env,
-            run_dir=self.workdir / "engine",
+        self._add(
+            "engine",
+            self.engine_argv(model, args),
+            f"{self.engine_url}/health",
+            env={**env, "PYTHONUNBUFFERED": "1"},
         )
-        self.engine = EngineProcess(spec, log_path=self.logs_dir / "engine.log")
-        self.engine.start()
 
     def _wait_engine(self) -> None:
-        if self.engine is not None:
-            self.engine.wait_ready(self.settings.engine_ready_timeout_s)
+        engine = self.servers.get("engine")
+        if engine is not None:
+            engine.wait_ready(self.settings.engine_ready_timeout_s)
             return
         wait_http_ok(f"{self.engine_url}/health", self.settings.server_ready_timeout_s)
 

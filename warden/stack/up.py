@@ -20,6 +20,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workdir", default=str(DEFAULT_WORKDIR), help="configs, data, logs")
     parser.add_argument("--host", default="127.0.0.1", help="address every server binds")
     parser.add_argument("--engine-port", type=int, default=8000)
+    parser.add_argument("--supervisor-port", type=int, default=8001, help="warden serve control")
+    parser.add_argument(
+        "--no-supervise", action="store_true", help="run vLLM once: no restarts after a crash"
+    )
     parser.add_argument("--prometheus-port", type=int, default=9090)
     parser.add_argument("--alertmanager-port", type=int, default=9093)
     parser.add_argument("--grafana-port", type=int, default=3000)
@@ -51,6 +55,8 @@ def settings_from_args(args: argparse.Namespace) -> StackSettings:
         engine_args=extra or None,
         host=args.host,
         engine_port=args.engine_port,
+        supervisor_port=args.supervisor_port,
+        supervise=not args.no_supervise,
         prometheus_port=args.prometheus_port,
         alertmanager_port=args.alertmanager_port,
         grafana_port=args.grafana_port,
