@@ -16,9 +16,10 @@ DATASOURCE_NAME: Final = "Prometheus (warden)"
 # Where Grafana reaches Prometheus inside the compose network.
 COMPOSE_PROMETHEUS_URL: Final = "http://prometheus:9090"
 
-# Grafana's guess at the scrape interval, used for $__rate_interval (at least 4 scrapes).
-# Keep it at or above the real scrape interval, or rate() windows hold too few samples.
-SCRAPE_INTERVAL: Final = "15s"
+# The scrape interval of the compose and Kubernetes Prometheus. Grafana sizes
+# $__rate_interval from it (at least 4 scrapes); it must not be below the real interval, or
+# rate() windows hold too few samples.
+SCRAPE_INTERVAL: Final = "5s"
 
 
 def datasource_ref() -> dict[str, str]:
