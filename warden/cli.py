@@ -51,6 +51,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         logging.basicConfig(
             level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s"
         )
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     run_dir = Path(args.run_dir) if args.run_dir else Path(tempfile.mkdtemp(prefix="warden-"))
     control_port = None if args.supervisor_port < 0 else args.supervisor_port
     config = SupervisorConfig(

@@ -55,6 +55,7 @@ class SupervisorConfig:
     backoff: Backoff = field(default_factory=Backoff)
     poll_s: float = 0.5
     probe_s: float = 1.0
+    children_poll_s: float = 1.0
     policy_poll_s: float = 2.0
     stall_grace_s: float = 10.0
     unhealthy_grace_s: float = 15.0
@@ -370,11 +371,11 @@ class Supervisor:
             if returncode is not None or vanished:
                 detail = f"vLLM server {describe_returncode(returncode)}"
                 if vanished:
-                    detail += f"; vanished: {', '.join(vanished)}"
+                    detail = f"{', '.join(vanished)} vanished; {detail}"
                 return Failure(classify_exit(returncode, vanished), detail, now)
             if now >= next_children:
                 engine.refresh_children()
-                next_children = now + 10.0
+                next_children = now + self.config.children_poll_s
             if now >= next_probe:
                 next_probe = now + self.config.probe_s
                 failure = self._probe(engine, timers, now)
@@ -549,11 +550,15 @@ class Supervisor:
 
     def _hold_circuit_open(self) -> bool:
         """Stay down with the circuit open; True once an operator resets it, False on stop."""
-        log.error(
+        log.critical(
             "supervisor: engine down with the restart circuit open (%s); answering the "
             "serving port with 503 until an operator resets it",
             self.state.circuit_reason,
         )
+        with self._lock:
+            self.state.phase = "circuit_open"
+            self.state.engine_pid = None
+            self._save()
         stand_in: HttpServer | None = None
         try:
             stand_in = HttpServer(self.spec.host, self.spec.port, self, stand_in=True)

@@ -1,0 +1,464 @@
+"""The supervisor against a stand-in vLLM server: real processes, fast.
+
+The stand-in (this file run as a script) is a small HTTP server with an ``VLLM::EngineCore``
+child process, answering the endpoints the supervisor reads (/health, /warden/ready,
+/warden/state, /metrics, /warden/degrade, /fault_tolerance/*) from files a test writes in a
+control folder. It starts in a fraction of a second, so every supervisor rule gets a test with
+real processes, signals and HTTP, without waiting a minute per vLLM start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+# --- the stand-in server (runs as a script) -------------------------------------------------
+
+
+def _engine_core_child() -> None:
+    import setproctitle
+
+    setproctitle.setproctitle("VLLM::EngineCore")
+    while True:
+        time.sleep(1)
+
+
+def _serve(port: int, args: list[str]) -> None:
+    control = Path(os.environ["FAKE_CONTROL_DIR"])
+    token = os.environ.get("WARDEN_WEBHOOK_TOKEN")
+    time.sleep(float(os.environ.get("FAKE_START_S", "0.2")))
+    if (control / "fail_start").exists():
+        raise SystemExit(int((control / "fail_start").read_text() or 1))
+    child = subprocess.Popen([sys.executable, __file__, "--child"])
+    (control / f"argv-{os.getpid()}.json").write_text(json.dumps(args))
+
+    def flag(name: str) -> str | None:
+        path = control / name
+        return path.read_text() if path.exists() else None
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *a: Any) -> None:  # noqa: A002
+            return
+
+        def _send(self, status: int, body: Any) -> None:
+            data = body if isinstance(body, bytes) else json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:  # noqa: N802
+            path = self.path.split("?")[0]
+            if path == "/health":
+                self._send(200, b"")
+            elif path == "/warden/ready":
+                stalled = flag("stalled") is not None
+                checks = {
+                    "engine": {"ok": True, "detail": ""},
+                    "stalled": {"ok": not stalled, "detail": "1 requests pending"},
+                }
+                self._send(503 if stalled else 200, {"checks": checks})
+            elif path == "/warden/state":
+                eager = flag("policy_eager") is not None
+                self._send(200, {"policy": {"enforce_eager": eager}, "leases": []})
+            elif path == "/metrics":
+                running = float(flag("inflight") or 0)
+                text = f'vllm:num_requests_running{{engine="0"}} {running}\n'
+                text += 'vllm:num_requests_waiting{engine="0"} 0.0\n'
+                self._send(200, text.encode())
+            elif path == "/fault_tolerance/status":
+                status = flag("ft_status") or "healthy"
+                self._send(200, {"engines": [{"id": 0, "status": status}]})
+            else:
+                self._send(404, {})
+
+        def do_POST(self) -> None:  # noqa: N802
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if self.path == "/warden/degrade":
+                if self.headers.get("Authorization") != f"Bearer {token}":
+                    self._send(401, {})
+                    return
+                with open(control / "degrade.log", "a") as log:
+                    log.write(body.decode() + "\n")
+                self._send(200, {"lease": json.loads(body)})
+            elif self.path == "/fault_tolerance/apply":
+                with open(control / "ft_apply.log", "a") as log:
+                    log.write(body.decode() + "\n")
+                if flag("ft_retry_heals") is not None:
+                    (control / "ft_status").write_text("healthy")
+                self._send(202, {"request_id": "x"})
+            else:
+                self._send(404, {})
+
+        def do_DELETE(self) -> None:  # noqa: N802
+            with open(control / "degrade.log", "a") as log:
+                log.write(f"DELETE {self.path}\n")
+            self._send(200, {})
+
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    def on_term(*_: object) -> None:
+        child.kill()
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, on_term)
+    while child.poll() is None:
+        exit_code = flag("exit_code")
+        if exit_code is not None and (control / "exit_now").exists():
+            child.kill()
+            raise SystemExit(int(exit_code))
+        time.sleep(0.1)
+    time.sleep(0.5)  # like vLLM: the server shuts down after its engine core died
+    raise SystemExit(0)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--child"]:
+        _engine_core_child()
+    else:
+        _serve(int(sys.argv[2]), sys.argv[3:])
+
+
+# --- tests ----------------------------------------------------------------------------------
+
+from exporter import catalog  # noqa: E402
+from tests.support.engine import free_port  # noqa: E402
+from warden.launch import LaunchSpec  # noqa: E402
+from warden.supervisor import Supervisor, SupervisorConfig  # noqa: E402
+from warden.supervisor_engine import SupervisedEngine, engine_children  # noqa: E402
+from warden.supervisor_policy import Backoff  # noqa: E402
+from warden.supervisor_state import SupervisorState  # noqa: E402
+
+TOKEN = "test-token"
+
+
+@dataclass
+class FakeSpec(LaunchSpec):
+    def argv(self) -> list[str]:
+        return [sys.executable, __file__, "--port", str(self.port), *self.extra_args]
+
+
+@dataclass
+class Harness:
+    supervisor: Supervisor
+    control: Path
+    thread: threading.Thread
+    control_url: str
+
+    @property
+    def serving_url(self) -> str:
+        return f"http://127.0.0.1:{self.supervisor.spec.port}"
+
+    def state(self) -> SupervisorState:
+        return SupervisorState.load(self.supervisor.state_path)
+
+    def wait(self, what: str, condition: Callable[[], bool], timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if condition():
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}; state: {self.state()}")
+
+    def wait_running(self, generation: int) -> None:
+        self.wait(
+            f"generation {generation} ready",
+            lambda: self.supervisor.engine_ready() and self.state().generation == generation,
+        )
+
+    def engine_core_pid(self) -> int:
+        engine = self.supervisor.engine
+        assert engine is not None and engine.pid is not None
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            cores = [p for p, role in engine_children(engine.pid).items() if role == "EngineCore"]
+            if cores and cores[0] in engine.children:  # the supervisor knows it too
+                return cores[0]
+            time.sleep(0.05)
+        raise AssertionError("no EngineCore child")
+
+    def post(self, path: str, token: str | None = TOKEN) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.post(f"{self.control_url}{path}", headers=headers, timeout=5)
+
+
+@pytest.fixture
+def supervised(tmp_path: Path) -> Iterator[Callable[..., Harness]]:
+    started: list[Harness] = []
+
+    def start(
+        extra_args: tuple[str, ...] = (), run_dir: Path | None = None, **overrides: Any
+    ) -> Harness:
+        control = tmp_path / "control"
+        control.mkdir(exist_ok=True)
+        settings: dict[str, Any] = {
+            "max_restarts": 5,
+            "backoff": Backoff(base_s=0.2, max_s=1.0),
+            "poll_s": 0.05,
+            "probe_s": 0.1,
+            "children_poll_s": 0.1,
+            "policy_poll_s": 0.1,
+            "stall_grace_s": 0.3,
+            "unhealthy_grace_s": 1.0,
+            "start_timeout_s": 20.0,
+            "stop_timeout_s": 5.0,
+            "drain_timeout_s": 5.0,
+            "ft_recovery_timeout_s": 3.0,
+            "control_port": 0,
+        }
+        settings.update(overrides)
+        spec = FakeSpec(
+            "fake-model",
+            port=free_port(),
+            extra_args=list(extra_args),
+            env={"FAKE_CONTROL_DIR": str(control), "WARDEN_WEBHOOK_TOKEN": TOKEN},
+        )
+        supervisor = Supervisor(spec, run_dir or tmp_path / "run", SupervisorConfig(**settings))
+        thread = threading.Thread(target=supervisor.run, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 5
+        while supervisor.control is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert supervisor.control is not None
+        harness = Harness(
+            supervisor, control, thread, f"http://127.0.0.1:{supervisor.control.port}"
+        )
+        started.append(harness)
+        return harness
+
+    yield start
+    for harness in started:
+        harness.supervisor.stop()
+        harness.thread.join(20)
+        engine = harness.supervisor.engine
+        if engine is not None and engine.process is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(engine.process.pid, signal.SIGKILL)
+        assert not harness.thread.is_alive(), "supervisor did not stop"
+
+
+def test_killed_engine_core_is_restarted_and_counted_as_crash(
+    supervised: Callable[..., Harness],
+) -> None:
+    h = supervised()
+    h.wait_running(1)
+    os.kill(h.engine_core_pid(), signal.SIGKILL)
+    h.wait_running(2)
+    state = h.state()
+    assert state.restart_totals == {"crash": 1}
+    event = state.restarts[-1]
+    assert event.reason == "crash" and "EngineCore" in event.detail
+    assert event.duration_s is not None and 0 < event.duration_s < 10
+    status = httpx.get(f"{h.control_url}/supervisor/state", timeout=5).json()
+    assert status["engine_ready"] and status["restart_totals"]["crash"] == 1
+    metrics = httpx.get(f"{h.control_url}/metrics", timeout=5).text
+    assert f'{catalog.ENGINE_RESTARTS.name}{{reason="crash"}} 1.0' in metrics
+
+
+def test_exit_codes_restart_with_growing_backoff(supervised: Callable[..., Harness]) -> None:
+    h = supervised(backoff=Backoff(base_s=0.5, max_s=5.0))
+    h.wait_running(1)
+    (h.control / "exit_code").write_text("3")
+    (h.control / "exit_now").touch()
+    h.wait("three restarts", lambda: sum(h.state().restart_totals.values()) >= 3)
+    (h.control / "exit_now").unlink()
+    h.wait_running(4)
+    events = h.state().restarts
+    assert [e.reason for e in events] == ["exit"] * 3
+    assert all("exit code 3" in e.detail for e in events)
+    gaps = [b.restarted_at - a.restarted_at for a, b in zip(events, events[1:], strict=False)]
+    # Attempts 2 and 3 waited 0.5 s and 1 s on top of the (fast) start.
+    assert gaps[0] >= 0.5 and gaps[1] >= 1.0, gaps
+
+
+def test_stalled_engine_is_killed_and_restarted(supervised: Callable[..., Harness]) -> None:
+    h = supervised()
+    h.wait_running(1)
+    core = h.engine_core_pid()
+    os.kill(core, signal.SIGSTOP)  # a stopped process only dies by SIGKILL
+    (h.control / "stalled").touch()
+    h.wait("stalled restart", lambda: h.state().restart_totals.get("stalled") == 1)
+    (h.control / "stalled").unlink()
+    h.wait_running(2)
+    h.wait("stopped engine core gone", lambda: not Path(f"/proc/{core}").exists())
+
+
+def test_restart_loop_opens_the_circuit_and_the_stand_in_says_why(
+    supervised: Callable[..., Harness],
+) -> None:
+    h = supervised(max_restarts=1)
+    h.wait_running(1)
+    os.kill(h.engine_core_pid(), signal.SIGKILL)
+    h.wait_running(2)
+    os.kill(h.engine_core_pid(), signal.SIGKILL)
+    h.wait("circuit open", lambda: h.state().circuit_open)
+    state = h.state()
+    assert state.phase == "circuit_open" and "limit 1" in state.circuit_reason
+    ready = None
+    deadline = time.monotonic() + 10
+    while ready is None and time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            ready = httpx.get(f"{h.serving_url}/warden/ready", timeout=2)
+    assert ready is not None and ready.status_code == 503
+    assert "supervisor_circuit" in ready.json()["failing"]
+    assert "limit 1" in ready.json()["checks"]["supervisor_circuit"]["detail"]
+    refused = httpx.post(f"{h.serving_url}/v1/completions", json={}, timeout=2)
+    assert refused.status_code == 503 and refused.headers["Retry-After"]
+    assert httpx.get(f"{h.serving_url}/warden/live", timeout=2).status_code == 200
+    metrics = httpx.get(f"{h.serving_url}/metrics", timeout=2).text
+    assert f"{catalog.SUPERVISOR_CIRCUIT_OPEN.name} 1.0" in metrics
+    time.sleep(0.5)
+    assert h.state().generation == 2, "no restart while the circuit is open"
+    assert h.post("/supervisor/reset", token="wrong").status_code == 401
+    assert h.post("/supervisor/reset").status_code == 202
+    h.wait_running(3)
+    state = h.state()
+    assert not state.circuit_open and state.restarts[-1].reason == "manual"
+
+
+def test_open_circuit_survives_a_supervisor_restart_until_reset(
+    supervised: Callable[..., Harness], tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "persistent"
+    state = SupervisorState()
+    state.open_circuit("5 restarts in the last 3600s (limit 5)", time.time())
+    state.save(run_dir / "supervisor-state.json")
+    h = supervised(run_dir=run_dir)
+    time.sleep(0.5)
+    assert h.state().generation == 0 and h.state().phase == "circuit_open"
+    h.supervisor.stop()
+    h.thread.join(10)
+    h2 = supervised(run_dir=run_dir, reset_circuit=True)
+    h2.wait_running(1)
+
+
+def test_policy_enforce_eager_drains_and_restarts_eager_until_cleared(
+    supervised: Callable[..., Harness], tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "eager-run"
+    h = supervised(run_dir=run_dir)
+    h.wait_running(1)
+    (h.control / "inflight").write_text("2")
+    (h.control / "policy_eager").touch()
+    h.wait("drain lease", lambda: (h.control / "degrade.log").exists())
+    lease = json.loads((h.control / "degrade.log").read_text().splitlines()[0])
+    assert lease["action"] == "stop_admission" and lease["key"] == "supervisor-drain"
+    assert lease["ttl_s"] > 5 and lease["params"] == {}
+    time.sleep(0.5)
+    assert h.state().draining and h.state().generation == 1, "waits for in-flight requests"
+    (h.control / "inflight").write_text("0")
+    (h.control / "policy_eager").unlink()
+    h.wait_running(2)
+    state = h.state()
+    assert state.eager and not state.draining
+    assert state.restarts[-1].reason == "enforce_eager"
+    argv_files = sorted(h.control.glob("argv-*.json"), key=lambda p: p.stat().st_mtime)
+    assert "--enforce-eager" in json.loads(argv_files[-1].read_text())
+    assert "--enforce-eager" not in json.loads(argv_files[0].read_text())
+    # Eager mode is kept across supervisor restarts, until cleared.
+    h.supervisor.stop()
+    h.thread.join(10)
+    h2 = supervised(run_dir=run_dir)
+    h2.wait_running(3)
+    assert h2.state().eager
+    assert h2.post("/supervisor/eager", token=None).status_code == 401
+    assert h2.post("/supervisor/eager").status_code == 202  # already eager: nothing to do
+    h2.supervisor.stop()
+    h2.thread.join(10)
+    h3 = supervised(run_dir=run_dir, clear_eager=True)
+    h3.wait_running(4)
+    assert not h3.state().eager
+
+
+def test_planned_restart_beyond_the_limit_keeps_the_engine_and_opens_the_circuit(
+    supervised: Callable[..., Harness],
+) -> None:
+    h = supervised(max_restarts=1)
+    h.wait_running(1)
+    os.kill(h.engine_core_pid(), signal.SIGKILL)
+    h.wait_running(2)
+    assert h.post("/supervisor/eager").status_code == 202
+    h.wait("circuit open", lambda: h.state().circuit_open)
+    time.sleep(0.3)
+    state = h.state()
+    assert state.generation == 2 and state.phase == "running" and not state.eager
+    assert h.supervisor.engine is not None and h.supervisor.engine.returncode() is None
+
+
+def test_manual_restart_is_not_counted_toward_the_circuit(
+    supervised: Callable[..., Harness],
+) -> None:
+    h = supervised(max_restarts=1)
+    h.wait_running(1)
+    for generation in (2, 3):
+        assert h.post("/supervisor/restart").status_code == 202
+        h.wait_running(generation)
+    state = h.state()
+    assert state.restart_totals == {"manual": 2} and not state.circuit_open
+
+
+def test_fault_tolerance_retry_in_place_then_process_restart_when_dead(
+    supervised: Callable[..., Harness],
+) -> None:
+    h = supervised(extra_args=("--enable-fault-tolerance",))
+    h.wait_running(1)
+    (h.control / "ft_retry_heals").touch()
+    (h.control / "ft_status").write_text("unhealthy")
+    h.wait("in-place retry", lambda: h.state().restart_totals.get("unhealthy") == 1)
+    h.wait("recovered", lambda: h.state().restarts[-1].duration_s is not None)
+    assert json.loads((h.control / "ft_apply.log").read_text()) == {"instruction": "retry"}
+    assert h.state().generation == 1, "recovered without a process restart"
+    (h.control / "ft_status").write_text("dead")
+    h.wait("process restart", lambda: h.state().generation == 2)
+    (h.control / "ft_status").write_text("healthy")
+    h.wait_running(2)
+    assert h.state().restarts[-1].detail == "fault tolerance: engine reported dead"
+
+
+def test_engine_that_never_starts_ends_in_an_open_circuit(
+    supervised: Callable[..., Harness], tmp_path: Path
+) -> None:
+    (tmp_path / "control").mkdir()
+    (tmp_path / "control" / "fail_start").write_text("2")
+    h = supervised(max_restarts=2, backoff=Backoff(base_s=0.1, max_s=0.2))
+    h.wait("circuit open", lambda: h.state().circuit_open)
+    state = h.state()
+    assert state.restart_totals == {"exit": 2}
+    assert all("before it was ready" in e.detail for e in state.restarts)
+
+
+def test_supervisor_stop_leaves_no_process_behind(supervised: Callable[..., Harness]) -> None:
+    h = supervised()
+    h.wait_running(1)
+    core = h.engine_core_pid()
+    os.kill(core, signal.SIGSTOP)
+    engine = h.supervisor.engine
+    assert isinstance(engine, SupervisedEngine) and engine.pid is not None
+    server = engine.pid
+    h.supervisor.stop()
+    h.thread.join(20)
+    assert not h.thread.is_alive()
+    for pid in (server, core):
+        assert not Path(f"/proc/{pid}").exists() or _is_zombie(pid), pid
+    assert h.state().phase == "stopped"
+
+
+def _is_zombie(pid: int) -> bool:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    return True

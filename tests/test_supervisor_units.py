@@ -1,0 +1,208 @@
+"""The supervisor's pure parts: backoff, restart circuit, reason classification, the state file
+and its mirror into metrics, the stand-in metrics page, drain and fault-tolerance parsing."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter import catalog
+from exporter.metrics import WardenMetrics
+from exporter.supervisor_mirror import STATE_ENV_VAR, SupervisorMirror
+from warden.supervisor_drain import sum_samples, webhook_token
+from warden.supervisor_ft import fault_tolerance_enabled
+from warden.supervisor_metrics import render
+from warden.supervisor_policy import (
+    CRASH,
+    EXIT,
+    RESTART_REASONS,
+    UNHEALTHY,
+    Backoff,
+    RestartWindow,
+    classify_exit,
+    describe_returncode,
+)
+from warden.supervisor_state import SupervisorState, read_state_from_env
+
+
+def test_first_restart_is_immediate_then_doubles_to_the_cap() -> None:
+    backoff = Backoff(base_s=1.0, max_s=10.0)
+    assert backoff.schedule(7) == [0.0, 1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
+
+
+def test_restart_window_opens_after_the_limit_and_forgets_old_restarts() -> None:
+    window = RestartWindow(limit=2, window_s=100.0)
+    assert window.allows(0.0)
+    window.record(0.0)
+    window.record(10.0)
+    assert not window.allows(20.0)
+    assert window.explain(20.0) == "2 restarts in the last 100s (limit 2)"
+    # The first restart leaves the window: one more is allowed.
+    assert window.allows(100.5)
+    window.record(100.5)
+    assert window.history == [10.0, 100.5]
+
+
+@pytest.mark.parametrize(
+    ("returncode", "vanished", "reason"),
+    [
+        (-signal.SIGKILL, [], CRASH),
+        (-signal.SIGSEGV, [], CRASH),
+        (1, [], EXIT),
+        (0, [], EXIT),
+        (0, ["EngineCore (pid 7)"], CRASH),  # vLLM exits cleanly after its engine core died
+        (None, ["Worker (pid 8)"], CRASH),
+        (None, [], UNHEALTHY),
+    ],
+)
+def test_reason_from_exit_code_signal_and_vanished_children(
+    returncode: int | None, vanished: list[str], reason: str
+) -> None:
+    assert classify_exit(returncode, vanished) == reason
+
+
+def test_returncode_is_described_for_people() -> None:
+    assert describe_returncode(-9) == "killed by SIGKILL"
+    assert describe_returncode(3) == "exit code 3"
+
+
+def test_state_file_round_trip_keeps_history_totals_and_flags(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    state = SupervisorState()
+    event = state.record_restart(CRASH, failed_at=100.0, now=101.0, detail="EngineCore vanished")
+    state.record_ready(event, episode_started_at=100.0, now=130.5)
+    state.open_circuit("3 restarts in the last 3600s (limit 2)", now=140.0)
+    state.set_eager(True, "policy", now=150.0)
+    state.window = [101.0]
+    state.save(path)
+    loaded = SupervisorState.load(path)
+    assert loaded.restarts[0].duration_s == 30.5
+    assert loaded.restart_totals == {CRASH: 1}
+    assert loaded.circuit_open and loaded.eager and loaded.window == [101.0]
+    raw = json.loads(path.read_text())
+    assert set(raw["restart_totals"]) == set(RESTART_REASONS)
+    assert not list(tmp_path.glob(".supervisor-state-*")), "temp file left behind"
+
+
+def test_unreadable_state_file_starts_fresh(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    path.write_text("{not json")
+    assert SupervisorState.load(path).restart_totals == {}
+
+
+def test_state_is_read_from_the_environment_only_when_supervised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(STATE_ENV_VAR, raising=False)
+    assert read_state_from_env() is None
+    path = tmp_path / "state.json"
+    SupervisorState(circuit_open=True).save(path)
+    monkeypatch.setenv(STATE_ENV_VAR, str(path))
+    assert (read_state_from_env() or {})["circuit_open"] is True
+
+
+def _values(registry: CollectorRegistry) -> dict[str, float]:
+    out = {}
+    for family in registry.collect():
+        for s in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}"] = s.value
+    return out
+
+
+def test_mirror_counts_deltas_and_replays_each_duration_once(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    registry = CollectorRegistry()
+    mirror = SupervisorMirror(str(path), WardenMetrics(registry))
+    mirror.collect()  # no file yet: nothing to mirror, no error
+    state = SupervisorState()
+    first = state.record_restart(CRASH, 0.0, 1.0, "")
+    state.record_ready(first, 0.0, 25.0)
+    state.save(path)
+    mirror.collect()
+    second = state.record_restart("stalled", 50.0, 51.0, "")
+    state.set_eager(True, "", 52.0)
+    state.save(path)
+    mirror.collect()
+    mirror.collect()  # unchanged file: nothing replayed twice
+    state.record_ready(second, 50.0, 62.0)
+    state.save(path)
+    mirror.collect()
+    values = _values(registry)
+    restarts, duration = catalog.ENGINE_RESTARTS.name, catalog.ENGINE_RESTART_DURATION.name
+    assert values[f"{restarts}{{reason=crash}}"] == 1
+    assert values[f"{restarts}{{reason=stalled}}"] == 1
+    assert values[f"{duration}_count{{}}"] == 2
+    assert values[f"{duration}_sum{{}}"] == pytest.approx(37.0)
+    assert values[f"{catalog.ENGINE_EAGER_MODE.name}{{}}"] == 1
+    assert values[f"{catalog.SUPERVISOR_CIRCUIT_OPEN.name}{{}}"] == 0
+
+
+def test_a_fresh_engine_mirrors_the_whole_history_at_once(tmp_path: Path) -> None:
+    """A restarted engine's new process starts from zero and catches up in one collect."""
+    path = tmp_path / "state.json"
+    state = SupervisorState()
+    for n in range(3):
+        event = state.record_restart(CRASH, n * 100.0, n * 100.0 + 1, "")
+        state.record_ready(event, n * 100.0, n * 100.0 + 20)
+    state.open_circuit("limit", 400.0)
+    state.save(path)
+    registry = CollectorRegistry()
+    SupervisorMirror(str(path), WardenMetrics(registry)).collect()
+    values = _values(registry)
+    assert values[f"{catalog.ENGINE_RESTARTS.name}{{reason=crash}}"] == 3
+    assert values[f"{catalog.ENGINE_RESTART_DURATION.name}_count{{}}"] == 3
+    assert values[f"{catalog.SUPERVISOR_CIRCUIT_OPEN.name}{{}}"] == 1
+
+
+def test_supervisor_metrics_page_uses_catalog_names() -> None:
+    state = SupervisorState()
+    event = state.record_restart(CRASH, 0.0, 1.0, "")
+    state.record_ready(event, 0.0, 33.0)
+    state.open_circuit("limit", 40.0)
+    text = render(state.to_json(), ready=False).decode()
+    samples = {
+        s.name + json.dumps(s.labels, sort_keys=True): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert samples[catalog.ENGINE_RESTARTS.name + '{"reason": "crash"}'] == 1
+    assert samples[catalog.ENGINE_RESTART_DURATION.name + '_bucket{"le": "45.0"}'] == 1
+    assert samples[catalog.ENGINE_RESTART_DURATION.name + '_bucket{"le": "30.0"}'] == 0
+    assert samples[catalog.SUPERVISOR_CIRCUIT_OPEN.name + "{}"] == 1
+    assert samples[catalog.ENGINE_READY.name + "{}"] == 0
+    names = {family.name for family in text_string_to_metric_families(text)}
+    assert names <= {catalog.BY_NAME[n].base for n in catalog.BY_NAME} | {
+        catalog.ENGINE_RESTART_DURATION.name
+    }
+
+
+def test_inflight_is_read_from_prometheus_text() -> None:
+    text = (
+        "# HELP vllm:num_requests_running x\n"
+        'vllm:num_requests_running{engine="0",model_name="m"} 2.0\n'
+        'vllm:num_requests_running_other{engine="0"} 7.0\n'
+        'vllm:num_requests_waiting{engine="0",model_name="m"} 3.0\n'
+    )
+    assert sum_samples(text, catalog.VLLM_NUM_REQUESTS_RUNNING.name) == 2.0
+    assert sum_samples(text, catalog.VLLM_NUM_REQUESTS_WAITING.name) == 3.0
+    assert sum_samples(text, "vllm:absent") is None
+
+
+def test_override_token_prefers_the_file(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("from-file\n")
+    assert webhook_token({"WARDEN_WEBHOOK_TOKEN": "plain"}) == "plain"
+    env = {"WARDEN_WEBHOOK_TOKEN_FILE": str(token_file), "WARDEN_WEBHOOK_TOKEN": "plain"}
+    assert webhook_token(env) == "from-file"
+    assert webhook_token({}) is None
+
+
+def test_fault_tolerance_is_recognised_from_vllm_arguments() -> None:
+    assert fault_tolerance_enabled(["--dtype", "float32", "--enable-fault-tolerance"])
+    assert not fault_tolerance_enabled(["--dtype", "float32"])
