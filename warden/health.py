@@ -173,16 +173,13 @@ class MetricWindows:
             return dict(self._samples[-1][1]) if self._samples else {}
 
     def window(self, seconds: float) -> WindowDelta:
-        """Change over the last ``seconds`` (or over what has been sampled, if less)."""
+        """Change since the oldest sample within the last ``seconds``; ``covered_s`` says how
+        long that really is (less than asked right after start or with sparse samples)."""
         with self._lock:
             if not self._samples:
                 return WindowDelta(seconds, 0.0)
             now, current = self._samples[-1]
-            base_t, base = self._samples[0]
-            for t, values in self._samples:
-                if now - t <= seconds:
-                    break
-                base_t, base = t, values
+            base_t, base = next((t, v) for t, v in self._samples if now - t <= seconds)
         delta = {k: v - base.get(k, 0.0) for k, v in current.items()}
         return WindowDelta(seconds, now - base_t, delta)
 
