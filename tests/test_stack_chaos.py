@@ -78,7 +78,7 @@ def parse(*argv: str) -> argparse.Namespace:
 
 def test_defaults_are_bounded_and_point_at_the_local_engine() -> None:
     args = parse("pressure")
-    assert (args.requests, args.concurrency, args.duration) == (32, 8, 60.0)
+    assert (args.requests, args.concurrency, args.duration) == (500, 8, 30.0)
     assert chaos.is_loopback(args.engine_url)
     assert parse("stall").seconds == 10.0 and not parse("stall").no_resume
     assert parse("stall", "--no-resume").no_resume
@@ -90,6 +90,7 @@ def test_defaults_are_bounded_and_point_at_the_local_engine() -> None:
     [
         ("pressure", "--requests", "0"),
         ("pressure", "--requests", "100000"),
+        ("pressure", "--duration", "0"),
         ("pressure", "--concurrency", "1000"),
         ("pressure", "--duration", "86400"),
         ("nan", "--count", "0"),

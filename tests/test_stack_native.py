@@ -175,7 +175,13 @@ def test_warden_up_stops_every_child_on_ctrl_c_and_sigterm(
         for name in ("prometheus", "alertmanager", "pager"):
             argv += [f"--{name}-port", str(getattr(s, f"{name}_port"))]
         process = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ)
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=dict(os.environ),
+            # As a shell starts a background job: SIGINT ignored. `warden up` must still stop.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
         )
         lines = []
         try:

@@ -1,6 +1,6 @@
 """``warden chaos``: break a running local engine on purpose, to watch warden react.
 
-- ``pressure``: long prompts, many at once, to fill the KV cache (bounded count and time).
+- ``pressure``: long prompts kept in flight to fill the KV cache (bounded count and time).
 - ``nan``: requests asking the test hook to poison their logits (the engine must run with
   ``WARDEN_TEST_INJECT_NONFINITE=1``, e.g. ``warden up --chaos``).
 - ``stall``: SIGSTOP the engine core for a while, then SIGCONT (unless told not to).
@@ -167,12 +167,14 @@ def pressure(
     duration_s: float,
     out: Out = print,
 ) -> Counter[str]:
-    """Send ``requests`` long completions, ``concurrency`` at a time, for at most
-    ``duration_s``; returns the count of outcomes (HTTP status or error name)."""
+    """Keep ``concurrency`` long completions in flight until ``duration_s`` has passed or
+    ``requests`` were sent, whichever comes first; returns the count of outcomes (HTTP status
+    or error name). Sustained, so a scrape every few seconds sees the cache full."""
     require_loopback(engine_url)
     deadline = time.monotonic() + duration_s
     outcomes: Counter[str] = Counter()
     lock = threading.Lock()
+    sent = 0
     with httpx.Client(timeout=httpx.Timeout(duration_s + 5.0)) as client:
         model = served_model(engine_url, client)
         # A third of the context as prompt, a third generated, EOS ignored: every request holds
@@ -185,28 +187,32 @@ def pressure(
             "ignore_eos": True,
         }
         out(
-            f"pressure: {requests} requests x ~{budget} prompt words + {budget} tokens, "
-            f"{concurrency} at a time, at most {duration_s:.0f}s, against {engine_url}"
+            f"pressure: {concurrency} concurrent requests of ~{budget} prompt words + {budget} "
+            f"tokens for {duration_s:g}s (at most {requests} requests) against {engine_url}"
         )
 
-        def send(_: int) -> None:
-            if time.monotonic() >= deadline:
-                outcome = "skipped (time up)"
-            else:
+        def worker() -> None:
+            nonlocal sent
+            while True:
+                with lock:
+                    remaining = deadline - time.monotonic()
+                    if sent >= requests or remaining <= 0:
+                        return
+                    sent += 1
                 try:
-                    remaining = max(1.0, deadline - time.monotonic())
                     response = client.post(
-                        f"{engine_url}/v1/completions", json=body, timeout=remaining
+                        f"{engine_url}/v1/completions", json=body, timeout=max(1.0, remaining)
                     )
                     outcome = str(response.status_code)
                 except httpx.HTTPError as exc:
                     outcome = type(exc).__name__
-            with lock:
-                outcomes[outcome] += 1
+                with lock:
+                    outcomes[outcome] += 1
 
         with ThreadPoolExecutor(concurrency) as pool:
-            list(pool.map(send, range(requests)))
-    out(f"pressure: done, outcomes {dict(sorted(outcomes.items()))}")
+            for future in [pool.submit(worker) for _ in range(concurrency)]:
+                future.result()
+    out(f"pressure: done, {sent} requests, outcomes {dict(sorted(outcomes.items()))}")
     return outcomes
 
 
@@ -304,10 +310,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--engine-url", default=DEFAULT_ENGINE_URL, help="a loopback engine")
         return p
 
-    p = command("pressure", "flood long prompts concurrently to fill the KV cache")
-    p.add_argument("--requests", type=bounded_int(1, 1000), default=32)
-    p.add_argument("--concurrency", type=bounded_int(1, 64), default=8)
-    p.add_argument("--duration", type=bounded_float(1, 600), default=60.0, help="seconds, max")
+    p = command("pressure", "keep long prompts in flight to fill the KV cache")
+    p.add_argument("--requests", type=bounded_int(1, 5000), default=500, help="at most this many")
+    p.add_argument("--concurrency", type=bounded_int(1, 64), default=8, help="in flight at once")
+    p.add_argument("--duration", type=bounded_float(1, 600), default=30.0, help="seconds")
     p = command("nan", "requests whose logits the engine's test hook poisons with NaN")
     p.add_argument("--count", type=bounded_int(1, 100), default=3)
     p = command("stall", "SIGSTOP the engine core, SIGCONT it after --seconds")

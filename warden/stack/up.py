@@ -69,6 +69,9 @@ def settings_from_args(args: argparse.Namespace) -> StackSettings:
     )
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 def _interrupt(signum: int, _frame: FrameType | None) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
@@ -78,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
     from warden.stack.native import NativeStack, StackError
 
     stack = NativeStack(settings_from_args(args))
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    # Both explicitly: a shell starting us in the background may have set SIGINT to ignored.
+    previous = {signum: signal.signal(signum, _interrupt) for signum in STOP_SIGNALS}
     status = 0
     try:
         print(f"starting the warden stack in {stack.workdir} (Ctrl-C stops everything)")
@@ -101,12 +105,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"warden up: {exc}")
         status = 1
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup
         try:
             stack.stop()
         finally:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            signal.signal(signal.SIGTERM, previous)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
     print("stopped: no child of warden up is running")
     return status
