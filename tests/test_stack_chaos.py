@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import psutil
 import pytest
@@ -191,3 +195,74 @@ def test_crash_kills_the_engine_core_only() -> None:
         assert not core.is_running()
         assert server.is_running()
         assert f"SIGKILL sent to engine core PID {core.pid}" in lines[-1]
+
+
+class CompletionsServer:
+    """An OpenAI-style server that takes ``delay`` per completion and counts what it sees."""
+
+    def __init__(self, delay: float) -> None:
+        self.bodies: list[dict[str, Any]] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                self._json({"data": [{"id": "tiny", "max_model_len": 300}]})
+
+            def do_POST(self) -> None:  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with lock:
+                    outer.bodies.append(body)
+                    outer.in_flight += 1
+                    outer.max_in_flight = max(outer.max_in_flight, outer.in_flight)
+                time.sleep(delay)
+                with lock:
+                    outer.in_flight -= 1
+                self._json({"choices": []})
+
+            def _json(self, data: dict[str, Any]) -> None:
+                raw = json.dumps(data).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_pressure_keeps_long_requests_in_flight_within_its_bounds() -> None:
+    server = CompletionsServer(delay=0.1)
+    try:
+        lines: list[str] = []
+        outcomes = chaos.pressure(server.url, 12, 3, 30.0, out=lines.append)
+    finally:
+        server.close()
+    assert outcomes == {"200": 12}
+    assert len(server.bodies) == 12 and server.max_in_flight == 3
+    body = server.bodies[0]
+    assert body["model"] == "tiny" and body["ignore_eos"] is True
+    assert body["max_tokens"] == 100 and len(body["prompt"].split()) == 100
+    assert "12 requests" in lines[-1]
+
+
+def test_pressure_stops_when_its_time_is_up() -> None:
+    server = CompletionsServer(delay=0.3)
+    try:
+        started = time.monotonic()
+        chaos.pressure(server.url, 5000, 2, 1.0, out=lambda _: None)
+        elapsed = time.monotonic() - started
+    finally:
+        server.close()
+    assert elapsed < 3.0
+    assert 2 <= len(server.bodies) <= 10

@@ -144,6 +144,7 @@ def test_stack_around_a_running_engine_scrapes_pages_and_feeds_the_webhook(
         stack.wait_for_query(WATERMARK, timeout_s=30)
         assert httpx.get(f"{stack.alertmanager_url}/-/ready").status_code == 200
         amtool_check(stack.alertmanager_config_path)
+        assert isinstance(stack.alerts(), list)
         rules = httpx.get(f"{stack.prometheus_url}/api/v1/rules").json()["data"]["groups"]
         assert {g["name"] for g in rules} >= {"warden-liveness", "warden-memory"}
 

@@ -263,6 +263,11 @@ class NativeStack:
             raise StackError(f"{expr!r}: {body.get('error')}")
         return list(body["data"]["result"])
 
+    def alerts(self) -> list[dict[str, Any]]:
+        """Alerts Prometheus holds now, pending or firing, with their labels and state."""
+        response = httpx.get(f"{self.prometheus_url}/api/v1/alerts", timeout=10)
+        return list(response.json()["data"]["alerts"])
+
     def wait_for_query(self, expr: str, timeout_s: float = 60.0) -> list[dict[str, Any]]:
         """Poll until the query returns at least one sample."""
         deadline = time.monotonic() + timeout_s
