@@ -227,3 +227,19 @@ def test_summary_says_why_grafana_did_not_start(
     text = stack.summary()
     assert "grafana" in text and "no grafana-server or grafana binary on PATH" in text
     assert str(tmp_path / "pages.jsonl") in text
+
+
+def test_an_open_restart_circuit_from_an_earlier_run_is_reported(tmp_path: Path) -> None:
+    from warden.supervisor import STATE_FILE
+    from warden.supervisor_state import SupervisorState
+
+    state = SupervisorState()
+    state.open_circuit("crash loop", 0.0)
+    (tmp_path / "engine").mkdir()
+    state.save(tmp_path / "engine" / STATE_FILE)
+    stack = NativeStack(StackSettings(workdir=tmp_path))
+    with pytest.raises(StackError, match="--reset-circuit"):
+        stack._check_restart_circuit()
+    reset = NativeStack(StackSettings(workdir=tmp_path, reset_circuit=True))
+    reset._check_restart_circuit()
+    assert "--reset-circuit" in reset.engine_argv("m", [])

@@ -71,7 +71,8 @@ class StackSettings:
     ``model`` None builds and serves the tiny model with small-KV-cache engine arguments.
     ``engine_url`` points the stack at an engine that is already running (none is started).
     ``inject_faults`` sets WARDEN_TEST_INJECT_NONFINITE=1 so ``warden chaos nan`` works.
-    ``supervise`` False runs ``warden serve --no-supervise`` (no restarts, no control port).
+    ``supervise`` False runs ``warden serve --no-supervise`` (no restarts, no control port);
+    ``reset_circuit`` closes a restart circuit a previous run left open in the same workdir.
     ``engine_timing``/``pager_timing`` override Alertmanager's route timings (tests use short
     ones); None keeps the alerts' defaults.
     """
@@ -94,6 +95,7 @@ class StackSettings:
     otlp_endpoint: str | None = None
     with_grafana: bool = True
     supervise: bool = True
+    reset_circuit: bool = False
     engine_url: str | None = None
     engine_ready_timeout_s: float = 600.0
     server_ready_timeout_s: float = 60.0
@@ -344,12 +346,30 @@ class NativeStack:
         if s.supervise:
             argv += ["--supervisor-port", str(s.supervisor_port)]
             argv += ["--engine-log-dir", str(self.logs_dir / "vllm")]
+            if s.reset_circuit:
+                argv.append("--reset-circuit")
         else:
             argv.append("--no-supervise")
         return [*argv, model, *vllm_args]
 
+    def _check_restart_circuit(self) -> None:
+        """The supervisor keeps an open circuit across runs and then never starts vLLM: say so
+        now rather than wait out the start timeout."""
+        from warden.supervisor import STATE_FILE
+        from warden.supervisor_state import SupervisorState
+
+        state = SupervisorState.load(self.workdir / "engine" / STATE_FILE)
+        if state.circuit_open and not self.settings.reset_circuit:
+            raise StackError(
+                f"the engine's restart circuit is open from an earlier run in {self.workdir} "
+                f"({state.circuit_reason or 'too many restarts'}); read {self.logs_dir}, then "
+                "start with --reset-circuit"
+            )
+
     def _start_engine(self) -> None:
         s = self.settings
+        if s.supervise:
+            self._check_restart_circuit()
         model, args, env = self._resolve_model()
         self.model = model
         env[TOKEN_FILE_ENV] = str(self.token_path)

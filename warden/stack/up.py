@@ -24,6 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-supervise", action="store_true", help="run vLLM once: no restarts after a crash"
     )
+    parser.add_argument(
+        "--reset-circuit", action="store_true", help="close a restart circuit left open before"
+    )
     parser.add_argument("--prometheus-port", type=int, default=9090)
     parser.add_argument("--alertmanager-port", type=int, default=9093)
     parser.add_argument("--grafana-port", type=int, default=3000)
@@ -57,6 +60,7 @@ def settings_from_args(args: argparse.Namespace) -> StackSettings:
         engine_port=args.engine_port,
         supervisor_port=args.supervisor_port,
         supervise=not args.no_supervise,
+        reset_circuit=args.reset_circuit,
         prometheus_port=args.prometheus_port,
         alertmanager_port=args.alertmanager_port,
         grafana_port=args.grafana_port,
