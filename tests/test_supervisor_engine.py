@@ -1,0 +1,303 @@
+"""``warden serve`` supervising a real vLLM CPU engine on the tiny model: no fakes here.
+
+One supervised engine serves the whole module, in order (engine starts are the slow part):
+generation 1 starts without --enforce-eager; the policy's enforce_eager switches it to eager
+(drain, generation 2); kill -9 of the engine core (generation 3); SIGSTOP of the engine core with
+requests pending (stalled, generation 4); one more crash opens the circuit (limit 3 restarts).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from exporter import catalog
+from tests.support.engine import free_port
+from warden.supervisor_engine import engine_children
+from warden.supervisor_state import SupervisorState
+
+pytestmark = pytest.mark.engine
+
+TOKEN = "supervisor-test-token"
+ENGINE_ARGS = ("--dtype", "float32", "--max-model-len", "2048", "--block-size", "32")
+START_TIMEOUT_S = 600.0
+
+
+@dataclass
+class Supervised:
+    process: subprocess.Popen[bytes]
+    run_dir: Path
+    port: int
+    control_port: int
+    model: str
+    engine_pids: set[int] = field(default_factory=set)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def control_url(self) -> str:
+        return f"http://127.0.0.1:{self.control_port}"
+
+    def state(self) -> SupervisorState:
+        state = SupervisorState.load(self.run_dir / "supervisor-state.json")
+        if state.engine_pid:
+            self.engine_pids.add(state.engine_pid)
+        return state
+
+    def log(self) -> str:
+        return (self.run_dir / "supervisor.log").read_text(errors="replace")
+
+    def wait(self, what: str, condition: Callable[[], bool], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, f"supervisor exited:\n{self.log()[-3000:]}"
+            with contextlib.suppress(httpx.HTTPError):
+                if condition():
+                    return
+            time.sleep(0.2)
+        raise AssertionError(f"timed out waiting for {what}; log:\n{self.log()[-3000:]}")
+
+    def wait_serving(self, generation: int, timeout: float = START_TIMEOUT_S) -> None:
+        def serving() -> bool:
+            state = self.state()
+            if state.generation != generation or state.phase != "running":
+                return False
+            return httpx.get(f"{self.url}/health", timeout=5).status_code == 200
+
+        self.wait(f"generation {generation} serving", serving, timeout)
+
+    def engine_core(self) -> int:
+        server = self.state().engine_pid
+        assert server is not None
+        cores = [p for p, role in engine_children(server).items() if role == "EngineCore"]
+        assert len(cores) == 1, engine_children(server)
+        return cores[0]
+
+    def complete(self, prompt: str = "hello", max_tokens: int = 8, **body: Any) -> httpx.Response:
+        payload = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, **body}
+        return httpx.post(f"{self.url}/v1/completions", json=payload, timeout=300)
+
+    def metrics(self) -> dict[str, float]:
+        samples = {}
+        for line in httpx.get(f"{self.url}/metrics", timeout=10).text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                samples[name] = float(value)
+        return samples
+
+
+def _restarts(samples: dict[str, float], reason: str) -> float:
+    return samples.get(f'{catalog.ENGINE_RESTARTS.name}{{reason="{reason}"}}', 0.0)
+
+
+@pytest.fixture(scope="module")
+def supervised(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervised]:
+    run_dir = tmp_path_factory.mktemp("supervised")
+    port, control_port = free_port(), free_port()
+    argv = [
+        sys.executable, "-m", "warden.cli", "serve",
+        "--port", str(port),
+        "--supervisor-port", str(control_port),
+        "--run-dir", str(run_dir),
+        "--engine-log-dir", str(run_dir / "logs"),
+        "--max-restarts", "3",
+        "--stall-grace-s", "1",
+        "--backoff-base-s", "0.5",
+        str(tiny_model), *ENGINE_ARGS,
+    ]  # fmt: skip
+    env = {
+        **os.environ,
+        "WARDEN_WEBHOOK_TOKEN": TOKEN,
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "WARDEN_STALL_TIMEOUT_S": "3",
+    }
+    with open(run_dir / "supervisor.log", "wb") as log:
+        process = subprocess.Popen(
+            argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    handle = Supervised(process, run_dir, port, control_port, str(tiny_model))
+    try:
+        handle.wait_serving(1)
+        yield handle
+    finally:
+        handle.state()
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+        for pid in handle.engine_pids:  # backstop: no engine outlives the test
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+def test_live_engine_is_ready_and_reports_health(supervised: Supervised) -> None:
+    assert supervised.complete().status_code == 200
+    ready = httpx.get(f"{supervised.url}/warden/ready", timeout=10)
+    assert ready.status_code == 200, ready.json()
+    health = httpx.get(f"{supervised.url}/warden/health", timeout=10).json()
+    assert health["device_memory"] == [{"device": "cpu"}]
+    assert health["windows"]["60s"]["requests"]["success"] >= 1
+    assert health["supervisor"]["generation"] == 1
+    samples = supervised.metrics()
+    assert samples[catalog.ENGINE_EAGER_MODE.name] == 0
+    assert samples[catalog.SUPERVISOR_CIRCUIT_OPEN.name] == 0
+    assert samples[catalog.ENGINE_READY.name] == 1
+
+
+def test_enforce_eager_drains_in_flight_requests_and_restarts_eager(
+    supervised: Supervised,
+) -> None:
+    """Long requests keep arriving until the drain starts: those admitted before finish, new
+    ones get 503 + Retry-After, and the next engine runs eager."""
+    draining_at: list[float] = []
+    outcomes: list[tuple[float, float, Any, str | None, str | None]] = []
+
+    def send(max_tokens: int) -> None:
+        started = time.monotonic()
+        try:
+            response = supervised.complete(max_tokens=max_tokens, ignore_eos=True)
+        except httpx.HTTPError as exc:
+            outcomes.append((started, time.monotonic(), type(exc).__name__, None, None))
+            return
+        finish = None
+        if response.status_code == 200:
+            finish = response.json()["choices"][0]["finish_reason"]
+        retry_after = response.headers.get("retry-after")
+        outcomes.append((started, time.monotonic(), response.status_code, retry_after, finish))
+
+    def watch_phase() -> None:
+        while not draining_at:
+            with contextlib.suppress(httpx.HTTPError):
+                state = httpx.get(f"{supervised.control_url}/supervisor/state", timeout=5).json()
+                if state["phase"] == "draining":
+                    draining_at.append(time.monotonic())
+            time.sleep(0.05)
+
+    with ThreadPoolExecutor(8) as pool:
+        watcher = pool.submit(watch_phase)
+        lease = httpx.post(
+            f"{supervised.url}/warden/degrade",
+            json={"action": "enforce_eager", "params": {}, "ttl_s": 600, "key": "graph-pool"},
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            timeout=10,
+        )
+        assert lease.status_code == 200, lease.text
+        deadline = time.monotonic() + 60
+        while not draining_at and time.monotonic() < deadline:
+            pool.submit(send, 1500)  # admitted until the drain lease lands: in flight then
+            time.sleep(0.3)
+        for _ in range(5):  # new requests during the switch
+            pool.submit(send, 2)
+            time.sleep(0.2)
+        watcher.result()
+        supervised.wait_serving(2)
+    assert draining_at, "the supervisor never drained"
+    drain = draining_at[0]
+    admitted = [o for o in outcomes if o[2] == 200]
+    assert admitted and all(o[4] == "length" for o in admitted), outcomes
+    assert any(end > drain for _, end, *_ in admitted), "a request was in flight at the drain"
+    refused = [o for o in outcomes if o[2] == 503]
+    assert refused and all(o[3] for o in refused), outcomes
+    unexpected = [o for o in outcomes if o[2] not in (200, 503) and o[0] < drain]
+    assert not unexpected, outcomes
+    state = supervised.state()
+    assert state.eager and state.restarts[-1].reason == "enforce_eager"
+    assert "--enforce-eager" in psutil.Process(state.engine_pid).cmdline()
+    assert supervised.complete().status_code == 200
+    samples = supervised.metrics()
+    assert samples[catalog.ENGINE_EAGER_MODE.name] == 1
+    assert _restarts(samples, "enforce_eager") == 1
+
+
+def test_killed_engine_core_is_restarted_and_the_restart_is_counted(
+    supervised: Supervised,
+) -> None:
+    os.kill(supervised.engine_core(), signal.SIGKILL)
+    supervised.wait_serving(3)
+    assert supervised.complete().status_code == 200
+    event = supervised.state().restarts[-1]
+    assert event.reason == "crash" and "EngineCore" in event.detail
+    assert event.duration_s is not None and event.duration_s > 0
+
+    def mirrored() -> bool:
+        samples = supervised.metrics()
+        count = samples.get(f"{catalog.ENGINE_RESTART_DURATION.name}_count", 0)
+        return _restarts(samples, "crash") == 1 and count == 2
+
+    supervised.wait("restart numbers on the engine's /metrics", mirrored, 30)
+    samples = supervised.metrics()
+    assert _restarts(samples, "enforce_eager") == 1, "counts survive engine restarts"
+    total = samples[f"{catalog.ENGINE_RESTART_DURATION.name}_sum"]
+    assert total == pytest.approx(sum(e.duration_s or 0 for e in supervised.state().restarts))
+
+
+def test_stopped_engine_core_with_pending_requests_is_restarted_as_stalled(
+    supervised: Supervised,
+) -> None:
+    core = supervised.engine_core()
+    os.kill(core, signal.SIGSTOP)
+    failing: list[str] = []
+
+    def readiness_fails_on_stall() -> bool:
+        response = httpx.get(f"{supervised.url}/warden/ready", timeout=5)
+        failing[:] = response.json().get("failing", [])
+        return response.status_code == 503 and "stalled" in failing
+
+    with ThreadPoolExecutor(2) as pool:
+        pending = [pool.submit(supervised.complete) for _ in range(2)]
+        supervised.wait("readiness to report the stall", readiness_fails_on_stall, 60)
+        supervised.wait_serving(4)
+        for future in pending:
+            with contextlib.suppress(httpx.HTTPError):
+                future.result()
+    assert failing == ["stalled"]
+    assert supervised.state().restarts[-1].reason == "stalled"
+    assert not psutil.pid_exists(core) or psutil.Process(core).status() == psutil.STATUS_ZOMBIE
+    assert supervised.complete().status_code == 200
+    supervised.wait(
+        "stalled restart mirrored", lambda: _restarts(supervised.metrics(), "stalled") == 1, 30
+    )
+
+
+def test_one_crash_too_many_opens_the_circuit_and_readiness_says_why(
+    supervised: Supervised,
+) -> None:
+    os.kill(supervised.engine_core(), signal.SIGKILL)
+    supervised.wait("circuit open", lambda: supervised.state().circuit_open, 60)
+    ready = None
+
+    def stand_in_answers() -> bool:
+        nonlocal ready
+        ready = httpx.get(f"{supervised.url}/warden/ready", timeout=5)
+        return ready.status_code == 503 and "supervisor_circuit" in ready.json()["failing"]
+
+    supervised.wait("readiness from the stand-in", stand_in_answers, 30)
+    assert ready is not None
+    assert "3 restarts in the last 3600s (limit 3)" in json.dumps(ready.json())
+    samples = supervised.metrics()
+    assert samples[catalog.SUPERVISOR_CIRCUIT_OPEN.name] == 1
+    assert samples[catalog.ENGINE_READY.name] == 0
+    status = httpx.get(f"{supervised.control_url}/supervisor/state", timeout=5).json()
+    assert status["circuit_open"] and status["phase"] == "circuit_open"
+    assert "RESTART CIRCUIT OPEN" in supervised.log()
+    time.sleep(3)
+    assert supervised.state().generation == 4, "no restart while the circuit is open"
