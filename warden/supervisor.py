@@ -509,7 +509,7 @@ class Supervisor:
             self.state.draining = True
             self.state.phase = "draining"
             self._save()
-        result = self.drainer.drain(engine)
+        result = self.drainer.drain(engine, self._stop.is_set)
         log.warning(
             "supervisor: drained for %s in %.1fs: admission stopped=%s (%s), %s in flight left",
             failure.reason,

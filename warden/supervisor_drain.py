@@ -99,7 +99,10 @@ class Drainer:
         """Drop the drain lease (when the restart is called off and the engine stays)."""
         engine.delete(f"/warden/degrade?key={LEASE_KEY}", self._headers())
 
-    def drain(self, engine: SupervisedEngine) -> DrainResult:
+    def drain(
+        self, engine: SupervisedEngine, cancelled: Callable[[], bool] = lambda: False
+    ) -> DrainResult:
+        """Stop admission, then wait for in-flight requests (until ``cancelled`` says stop)."""
         started = self.clock()
         stopped, detail = self.stop_admission(engine)
         # Two idle readings in a row: a request still being tokenized in the API process is
@@ -108,7 +111,7 @@ class Drainer:
         left = inflight(engine)
         while self.clock() - started < self.timeout_s:
             idle_readings = idle_readings + 1 if left == 0 else 0
-            if idle_readings >= 2 or left is None:
+            if idle_readings >= 2 or left is None or cancelled():
                 break
             self.sleep(self.poll_s)
             left = inflight(engine)
