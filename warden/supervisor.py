@@ -370,7 +370,9 @@ class Supervisor:
             vanished = engine.vanished_children()
             if returncode is not None or vanished:
                 detail = f"vLLM server {describe_returncode(returncode)}"
-                if vanished:
+                if vanished and returncode is None:
+                    detail = f"{', '.join(vanished)} vanished under the running vLLM server"
+                elif vanished:
                     detail = f"{', '.join(vanished)} vanished; {detail}"
                 return Failure(classify_exit(returncode, vanished), detail, now)
             if now >= next_children:
