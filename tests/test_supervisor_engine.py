@@ -28,7 +28,7 @@ import pytest
 from exporter import catalog
 from tests.support.engine import free_port
 from warden.supervisor_engine import engine_children
-from warden.supervisor_state import SupervisorState
+from warden.supervisor_state import STATE_ENV_VAR, SupervisorState
 
 pytestmark = pytest.mark.engine
 
@@ -147,6 +147,19 @@ def supervised(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         for pid in handle.engine_pids:  # backstop: no engine outlives the test
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
+        for proc in _started_by(run_dir / "supervisor-state.json"):
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+
+
+def _started_by(state_path: Path) -> list[psutil.Process]:
+    """Processes of this module's engines: they carry its state file path in their env."""
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if proc.environ().get(STATE_ENV_VAR) == str(state_path):
+                found.append(proc)
+    return found
 
 
 def test_live_engine_is_ready_and_reports_health(supervised: Supervised) -> None:
