@@ -442,6 +442,21 @@ def test_engine_that_never_starts_ends_in_an_open_circuit(
     assert all("before it was ready" in e.detail for e in state.restarts)
 
 
+def test_failed_starts_after_a_long_healthy_run_still_back_off(
+    supervised: Callable[..., Harness],
+) -> None:
+    h = supervised(max_restarts=4, backoff=Backoff(base_s=0.4, max_s=5.0, stable_s=0.5))
+    h.wait_running(1)
+    time.sleep(0.8)  # served longer than stable_s: the next crash starts a new episode
+    (h.control / "fail_start").write_text("1")
+    os.kill(h.engine_core_pid(), signal.SIGKILL)
+    h.wait("four restarts", lambda: sum(h.state().restart_totals.values()) >= 4)
+    events = h.state().restarts
+    gaps = [b.restarted_at - a.restarted_at for a, b in zip(events, events[1:], strict=False)]
+    # Restart 1 at once, then 0.4, 0.8, 1.6 s waits on top of each failed start.
+    assert gaps[0] >= 0.4 and gaps[1] >= 0.8 and gaps[2] >= 1.6, gaps
+
+
 def test_supervisor_stop_leaves_no_process_behind(supervised: Callable[..., Harness]) -> None:
     h = supervised()
     h.wait_running(1)

@@ -235,9 +235,12 @@ class Supervisor:
             if down_since is None:
                 down_since = failure.at
             if not failure.planned:
+                # Only an engine that served long enough ends the episode; failed starts
+                # after it keep backing off.
                 if ready_at is not None and failure.at - ready_at >= self.config.backoff.stable_s:
                     attempt = 0
                 attempt += 1
+            ready_at = None
             counted = failure.reason not in UNCOUNTED_REASONS
             if self.state.circuit_open or (counted and not self.window.allows(self.clock())):
                 self._open_circuit(failure)
