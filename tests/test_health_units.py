@@ -171,3 +171,18 @@ def test_health_view_has_memory_windows_and_restarts(client: TestClient) -> None
     for key in ("requests_per_s", "ttft_s", "inter_token_s", "errors", "preemptions", "restarts"):
         assert key in window
     assert body["supervisor"]["restart_totals"]["crash"] == 1
+
+
+def test_a_cuda_driver_error_fails_readiness_until_the_engine_restarts() -> None:
+    counter = CounterMetricFamily(catalog.ENGINE_ERRORS.base, "", labels=["class"])
+    counter.add_metric(["oom"], 3.0)
+    counter.add_metric(["cuda_driver"], 0.0)
+    windows = health.MetricWindows(lambda: [counter])
+    windows.sample()
+    assert health.check_driver_errors(windows).ok, "OOM is recoverable"
+    counter = CounterMetricFamily(catalog.ENGINE_ERRORS.base, "", labels=["class"])
+    counter.add_metric(["cuda_driver"], 1.0)
+    windows = health.MetricWindows(lambda: [counter])
+    windows.sample()
+    check = health.check_driver_errors(windows)
+    assert not check.ok and check.name == "driver_error"

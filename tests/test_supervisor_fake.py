@@ -67,11 +67,15 @@ def _serve(port: int, args: list[str]) -> None:
                 self._send(200, b"")
             elif path == "/warden/ready":
                 stalled = flag("stalled") is not None
+                dead = flag("engine_dead") is not None
+                driver = flag("driver_error") is not None
                 checks = {
-                    "engine": {"ok": True, "detail": ""},
+                    "engine": {"ok": not dead, "detail": "engine dead: EngineDeadError"},
                     "stalled": {"ok": not stalled, "detail": "1 requests pending"},
+                    "driver_error": {"ok": not driver, "detail": "1 CUDA driver errors"},
                 }
-                self._send(503 if stalled else 200, {"checks": checks})
+                ok = not (stalled or dead or driver)
+                self._send(200 if ok else 503, {"checks": checks})
             elif path == "/warden/state":
                 eager = flag("policy_eager") is not None
                 self._send(200, {"policy": {"enforce_eager": eager}, "leases": []})
@@ -296,6 +300,28 @@ def test_stalled_engine_is_killed_and_restarted(supervised: Callable[..., Harnes
     (h.control / "stalled").unlink()
     h.wait_running(2)
     h.wait("stopped engine core gone", lambda: not Path(f"/proc/{core}").exists())
+
+
+def test_dead_engine_after_the_grace_and_driver_errors_at_once_are_unhealthy(
+    supervised: Callable[..., Harness],
+) -> None:
+    h = supervised(unhealthy_grace_s=1.0)
+    h.wait_running(1)
+    (h.control / "engine_dead").touch()
+    noticed = time.time()
+    h.wait("dead engine restart", lambda: h.state().generation == 2)
+    (h.control / "engine_dead").unlink()
+    event = h.state().restarts[-1]
+    assert event.reason == "unhealthy" and "EngineDeadError" in event.detail
+    assert event.failed_at - noticed >= 0.9, "waited for the grace"
+    h.wait_running(2)
+    (h.control / "driver_error").touch()
+    noticed = time.time()
+    h.wait("driver error restart", lambda: h.state().generation == 3)
+    (h.control / "driver_error").unlink()
+    event = h.state().restarts[-1]
+    assert event.reason == "unhealthy" and "CUDA driver" in event.detail
+    assert event.failed_at - noticed < 0.9, "no grace for a poisoned context"
 
 
 def test_restart_loop_opens_the_circuit_and_the_stand_in_says_why(
