@@ -40,6 +40,7 @@ RID_ARG = "warden_rid"
 # A request re-sent by warden's retry carries its attempt number; injection hits attempt 1 only,
 # modelling a transient fault that a retry with another seed gets past.
 ATTEMPT_ARG = "warden_attempt"
+INJECT_ATTEMPTS_ARG = "warden_inject_attempts"  # poison this many attempts (default 1)
 _MAX_REMEMBERED = 65536
 _MAX_PENDING = 64
 
@@ -103,9 +104,10 @@ class NonFiniteLogitsProcessor(LogitsProcessor):
             return None
         try:
             attempt = int(extra.get(ATTEMPT_ARG, 1))
+            poisoned = int(extra.get(INJECT_ATTEMPTS_ARG, 1))
         except (TypeError, ValueError):
-            attempt = 1
-        return str(kind) if attempt <= 1 else None
+            attempt, poisoned = 1, 1
+        return str(kind) if attempt <= poisoned else None
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         if batch_update is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -59,6 +60,8 @@ class StepMonitor:
         self._level.set(0)
         self.inflight: Callable[[], int] | None = None
         self.watermark_changed_at: float | None = None
+        # Recent (time, level) changes, for /warden/state and for measuring reaction times.
+        self.transitions: deque[tuple[float, int]] = deque(maxlen=64)
         self._lock = threading.Lock()
 
     def add_listener(self, listener: StepListener) -> None:
@@ -89,6 +92,7 @@ class StepMonitor:
             self._ratio.labels(source).set(value)
         if change is not None:
             self.watermark_changed_at = now
+            self.transitions.append((now, change.current))
             self._level.set(change.current)
             self._transitions.labels(change.entered).inc()
         for listener in self._listeners:

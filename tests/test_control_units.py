@@ -374,36 +374,46 @@ def test_forecast_caps_rejects_or_refuses_for_good() -> None:
 
 
 def test_reflex_takes_leases_within_the_step_and_releases_with_hysteresis(
-    controller: Controller, registry: CollectorRegistry
+    controller: Controller, registry: CollectorRegistry, clock: Clock
 ) -> None:
-    reflex = Reflex(controller.config.reflex, controller)
-    reflex(StepSnapshot(watermark=1, waiting=0))
-    assert controller.policy().stop_admission
-    reflex(StepSnapshot(watermark=0, waiting=120))
-    policy = controller.policy()
-    assert not policy.stop_admission and policy.cap_max_tokens == 2048
-    reflex(StepSnapshot(watermark=0, waiting=95))  # inside the 10 % band: held
-    assert controller.policy().cap_max_tokens == 2048
-    reflex(StepSnapshot(watermark=0, waiting=1200))
-    assert controller.policy().reject_all
-    reflex(StepSnapshot(watermark=0, waiting=850))  # below 1000 * 0.9: reject_all released
-    assert not controller.policy().reject_all
-    assert controller.policy().shed_priority_above == 0
-    reflex(StepSnapshot(watermark=0, waiting=10))
-    assert controller.policy() == EffectivePolicy()
+    reflex = Reflex(controller.config.reflex, controller, clock=clock)
+    delay = controller.config.reflex.release_delay_s
+
+    def step(watermark: int, waiting: int) -> EffectivePolicy:
+        reflex(StepSnapshot(watermark=watermark, waiting=waiting))
+        return controller.policy()
+
+    assert step(1, 0).stop_admission  # taken in the same step
+    policy = step(0, 120)
+    assert policy.stop_admission and policy.cap_max_tokens == 2048  # held for the delay
+    clock.now += delay
+    assert not step(0, 120).stop_admission
+    assert step(0, 95).cap_max_tokens == 2048  # inside the 10 % band: held
+    clock.now += delay
+    assert step(0, 95).cap_max_tokens == 2048
+    assert step(0, 1200).reject_all
+    step(0, 850)  # below 1000 * 0.9: reject_all is released after the delay
+    clock.now += delay
+    policy = step(0, 850)
+    assert not policy.reject_all and policy.shed_priority_above == 0
+    step(0, 10)
+    clock.now += delay
+    assert step(0, 10) == EffectivePolicy()
     assert (
         registry.get_sample_value("warden_reflex_actions_total", {"action": "cap_max_tokens"}) == 1
     )
 
 
 def test_reflex_runs_as_a_step_listener(
-    controller: Controller, registry: CollectorRegistry
+    controller: Controller, registry: CollectorRegistry, clock: Clock
 ) -> None:
-    monitor = StepMonitor(ExporterConfig(), WardenMetrics(registry), None, clock=controller.clock)
-    monitor.add_listener(Reflex(controller.config.reflex, controller))
+    monitor = StepMonitor(ExporterConfig(), WardenMetrics(registry), None, clock=clock)
+    monitor.add_listener(Reflex(controller.config.reflex, controller, clock=clock))
     monitor.on_step(running=8, waiting=0, kv_usage=0.99)
     policy = controller.policy()
     assert policy.reject_all and policy.stop_admission  # oom_imminent
+    monitor.on_step(running=2, waiting=0, kv_usage=0.2)
+    clock.now += controller.config.reflex.release_delay_s
     monitor.on_step(running=2, waiting=0, kv_usage=0.2)
     assert controller.policy() == EffectivePolicy()
 

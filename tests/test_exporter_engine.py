@@ -24,8 +24,16 @@ LONG_PROMPT = " ".join(["memory watermark cache block engine request"] * 12)
 
 @pytest.fixture(scope="module")
 def engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
-    env = {"WARDEN_TEST_INJECT_NONFINITE": "1", "WARDEN_TEST_FAILING_COLLECTOR": "1"}
     run_dir = tmp_path_factory.mktemp("exporter-engine")
+    # Forecast admission would keep the flood from ever filling the cache: this module
+    # measures what happens when it does.
+    config = run_dir / "warden.yaml"
+    config.write_text("admission:\n  forecast:\n    enabled: false\n")
+    env = {
+        "WARDEN_TEST_INJECT_NONFINITE": "1",
+        "WARDEN_TEST_FAILING_COLLECTOR": "1",
+        "WARDEN_CONFIG": str(config),
+    }
     with running_engine(tiny_model, extra_args=TINY_KV_ARGS, env=env, run_dir=run_dir) as eng:
         yield eng
 
@@ -78,7 +86,9 @@ def test_tiny_kv_cache_under_load_raises_watermark_and_preempts(engine: EnginePr
     try:
         with ThreadPoolExecutor(8) as pool:
             futures = [
-                pool.submit(complete, engine, str(engine.spec.model), LONG_PROMPT, 120)
+                pool.submit(
+                    complete, engine, str(engine.spec.model), LONG_PROMPT, 120, ignore_eos=True
+                )
                 for _ in range(8)
             ]
             statuses = [f.result().status_code for f in futures]

@@ -29,11 +29,18 @@ def _inflight_counter(engine_client: Any) -> Any:
     return processor.get_num_unfinished_requests
 
 
-async def _expire_leases_forever(interval_s: float = 1.0) -> None:
-    """Leases lapse even when no request arrives to look at the policy."""
+async def _tick_forever(reflex: Reflex | None, interval_s: float = 0.25) -> None:
+    """Between engine steps: expire leases, and let the reflex release what it holds once the
+    engine has gone quiet (an idle engine makes no steps to release them on)."""
     control = runtime.controller()
     while True:
         with contextlib.suppress(Exception):
+            monitor = process_monitor()
+            quiet = monitor is not None and (
+                control.clock() - monitor.snapshot.timestamp >= interval_s
+            )
+            if reflex is not None and monitor is not None and quiet:
+                reflex(monitor.snapshot)
             control.policy()
         await asyncio.sleep(interval_s)
 
@@ -52,8 +59,10 @@ class WardenEndpoints:
         control = runtime.controller()
         control.engine_client = engine_client
         monitor = process_monitor()
+        reflex = None
         if monitor is not None and engine_client is not None:
             monitor.inflight = _inflight_counter(engine_client)
-            monitor.add_listener(Reflex(control.config.reflex, control))
-        task = asyncio.get_running_loop().create_task(_expire_leases_forever())
+            reflex = Reflex(control.config.reflex, control)
+            monitor.add_listener(reflex)
+        task = asyncio.get_running_loop().create_task(_tick_forever(reflex))
         _tasks.add(task)

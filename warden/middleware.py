@@ -15,6 +15,7 @@ Health, metrics and warden endpoints pass straight through. Pure ASGI: streams s
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import os
@@ -145,7 +146,7 @@ class WardenMiddleware:
         self.requests.labels(outcome_of(status)).inc()
 
     async def _refuse(self, send: Send, decision: Decision) -> None:
-        self.control.rejections.labels(decision.reason).inc()
+        self.control.record_rejection(decision.reason)
         with telemetry.tracer().start_as_current_span("warden.reject") as span:
             span.set_attribute("warden.reason", decision.reason)
             span.set_attribute("warden.status", decision.status)
@@ -167,9 +168,13 @@ class WardenMiddleware:
             return None
         try:
             if self._tokenizer is None:
-                self._tokenizer = await client.get_tokenizer()
+                tokenizer = client.get_tokenizer()  # sync in vLLM 0.32, async in older ones
+                if inspect.isawaitable(tokenizer):
+                    tokenizer = await tokenizer
+                self._tokenizer = tokenizer
             return len(self._tokenizer.encode(prompt))
         except Exception:
+            log.debug("warden: prompt not tokenized; forecast skipped", exc_info=True)
             return None
 
     def _kv_state(self) -> KvState | None:

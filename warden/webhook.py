@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from exporter import vllm_compat
 from exporter.catalog import WATERMARK_LEVELS
 from exporter.step_monitor import process_monitor
 from warden.control import auth, runtime, telemetry
@@ -161,7 +162,12 @@ async def clear_override(request: Request) -> JSONResponse:
 
 @router.get("/warden/state")
 async def warden_state() -> JSONResponse:
-    state: dict[str, Any] = runtime.controller().state_json()
+    control = runtime.controller()
+    state: dict[str, Any] = control.state_json()
+    geometry = vllm_compat.kv_geometry(control.engine_client)
+    state["kv_cache"] = (
+        {"total_blocks": geometry[0], "block_size": geometry[1]} if geometry else None
+    )
     monitor = process_monitor()
     if monitor is not None:
         snap = monitor.snapshot
@@ -170,6 +176,10 @@ async def warden_state() -> JSONResponse:
                 "watermark": WATERMARK_LEVELS[snap.watermark],
                 "watermark_source": monitor.watermark.worst_source,
                 "watermark_changed_at": monitor.watermark_changed_at,
+                "watermark_transitions": [
+                    {"at": at, "level": WATERMARK_LEVELS[level]}
+                    for at, level in list(monitor.transitions)
+                ],
                 "signals": snap.signals,
                 "engine": {
                     "last_step_timestamp": snap.timestamp,

@@ -90,6 +90,7 @@ class ReflexSettings(_Strict):
     queue_levels: tuple[QueueLevel, ...] = Field(default_factory=_default_queue_levels)
     queue_hysteresis: float = Field(0.1, ge=0, lt=1, description="release below depth*(1-h)")
     preempt_cooldown_s: float = Field(2.0, ge=0)
+    release_delay_s: float = Field(1.0, ge=0, le=3600, description="hold after it clears")
 
     @model_validator(mode="after")
     def _levels_ascend(self) -> ReflexSettings:

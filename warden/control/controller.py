@@ -13,7 +13,7 @@ import logging
 import re
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
@@ -46,6 +46,8 @@ class Controller:
         self._lock = threading.RLock()
         self._preempted: OrderedDict[str, float] = OrderedDict()
         self.last_policy_change: float = clock()
+        # (time, reason) of recent refusals: operators and tests read reaction times here.
+        self.recent_rejections: deque[tuple[float, str]] = deque(maxlen=64)
         self._active = metrics.get(catalog.DEGRADATION_ACTIVE)
         self._lease_count = metrics.get(catalog.DEGRADATION_LEASES)
         self._circuit = metrics.get(catalog.CIRCUIT_BREAKER_STATE)
@@ -229,6 +231,10 @@ class Controller:
         with self._lock:
             return warden_rid in self._preempted
 
+    def record_rejection(self, reason: str) -> None:
+        self.rejections.labels(reason).inc()
+        self.recent_rejections.append((self.clock(), reason))
+
     # --- state --------------------------------------------------------------------------
 
     def state_json(self) -> dict[str, Any]:
@@ -237,4 +243,7 @@ class Controller:
             "policy": policy.to_json(),
             "leases": [lease.to_json() for lease in self.leases.live(self.clock())],
             "last_policy_change": self.last_policy_change,
+            "recent_rejections": [
+                {"at": at, "reason": reason} for at, reason in list(self.recent_rejections)
+            ],
         }

@@ -35,7 +35,8 @@ class Reflex:
         self.clock = clock
         self.level = 0
         self.queue_index = -1  # index into settings.queue_levels; -1 = below all
-        self._held: set[str] = set()
+        self._held: dict[str, ActionRequest] = {}
+        self._clear_since: dict[str, float] = {}
         self._last_preempt = -1e18
         self.first_action_at: dict[str, float] = {}
 
@@ -75,7 +76,16 @@ class Reflex:
         for key, request in wanted.items():
             self.sink.hold_reflex(key, request)
             self.first_action_at.setdefault(key, now)
-        for key in self._held - wanted.keys():
-            self.sink.drop_reflex(key)
-            self.first_action_at.pop(key, None)
-        self._held = set(wanted)
+            self._held[key] = request
+            self._clear_since.pop(key, None)
+        for key in list(self._held.keys() - wanted.keys()):
+            # Held a little after the condition clears: relief from a preemption must not
+            # reopen admission on the very next step and refill the cache.
+            since = self._clear_since.setdefault(key, now)
+            if now - since >= self.settings.release_delay_s:
+                self.sink.drop_reflex(key)
+                del self._held[key]
+                del self._clear_since[key]
+                self.first_action_at.pop(key, None)
+            else:
+                self.sink.hold_reflex(key, self._held[key])
