@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -22,6 +23,7 @@ from hypothesis import strategies as st
 from exporter import catalog
 from tests.support.engine import complete, free_port, running_engine, sample, scrape
 from warden.engine_process import EngineProcess
+from warden.stack.chaos import find_engine_core
 
 pytestmark = pytest.mark.engine
 
@@ -582,25 +584,36 @@ def test_kv_forecast_refuses_what_can_never_fit_and_caps_or_defers_the_rest(
         assert never.status_code == 400
         assert never.json()["error"]["warden_reason"] == "kv_never_fits"
         assert "never fit" in never.json()["error"]["message"]
-        # One long request takes most of the cache; a second one cannot fit whole. The first
-        # runs for well under a second here, so the second is sent as soon as the engine
-        # reports the first one's blocks (tried a few times in case the window is missed).
+        # One long request holds blocks; a second long one cannot fit whole. The tiny model
+        # finishes a request in well under a second, so the engine core is paused (SIGSTOP)
+        # as soon as the engine reports the first request's blocks: the forecast then judges
+        # the second request against that frozen, known usage.
+        core = find_engine_core(psutil.Process(eng.process.pid))
         second = None
         for _ in range(5):
-            with ThreadPoolExecutor(1) as pool:
+            with ThreadPoolExecutor(2) as pool:
                 first = pool.submit(
                     complete, eng, str(tiny_model), LONG_PROMPT, 180, ignore_eos=True
                 )
-                while not first.done():
-                    usage = state(eng)["engine"]["kv_cache_usage"]
-                    print("usage", usage, time.time())
-                    if usage >= 0.4:
-                        second = complete(
-                            eng, str(tiny_model), LONG_PROMPT, max_tokens=180, ignore_eos=True
-                        )
-                        break
+                while not first.done() and state(eng)["engine"]["kv_cache_usage"] <= 0.2:
+                    time.sleep(0.002)
+                if first.done():
+                    continue
+                core.suspend()
+                try:
+                    pending = pool.submit(
+                        complete, eng, str(tiny_model), LONG_PROMPT, 180, ignore_eos=True
+                    )
+                    deadline = time.monotonic() + 20
+                    while time.monotonic() < deadline and not pending.done():
+                        decided = sample(scrape(eng), catalog.MAX_TOKENS_CAPPED.name) >= 1
+                        if decided:
+                            break
+                        time.sleep(0.05)
+                finally:
+                    core.resume()
+                second = pending.result()
                 assert first.result().status_code == 200
-            if second is not None:
                 break
         assert second is not None, "never caught the first request holding its blocks"
         if second.status_code == 200:
