@@ -28,6 +28,24 @@ DEGRADATION_ACTIONS: tuple[str, ...] = (
 )
 LEASE_SOURCES: tuple[str, ...] = ("alertmanager", "reflex", "manual")
 REQUEST_OUTCOMES: tuple[str, ...] = ("success", "client_error", "server_error", "rejected")
+ADMISSION_REASONS: tuple[str, ...] = (
+    "circuit_open",
+    "circuit_half_open",
+    "reject_all",
+    "stop_admission",
+    "shed_low_priority",
+    "kv_headroom",
+    "kv_never_fits",
+)
+WEBHOOK_OUTCOMES: tuple[str, ...] = (
+    "applied",
+    "unauthorized",
+    "disabled",
+    "malformed",
+    "error",
+    "unknown_action",
+)
+RETRY_REASONS: tuple[str, ...] = ("warden_preemption", "engine_oom", "nonfinite_logits", "timeout")
 # warden_circuit_breaker_state values.
 CIRCUIT_STATES: tuple[str, ...] = ("closed", "half_open", "open")
 

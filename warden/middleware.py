@@ -25,8 +25,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from exporter import catalog, vllm_compat
-from exporter.logits import ATTEMPT_ARG, RID_ARG
 from exporter.metrics import process_metrics
+from exporter.request_args import ATTEMPT_ARG, RID_ARG
 from exporter.signals import ENV_VAR, SignalBoard
 from exporter.step_monitor import process_monitor
 from warden.control import runtime, telemetry

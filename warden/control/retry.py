@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import random
 
+from exporter.catalog import RETRY_REASONS
 from warden.control.config import RetrySettings
 
 # Reasons (label values of warden_request_retries_total).
-WARDEN_PREEMPTION = "warden_preemption"
-ENGINE_OOM = "engine_oom"
-NONFINITE_LOGITS = "nonfinite_logits"
-TIMEOUT = "timeout"
-TRANSIENT_REASONS = (WARDEN_PREEMPTION, ENGINE_OOM, NONFINITE_LOGITS, TIMEOUT)
+WARDEN_PREEMPTION, ENGINE_OOM, NONFINITE_LOGITS, TIMEOUT = RETRY_REASONS
+TRANSIENT_REASONS = RETRY_REASONS
 
 
 def classify_failure(status: int, body: bytes, preempted: bool, nonfinite: bool) -> str | None:

@@ -234,7 +234,7 @@ def inject_nan(engine_url: str, count: int, out: Out = print) -> Counter[str]:
     require_loopback(engine_url)
     # The request argument's name lives with the logits processor, which imports torch and
     # vLLM (seconds): only this command pays for it.
-    from exporter.logits import INJECT_ARG
+    from exporter.request_args import INJECT_ARG
 
     outcomes: Counter[str] = Counter()
     with httpx.Client(timeout=120.0) as client:
