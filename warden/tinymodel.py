@@ -119,3 +119,11 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0, vocab_size: int = 1024)
     model.save_pretrained(out, safe_serialization=True)
     (out / "warden_tiny.json").write_text(json.dumps({"seed": seed, "vocab_size": len(fast)}))
     return out
+
+
+# vLLM arguments that suit the tiny model on a CPU: a 12-block KV cache (384 tokens) that a
+# handful of long requests fills, so memory pressure is easy to make in demos and tests.
+TINY_ENGINE_ARGS: tuple[str, ...] = (
+    "--dtype", "float32", "--max-model-len", "256", "--enforce-eager", "--block-size", "32",
+    "--max-num-seqs", "8", "--num-gpu-blocks-override", "12",
+)  # fmt: skip

@@ -28,11 +28,11 @@ def engine_spec(env: Mapping[str, str]) -> tuple[LaunchSpec, Path | None]:
     args = shlex.split(env.get("WARDEN_VLLM_ARGS", ""))
     tiny_dir = None
     if model == TINY:
-        from warden.demo import DEMO_ENGINE_ARGS
+        from warden.tinymodel import TINY_ENGINE_ARGS
 
         tiny_dir = data_dir / "tiny-model"
         model = str(tiny_dir)
-        args = args or list(DEMO_ENGINE_ARGS)
+        args = args or list(TINY_ENGINE_ARGS)
     otlp = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
     if otlp and "--otlp-traces-endpoint" not in args:
         args += ["--otlp-traces-endpoint", otlp_traces_endpoint(otlp)]

@@ -328,14 +328,13 @@ class NativeStack:
         s = self.settings
         if s.model is not None:
             return s.model, list(s.engine_args or []), {}
-        from warden.demo import DEMO_ENGINE_ARGS
-        from warden.tinymodel import build_tiny_model
+        from warden.tinymodel import TINY_ENGINE_ARGS, build_tiny_model
 
         model_dir = self.workdir / "tiny-model"
         if not (model_dir / "config.json").exists():
             self.out(f"building the tiny model in {model_dir}")
             build_tiny_model(model_dir)
-        args = DEMO_ENGINE_ARGS if s.engine_args is None else s.engine_args
+        args = TINY_ENGINE_ARGS if s.engine_args is None else s.engine_args
         return str(model_dir), list(args), dict(TINY_ENGINE_ENV)
 
     def engine_argv(self, model: str, vllm_args: Sequence[str]) -> list[str]:
