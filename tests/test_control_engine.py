@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -626,3 +629,33 @@ def test_kv_forecast_refuses_what_can_never_fit_and_caps_or_defers_the_rest(
             assert second.json()["error"]["warden_reason"] == "kv_headroom"
             assert int(second.headers["retry-after"]) >= 1
         assert sample(scrape(eng), catalog.VLLM_NUM_PREEMPTIONS.name) == 0
+
+
+def test_degrade_command_sets_lists_and_clears(engine: EngineProcess, tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    base = [sys.executable, "-m", "warden.cli", "degrade", "--engine-url", engine.base_url]
+
+    def warden(*args: str, token: bool = True) -> subprocess.CompletedProcess[str]:
+        extra = ["--token-file", str(token_file)] if token else []
+        return subprocess.run([*base, *extra, *args], capture_output=True, text=True, timeout=60)
+
+    done = warden("set", "cap_max_tokens", "--param", "max_tokens=7", "--ttl", "60", "--key", "ops")
+    assert done.returncode == 0, done.stderr
+    assert "ops" in done.stdout and '"cap_max_tokens": 7' in done.stdout
+    listed = warden("list", token=False)
+    assert "manual" in listed.stdout and "cap_max_tokens" in listed.stdout
+    usage = complete(engine, model(engine), "x", max_tokens=50).json()["usage"]
+    assert usage["completion_tokens"] <= 7
+    refused = warden("set", "cap_max_tokens", "--param", "max_tokens=-1")
+    assert refused.returncode == 1 and "warden_max_tokens" in refused.stderr
+    wrong = subprocess.run(
+        [*base, "set", "reject_all"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "WARDEN_WEBHOOK_TOKEN": "wrong"},
+    )
+    assert wrong.returncode == 1 and "401" in wrong.stderr
+    cleared = warden("clear", "--key", "ops")
+    assert cleared.returncode == 0 and "no live leases" in cleared.stdout

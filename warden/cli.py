@@ -208,6 +208,11 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--minutes", type=int, default=15)
     render.set_defaults(func=cmd_dashboards_render)
 
+    degrade = sub.add_parser("degrade", help="manual degradation overrides on a running engine")
+    from warden import degrade_cli
+
+    degrade_cli.add_arguments(degrade)
+
     demo = sub.add_parser("demo", help="the main job: a real engine with warden, end to end")
     demo.add_argument("--workdir", default=str(REPO_ROOT / "run" / "demo"))
     demo.add_argument("--port", type=int, default=8000)

@@ -285,13 +285,20 @@ def engine_stateful_set(fleet: Fleet) -> dict[str, Any]:
             {"name": TOKEN_FILE_ENV, "value": token_path},
         ],
         "ports": [{"name": fleet.port_name, "containerPort": fleet.port}],
-        "readinessProbe": {
+        # Model loading can take many minutes: the startup probe holds the other two off
+        # until vLLM answers /health, so a loading model is never killed.
+        "startupProbe": {
             "httpGet": {"path": "/health", "port": fleet.port_name},
+            "periodSeconds": 10,
+            "failureThreshold": 90,
+        },
+        # Ready = warden's checks: not stalled, watermark below oom_imminent, breaker closed.
+        "readinessProbe": {
+            "httpGet": {"path": "/warden/ready", "port": fleet.port_name},
             "periodSeconds": 5,
         },
         "livenessProbe": {
             "httpGet": {"path": "/warden/live", "port": fleet.port_name},
-            "initialDelaySeconds": 600,
             "periodSeconds": 10,
             "failureThreshold": 6,
         },

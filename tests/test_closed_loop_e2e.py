@@ -1,0 +1,65 @@
+"""The closed loop end to end: a real engine, Prometheus and Alertmanager at fast intervals
+(scrape and evaluation 1 s), the real generated rules and routes, the local pager. The same
+scenario ``warden demo`` runs; nothing is faked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.engine import free_port
+from warden.demo import demo_settings
+from warden.scenario import ClosedLoopScenario
+from warden.stack.native import NativeStack
+
+pytestmark = pytest.mark.engine
+
+
+def test_pressure_to_page_to_resolution(tmp_path: Path) -> None:
+    ports = {
+        name: free_port()
+        for name in (
+            "engine_port",
+            "supervisor_port",
+            "prometheus_port",
+            "alertmanager_port",
+            "grafana_port",
+            "pager_port",
+        )
+    }
+    printed: list[str] = []
+    settings = demo_settings(tmp_path, with_grafana=False, **ports)
+    with NativeStack(settings, out=printed.append) as stack:
+        stack.wait_for_query("up == 1", timeout_s=120)
+        result = ClosedLoopScenario(stack, out=printed.append).run()
+        report = result.report()
+        print("\n" + report)
+        started = stack.process_ids()
+    steps = [step.name for step in result.timeline]
+    assert steps[:3] == ["pressure", "watermark high", "local reflex"]
+    for name in (
+        "alert pending",
+        "alert firing",
+        "alertmanager",
+        "webhook lease active",
+        "page recorded",
+        "pressure removed",
+        "resolved",
+        "normal",
+    ):
+        assert name in steps, report
+    # The reflex is the short path: it acts long before the alert path can.
+    assert result.step("local reflex").at < result.step("alert firing").at
+    assert result.step("webhook lease active").at >= result.step("alert firing").at
+    assert result.passed, report
+    assert not result.outcomes.lost
+    # Nothing the stack started is left running.
+    import psutil
+
+    alive = [
+        pid
+        for pid in started
+        if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    ]
+    assert not alive, alive

@@ -1,0 +1,101 @@
+"""``warden degrade list|set|clear``: manual overrides on a running engine, authenticated.
+
+A manual lease is held like any other: it lapses after its TTL unless set again, and the
+effective policy is the most restrictive of all live leases.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import httpx
+
+from exporter import catalog
+from warden.control.auth import TOKEN_ENV, TOKEN_FILE_ENV, TokenError, load_token
+
+
+def _headers(args: argparse.Namespace) -> dict[str, str]:
+    if args.token_file:
+        os.environ[TOKEN_FILE_ENV] = args.token_file
+    try:
+        token = load_token()
+    except TokenError as exc:
+        raise SystemExit(f"warden degrade: {exc}") from None
+    if token is None:
+        raise SystemExit(
+            f"warden degrade: no token: pass --token-file or set {TOKEN_FILE_ENV} / {TOKEN_ENV}"
+        )
+    return {"Authorization": f"Bearer {token}"}
+
+
+def _params(pairs: list[str]) -> dict[str, str]:
+    params = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"warden degrade: --param takes KEY=VALUE, got {pair!r}")
+        params[key] = value
+    return params
+
+
+def _show(response: httpx.Response) -> int:
+    try:
+        body = response.json()
+    except ValueError:
+        body = {"error": response.text}
+    if response.status_code >= 400:
+        print(f"warden degrade: {response.status_code}: {body.get('error', body)}", file=sys.stderr)
+        return 1
+    leases = body.get("leases", [])
+    if not leases:
+        print("no live leases")
+    for lease in leases:
+        params = json.dumps(lease["params"]) if lease["params"] else ""
+        print(f"{lease['source']:<12} {lease['key']:<36} {lease['action']:<18} {params}")
+    if "policy" in body:
+        active = {k: v for k, v in body["policy"].items() if v not in (False, None, "closed")}
+        print(f"effective policy: {json.dumps(active)}")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    url = f"{args.engine_url.rstrip('/')}/warden/degrade"
+    if args.degrade_command == "list":
+        return _show(httpx.get(f"{args.engine_url.rstrip('/')}/warden/state", timeout=10))
+    headers = _headers(args)
+    if args.degrade_command == "set":
+        body = {"action": args.action, "params": _params(args.param), "ttl_s": args.ttl}
+        if args.key:
+            body["key"] = args.key
+        return _show(httpx.post(url, json=body, headers=headers, timeout=10))
+    query = {"all": "1"} if args.all else {"key": args.key or ""}
+    if not args.all and not args.key:
+        raise SystemExit("warden degrade clear: name --key KEY, or --all")
+    return _show(httpx.delete(url, params=query, headers=headers, timeout=10))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--engine-url", default=os.environ.get("WARDEN_ENGINE_URL", "http://127.0.0.1:8000")
+    )
+    parser.add_argument("--token-file", help=f"bearer token file (default ${TOKEN_FILE_ENV})")
+    sub = parser.add_subparsers(dest="degrade_command", required=True)
+    sub.add_parser("list", help="live leases and the effective policy")
+    set_ = sub.add_parser("set", help="take a manual lease")
+    set_.add_argument("action", choices=catalog.DEGRADATION_ACTIONS)
+    set_.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="e.g. max_tokens=512, priority_threshold=0, circuit=half_open",
+    )
+    set_.add_argument("--ttl", type=float, default=300.0, help="seconds (default 300)")
+    set_.add_argument("--key", help="lease name (default: the action)")
+    clear = sub.add_parser("clear", help="release a manual lease, or all of them")
+    clear.add_argument("--key")
+    clear.add_argument("--all", action="store_true")
+    parser.set_defaults(func=run)
