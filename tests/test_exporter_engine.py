@@ -141,11 +141,17 @@ def test_injected_nonfinite_logits_count_exactly_that_request(
     assert counted == {k: (1.0 if k == kind else 0.0) for k in catalog.NONFINITE_KINDS}
 
 
-def test_without_the_test_switch_the_injection_argument_is_ignored(
+def test_a_plain_engine_has_no_test_switch_and_no_open_webhook(
     tiny_model: Path, tmp_path: Path
 ) -> None:
-    """The switch is off unless the env var enables it: the same request is not poisoned."""
+    """Defaults: the poisoning switch is off unless its env var enables it, and without a
+    token the Alertmanager webhook is disabled (403) while requests are served."""
     with running_engine(tiny_model, run_dir=tmp_path) as plain:
+        webhook = httpx.post(
+            f"{plain.base_url}/warden/alertmanager",
+            json={"version": "4", "status": "firing", "alerts": []},
+        )
+        assert webhook.status_code == 403 and "disabled" in webhook.text
         complete(
             plain, str(tiny_model), "cache block", 8, vllm_xargs={"warden_inject": "nan"}
         ).raise_for_status()

@@ -107,7 +107,7 @@ class Pressure:
     def _client(self) -> None:
         prompt = " ".join(["memory watermark cache block engine request"] * 10)
         deadline = time.monotonic() + self.max_duration_s
-        with httpx.Client(base_url=self.engine_url, timeout=120) as client:
+        with httpx.Client(base_url=self.engine_url, timeout=60) as client:
             while not self._stop.is_set() and time.monotonic() < deadline:
                 body = {
                     "model": self.model,
@@ -149,7 +149,7 @@ class Pressure:
     def stop(self) -> None:
         self._stop.set()
         for thread in self._threads:
-            thread.join(timeout=150)
+            thread.join(timeout=70)
 
 
 class ClosedLoopScenario:
