@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
+from exporter import catalog
 from exporter.config import ExporterConfig
 from exporter.metrics import WardenMetrics
 from exporter.step_monitor import StepMonitor, StepSnapshot
@@ -220,10 +221,10 @@ def test_policy_gauges_follow_the_leases(
 ) -> None:
     apply(controller, alert("firing", warden_action="cap_max_tokens", warden_max_tokens="64"))
     value = registry.get_sample_value
-    assert value("warden_degradation_active", {"action": "cap_max_tokens"}) == 64
-    assert value("warden_degradation_leases", {"source": "alertmanager"}) == 1
+    assert value(catalog.DEGRADATION_ACTIVE.name, {"action": "cap_max_tokens"}) == 64
+    assert value(catalog.DEGRADATION_LEASES.name, {"source": "alertmanager"}) == 1
     apply(controller, alert("resolved", warden_action="cap_max_tokens", warden_max_tokens="64"))
-    assert value("warden_degradation_active", {"action": "cap_max_tokens"}) == 0
+    assert value(catalog.DEGRADATION_ACTIVE.name, {"action": "cap_max_tokens"}) == 0
 
 
 def test_combine_with_no_leases_is_normal() -> None:
@@ -399,9 +400,7 @@ def test_reflex_takes_leases_within_the_step_and_releases_with_hysteresis(
     step(0, 10)
     clock.now += delay
     assert step(0, 10) == EffectivePolicy()
-    assert (
-        registry.get_sample_value("warden_reflex_actions_total", {"action": "cap_max_tokens"}) == 1
-    )
+    assert registry.get_sample_value(catalog.REFLEX_ACTIONS.name, {"action": "cap_max_tokens"}) == 1
 
 
 def test_reflex_runs_as_a_step_listener(

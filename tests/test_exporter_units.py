@@ -158,8 +158,8 @@ def test_failing_collector_is_counted_and_skipped(
     runner = CollectorRunner([FailingCollector(), healthy], metrics, interval_s=0.01)
     for _ in range(3):
         runner.run_once()
-    assert value(registry, "warden_collector_errors_total", collector="test_failing") == 3
-    assert value(registry, "warden_collector_errors_total", collector="counting") == 0
+    assert value(registry, catalog.COLLECTOR_ERRORS.name, collector="test_failing") == 3
+    assert value(registry, catalog.COLLECTOR_ERRORS.name, collector="counting") == 0
     assert healthy.calls == 3
 
 
@@ -225,16 +225,16 @@ def test_allocator_collector_exports_gap_inputs_and_counts_deltas(
     fake = FakeAllocator()
     collector = AllocatorCollector(fake, 0, metrics)
     collector.collect()
-    assert value(registry, "warden_torch_allocated_bytes", device="cuda:0") == 2 << 30
-    assert value(registry, "warden_torch_reserved_bytes", device="cuda:0") == 6 << 30
-    assert value(registry, "warden_torch_device_total_bytes", device="cuda:0") == 8 << 30
+    assert value(registry, catalog.TORCH_ALLOCATED.name, device="cuda:0") == 2 << 30
+    assert value(registry, catalog.TORCH_RESERVED.name, device="cuda:0") == 6 << 30
+    assert value(registry, catalog.TORCH_DEVICE_TOTAL.name, device="cuda:0") == 8 << 30
     assert collector.reserved_ratio == pytest.approx(0.75)
     fake.stats = AllocatorStats(2 << 30, 7 << 30, 8 << 30, alloc_retries=3, ooms=1)
     collector.collect()
     fake.stats = AllocatorStats(2 << 30, 7 << 30, 8 << 30, alloc_retries=5, ooms=1)
     collector.collect()
-    assert value(registry, "warden_torch_alloc_retries_total", device="cuda:0") == 5
-    assert value(registry, "warden_torch_oom_total", device="cuda:0") == 1
+    assert value(registry, catalog.TORCH_ALLOC_RETRIES.name, device="cuda:0") == 5
+    assert value(registry, catalog.TORCH_OOM.name, device="cuda:0") == 1
 
 
 def test_nvml_collector_reports_each_gpu_and_the_worst_ratio(
@@ -242,8 +242,8 @@ def test_nvml_collector_reports_each_gpu_and_the_worst_ratio(
 ) -> None:
     collector = NvmlCollector(FakeNvml(), metrics)
     collector.collect()
-    assert value(registry, "warden_gpu_memory_used_bytes", gpu="0") == 7 << 30
-    assert value(registry, "warden_gpu_memory_total_bytes", gpu="1") == 8 << 30
+    assert value(registry, catalog.GPU_MEMORY_USED.name, gpu="0") == 7 << 30
+    assert value(registry, catalog.GPU_MEMORY_TOTAL.name, gpu="1") == 8 << 30
     assert collector.used_ratio == pytest.approx(7 / 8)
 
 
@@ -256,8 +256,8 @@ def test_cudagraph_collector_counts_captures_and_pool(
     collector.collect()
     fake.count = 37
     collector.collect()
-    assert value(registry, "warden_cudagraph_captures_total") == 37
-    assert value(registry, "warden_cudagraph_pool_bytes") == 512 << 20
+    assert value(registry, catalog.CUDAGRAPH_CAPTURES.name) == 37
+    assert value(registry, catalog.CUDAGRAPH_POOL_BYTES.name) == 512 << 20
 
 
 def test_device_ratios_reach_the_api_side_watermark(
@@ -281,9 +281,9 @@ def test_device_ratios_reach_the_api_side_watermark(
     runner.run_once()
     snap = monitor.on_step(running=2, waiting=0, kv_usage=0.3)
     assert snap.watermark == OOM_IMMINENT
-    assert value(registry, "warden_memory_watermark") == OOM_IMMINENT
-    assert value(registry, "warden_memory_utilization_ratio", source="torch_reserved") == 1.0
-    assert value(registry, "warden_memory_watermark_transitions_total", to="oom_imminent") == 1
+    assert value(registry, catalog.MEMORY_WATERMARK.name) == OOM_IMMINENT
+    assert value(registry, catalog.MEMORY_UTILIZATION.name, source="torch_reserved") == 1.0
+    assert value(registry, catalog.WATERMARK_TRANSITIONS.name, to="oom_imminent") == 1
 
 
 def test_stale_board_slots_are_ignored(tmp_path) -> None:
@@ -320,17 +320,17 @@ def test_stall_needs_pending_work_and_no_step(
     stall = StallCollector(monitor, metrics, timeout_s=30, clock=clock)
     clock.now += 100
     stall.collect()  # idle engine for 100 s: not a stall
-    assert value(registry, "warden_engine_stalled") == 0
+    assert value(registry, catalog.ENGINE_STALLED.name) == 0
     monitor.on_step(running=1, waiting=3, kv_usage=0.1)
     clock.now += 20
     stall.collect()
-    assert value(registry, "warden_engine_stalled") == 0
+    assert value(registry, catalog.ENGINE_STALLED.name) == 0
     clock.now += 15
     stall.collect()
-    assert value(registry, "warden_engine_stalled") == 1
+    assert value(registry, catalog.ENGINE_STALLED.name) == 1
     monitor.on_step(running=1, waiting=0, kv_usage=0.1)  # a step completes: recovered
     stall.collect()
-    assert value(registry, "warden_engine_stalled") == 0
+    assert value(registry, catalog.ENGINE_STALLED.name) == 0
 
 
 def test_requests_arriving_on_an_idle_engine_that_never_steps_is_a_stall(
@@ -346,10 +346,10 @@ def test_requests_arriving_on_an_idle_engine_that_never_steps_is_a_stall(
     inflight["n"] = 2  # requests arrive; the engine (paused) never reports a step
     clock.now += 5
     stall.collect()
-    assert value(registry, "warden_engine_stalled") == 0
+    assert value(registry, catalog.ENGINE_STALLED.name) == 0
     clock.now += 6
     stall.collect()
-    assert value(registry, "warden_engine_stalled") == 1
+    assert value(registry, catalog.ENGINE_STALLED.name) == 1
 
 
 def test_failing_step_listener_is_counted_not_raised(
@@ -365,14 +365,14 @@ def test_failing_step_listener_is_counted_not_raised(
 
     monitor.add_listener(Broken())
     monitor.on_step(1, 0, 0.5)
-    assert value(registry, "warden_collector_errors_total", collector="broken_listener") == 1
+    assert value(registry, catalog.COLLECTOR_ERRORS.name, collector="broken_listener") == 1
 
 
 # --- logits processor (real class, CPU tensors) ---------------------------------------------
 
 
 def nonfinite_total(kind: str) -> float:
-    return REGISTRY.get_sample_value("warden_nonfinite_logits_total", {"kind": kind}) or 0.0
+    return REGISTRY.get_sample_value(catalog.NONFINITE_LOGITS.name, {"kind": kind}) or 0.0
 
 
 def test_logits_processor_counts_each_bad_request_once(monkeypatch: pytest.MonkeyPatch) -> None:
