@@ -36,7 +36,19 @@ def outcome(name: str) -> str:
     return name
 
 
-WATERMARK = recorded_name("instance", MEMORY_WATERMARK, "max")
+# How far back the memory alerts look for the watermark's peak. The engine's reflex reacts to a
+# rising watermark within one step (stops admission, preempts, rejects), so under a persistent
+# overload the instantaneous level oscillates: up for a second, back to 0 for a few, up again.
+# The peak over this window stays up while the level keeps coming back at least once per window
+# (recurring pressure), and drops one window after a single spike the reflex dealt with; the
+# alerts' ``for`` durations are longer than the window so such a spike never fires them. It must
+# span several scrape intervals (5s in the stack, 15s in the promtool tests) so every window
+# holds several samples: a window left with one sample or none by a late or failed scrape would
+# drop the peak, or the series, and reset every ``for``.
+WATERMARK_PEAK_WINDOW = "1m"
+WATERMARK_PEAK = recorded_name(
+    "instance", MEMORY_WATERMARK, f"max_over_time{WATERMARK_PEAK_WINDOW}"
+)
 GPU_USED_RATIO = recorded_name("instance_gpu", GPU_MEMORY_USED, "ratio")
 TORCH_RESERVED_RATIO = recorded_name("instance_device", TORCH_RESERVED, "ratio")
 TORCH_CACHED = recorded_name("instance", TORCH_CACHED_GAP, "max")
@@ -60,7 +72,10 @@ _SERVER_ERROR = outcome("server_error")
 RECORDING_RULES = RuleGroup(
     "warden-recording",
     (
-        RecordingRule(WATERMARK, f"max by (instance) ({MEMORY_WATERMARK.name})"),
+        RecordingRule(
+            WATERMARK_PEAK,
+            f"max by (instance) (max_over_time({MEMORY_WATERMARK.name}[{WATERMARK_PEAK_WINDOW}]))",
+        ),
         RecordingRule(
             GPU_USED_RATIO,
             f"sum by (instance, gpu) ({GPU_MEMORY_USED.name})\n"

@@ -47,12 +47,32 @@ STOP_ADMISSION_RETRY_AFTER_S = "10"
 SHED_PRIORITY_THRESHOLD = "0"
 OOM_RETRY_AFTER_S = "30"
 
+# The memory alerts compare the watermark's peak over rec.WATERMARK_PEAK_WINDOW (1m), not its
+# current value: the engine's reflex pushes the level back down within a step, so under a
+# persistent overload the current value is mostly 0 between short spikes. One spike holds the peak
+# up for exactly one window, so each ``for`` must be LONGER than the window or a single spike the
+# reflex handled would fire. An alert fires when its level is reached at least once in every
+# window for longer than ``for``: held, or recurring (at most a window apart) over ``for`` minus
+# the window (1m for high and critical, 30s for oom_imminent). It resolves one window after the
+# last time the level was reached.
+WATERMARK_HIGH_FOR = "2m"
+WATERMARK_CRITICAL_FOR = "2m"
+OOM_IMMINENT_FOR = "90s"
+
 
 def _watermark_description(effect: str) -> str:
     return (
-        "Memory watermark on {{ $labels.instance }} is at level "
-        '{{ printf "%.0f" $value }} (1 high, 2 critical, 3 oom_imminent); ' + effect
+        "Memory watermark on {{ $labels.instance }} reached level "
+        '{{ printf "%.0f" $value }} (1 high, 2 critical, 3 oom_imminent) within the last '
+        f"{_spoken(rec.WATERMARK_PEAK_WINDOW)}; " + effect
     )
+
+
+def _spoken(duration: str) -> str:
+    """``1m`` -> ``minute``, ``30s`` -> ``30 seconds``: a simple duration in words."""
+    units = {"s": "second", "m": "minute", "h": "hour"}
+    count, unit = int(duration[:-1]), units[duration[-1]]
+    return unit if count == 1 else f"{count} {unit}s"
 
 
 MEMORY = RuleGroup(
@@ -60,8 +80,8 @@ MEMORY = RuleGroup(
     (
         AlertRule(
             name="WardenMemoryWatermarkHigh",
-            expr=f"{rec.WATERMARK} >= {LEVEL_HIGH}",
-            for_="2m",
+            expr=f"{rec.WATERMARK_PEAK} >= {LEVEL_HIGH}",
+            for_=WATERMARK_HIGH_FOR,
             severity="warning",
             action="stop_admission",
             params={PARAM_RETRY_AFTER: STOP_ADMISSION_RETRY_AFTER_S},
@@ -73,8 +93,8 @@ MEMORY = RuleGroup(
         ),
         AlertRule(
             name="WardenMemoryWatermarkCritical",
-            expr=f"{rec.WATERMARK} >= {LEVEL_CRITICAL}",
-            for_="1m",
+            expr=f"{rec.WATERMARK_PEAK} >= {LEVEL_CRITICAL}",
+            for_=WATERMARK_CRITICAL_FOR,
             severity="critical",
             action="shed_low_priority",
             params={PARAM_PRIORITY_THRESHOLD: SHED_PRIORITY_THRESHOLD, PARAM_PREEMPT: "1"},
@@ -86,8 +106,8 @@ MEMORY = RuleGroup(
         ),
         AlertRule(
             name="WardenOOMImminent",
-            expr=f"{rec.WATERMARK} >= {LEVEL_OOM_IMMINENT}",
-            for_="30s",
+            expr=f"{rec.WATERMARK_PEAK} >= {LEVEL_OOM_IMMINENT}",
+            for_=OOM_IMMINENT_FOR,
             severity="critical",
             action="reject_all",
             params={PARAM_RETRY_AFTER: OOM_RETRY_AFTER_S},

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from alerts import recording as rec
 from alerts.config import ENGINE_JOB
 from alerts.promtool_tests import (
+    Check,
     Expected,
     ExprCheck,
     RecordingScenario,
@@ -142,30 +143,69 @@ _LEVELS = "(1 high, 2 critical, 3 oom_imminent)"
 
 def high_desc(level: int) -> str:
     return (
-        f"Memory watermark on {INSTANCE} is at level {level} {_LEVELS}; new requests get 503 "
-        "with Retry-After until it drops."
+        f"Memory watermark on {INSTANCE} reached level {level} {_LEVELS} within the last minute; "
+        "new requests get 503 with Retry-After until it drops."
     )
 
 
 def critical_desc(level: int) -> str:
     return (
-        f"Memory watermark on {INSTANCE} is at level {level} {_LEVELS}; warden refuses "
-        "low-priority requests and preempts the largest running one."
+        f"Memory watermark on {INSTANCE} reached level {level} {_LEVELS} within the last minute; "
+        "warden refuses low-priority requests and preempts the largest running one."
     )
 
 
 def oom_desc(level: int) -> str:
     return (
-        f"Memory watermark on {INSTANCE} is at level {level} {_LEVELS}; warden rejects every "
-        "new request with Retry-After to avoid an out-of-memory crash."
+        f"Memory watermark on {INSTANCE} reached level {level} {_LEVELS} within the last minute; "
+        "warden rejects every new request with Retry-After to avoid an out-of-memory crash."
     )
 
 
-# 15s samples: 0 until 45s, 1 from 1m, 2 from 3m, 3 from 5m, back to 0 from 8m.
+MEMORY_ALERTS = (
+    ("WardenMemoryWatermarkHigh", WATERMARK_HIGH),
+    ("WardenMemoryWatermarkCritical", WATERMARK_CRITICAL),
+    ("WardenOOMImminent", OOM_IMMINENT),
+)
+
+
+def duration(seconds: int) -> str:
+    """Seconds as a promtool duration: 135 -> ``2m15s``."""
+    minutes, rest = divmod(seconds, 60)
+    text = (f"{minutes}m" if minutes else "") + (f"{rest}s" if rest else "")
+    return text or "0s"
+
+
+def never_fires(until: int, pending_from: int, pending_until: int) -> tuple[Check, ...]:
+    """At every 15s evaluation up to ``until`` seconds, no memory alert fires: each is pending
+    from ``pending_from`` to ``pending_until`` (the peak holds the condition), quiet otherwise."""
+    return tuple(
+        pending(duration(at), labels, alertname=name)
+        if pending_from <= at <= pending_until
+        else healthy(duration(at), alertname=name)
+        for at in range(0, until + 1, 15)
+        for name, labels in MEMORY_ALERTS
+    )
+
+
+# The alerts read the peak over the last minute (range selectors include both ends in the
+# promtool here), so a level reached at T keeps their condition true from T to T + 1m.
+#
+# 15s samples: 0 until 45s, 1 from 1m, 2 from 3m, 3 from 5m, back to 0 from 8m. The peak is >= 1
+# from 1m, >= 2 from 3m, 3 from 5m, and drops to 0 at 9m.
 CLIMB_TO_OOM = {s(MEMORY_WATERMARK): "0x3 1x7 2x7 3x11 0x8"}
-# 15s samples: level 1 from 2m to 5m45s.
+# 15s samples: level 1 from 2m to 5m45s; the peak is 1 from 2m to 6m45s.
 HIGH_FOR_4M = {s(MEMORY_WATERMARK): "0x7 1x15 0x15"}
-BLIP = {s(MEMORY_WATERMARK): "0x7 1x3 2 3 0x20"}
+# 15s samples: 1 at 2m, 2 at 2m15s and 2m30s, 3 at 2m45s, then 0: the reflex brought it back in
+# 45s. Peak >= 1 from 2m, >= 2 from 2m15s, 3 from 2m45s, all until 3m45s: 105s, 90s and 60s.
+BLIP = {s(MEMORY_WATERMARK): "0x7 1 2x1 3 0x20"}
+# 15s samples: 3 at 2m and 2m15s, else 0: one spike the reflex handled. Peak 3 from 2m to 3m15s.
+SPIKE = {s(MEMORY_WATERMARK): "0x7 3x1 0x20"}
+# 15s samples: the reflex fights a persistent overload. 3 at 1m, 2m, 3m, 4m and 5m, 0 in between
+# (3, 0, 0, 0 repeated), then 0 from 5m15s: the instantaneous level is 0 three samples out of
+# four, the peak over the last minute is 3 from 1m to 6m.
+OSCILLATING = {s(MEMORY_WATERMARK): " ".join(["0x3", *["3 0x2"] * 5, "0x16"])}
+NORMAL = {s(MEMORY_WATERMARK): "0x40"}
 
 MEMORY_SCENARIOS = (
     Scenario(
@@ -176,21 +216,43 @@ MEMORY_SCENARIOS = (
             healthy("1m45s"),
             pending("3m45s", WATERMARK_HIGH),
             fires("4m", Expected(WATERMARK_HIGH, high_desc(1))),
-            fires("5m45s", Expected(WATERMARK_HIGH, high_desc(1))),
-            resolved("6m"),
+            healthy("5m", alertname="WardenMemoryWatermarkCritical"),
+            # back at 0 since 6m; level 1 was reached within the last minute
+            fires("6m30s", Expected(WATERMARK_HIGH, high_desc(1))),
+            resolved("7m"),
         ),
         interval="15s",
     ),
     Scenario(
         "WardenMemoryWatermarkHigh",
-        "a 75s excursion up to level 3 fires nothing",
+        "a 45s excursion up to level 3 fires nothing",
         BLIP,
         (
-            healthy("1m"),
-            pending("3m15s", WATERMARK_HIGH),
-            healthy("3m30s"),
+            healthy("1m45s"),
+            # the last evaluation before the peak drops: every level pending, none fired
+            pending("3m45s", WATERMARK_HIGH),
+            pending("3m45s", WATERMARK_CRITICAL, alertname="WardenMemoryWatermarkCritical"),
+            pending("3m45s", OOM_IMMINENT, alertname="WardenOOMImminent"),
+            healthy("4m"),
             healthy("4m", alertname="WardenMemoryWatermarkCritical"),
             healthy("4m", alertname="WardenOOMImminent"),
+            healthy("7m"),
+        ),
+        interval="15s",
+    ),
+    Scenario(
+        "WardenOOMImminent",
+        "a 15s spike to oom_imminent fires nothing",
+        SPIKE,
+        never_fires(until=300, pending_from=120, pending_until=195),
+        interval="15s",
+    ),
+    Scenario(
+        "WardenOOMImminent",
+        "level 0 for 10 minutes",
+        NORMAL,
+        tuple(
+            healthy(at, alertname=name) for at in ("1m", "5m", "9m45s") for name, _ in MEMORY_ALERTS
         ),
         interval="15s",
     ),
@@ -202,7 +264,9 @@ MEMORY_SCENARIOS = (
             pending("2m45s", WATERMARK_HIGH),
             fires("3m", Expected(WATERMARK_HIGH, high_desc(2))),
             fires("6m", Expected(WATERMARK_HIGH, high_desc(3))),
-            resolved("8m"),
+            # back at 0 since 8m
+            fires("8m30s", Expected(WATERMARK_HIGH, high_desc(3))),
+            resolved("9m"),
         ),
         interval="15s",
     ),
@@ -212,10 +276,10 @@ MEMORY_SCENARIOS = (
         CLIMB_TO_OOM,
         (
             healthy("2m45s"),
-            pending("3m45s", WATERMARK_CRITICAL),
-            fires("4m", Expected(WATERMARK_CRITICAL, critical_desc(2))),
-            fires("7m45s", Expected(WATERMARK_CRITICAL, critical_desc(3))),
-            resolved("8m"),
+            pending("4m45s", WATERMARK_CRITICAL),
+            fires("5m", Expected(WATERMARK_CRITICAL, critical_desc(3))),
+            fires("8m30s", Expected(WATERMARK_CRITICAL, critical_desc(3))),
+            resolved("9m"),
             resolved("9m45s"),
         ),
         interval="15s",
@@ -227,9 +291,53 @@ MEMORY_SCENARIOS = (
         (
             healthy("4m45s"),
             pending("5m15s", OOM_IMMINENT),
-            fires("5m30s", Expected(OOM_IMMINENT, oom_desc(3))),
-            fires("7m45s", Expected(OOM_IMMINENT, oom_desc(3))),
-            resolved("8m"),
+            pending("6m15s", OOM_IMMINENT),
+            fires("6m30s", Expected(OOM_IMMINENT, oom_desc(3))),
+            fires("8m30s", Expected(OOM_IMMINENT, oom_desc(3))),
+            resolved("9m"),
+        ),
+        interval="15s",
+    ),
+    Scenario(
+        "WardenOOMImminent",
+        "the reflex knocks level 3 back to 0 every minute for 5 minutes",
+        OSCILLATING,
+        (
+            healthy("45s"),
+            pending("1m", OOM_IMMINENT),
+            pending("2m15s", OOM_IMMINENT),
+            fires("2m30s", Expected(OOM_IMMINENT, oom_desc(3))),
+            # the instantaneous level is 0 here (the last spike was at 4m)
+            fires("4m45s", Expected(OOM_IMMINENT, oom_desc(3))),
+            fires("5m45s", Expected(OOM_IMMINENT, oom_desc(3))),
+            resolved("6m15s"),
+            resolved("9m"),
+        ),
+        interval="15s",
+    ),
+    Scenario(
+        "WardenMemoryWatermarkHigh",
+        "the reflex knocks level 3 back to 0 every minute for 5 minutes",
+        OSCILLATING,
+        (
+            healthy("45s"),
+            pending("2m45s", WATERMARK_HIGH),
+            fires("3m", Expected(WATERMARK_HIGH, high_desc(3))),
+            fires("4m45s", Expected(WATERMARK_HIGH, high_desc(3))),
+            resolved("6m15s"),
+        ),
+        interval="15s",
+    ),
+    Scenario(
+        "WardenMemoryWatermarkCritical",
+        "the reflex knocks level 3 back to 0 every minute for 5 minutes",
+        OSCILLATING,
+        (
+            healthy("45s"),
+            pending("2m45s", WATERMARK_CRITICAL),
+            fires("3m", Expected(WATERMARK_CRITICAL, critical_desc(3))),
+            fires("5m45s", Expected(WATERMARK_CRITICAL, critical_desc(3))),
+            resolved("6m15s"),
         ),
         interval="15s",
     ),
@@ -938,9 +1046,22 @@ def at(record: str, value: float, **extra: str) -> Sample:
 
 RECORDING_SCENARIOS = (
     RecordingScenario(
+        "memory watermark: the peak over the last minute",
+        # 15s samples: 0 until 2m, 3 at 2m15s, 1 at 3m30s, else 0
+        {s(MEMORY_WATERMARK): "0x8 3 0x3 1 0x10"},
+        (
+            ExprCheck("2m", rec.WATERMARK_PEAK, (at(rec.WATERMARK_PEAK, 0),)),
+            # the current level is 0; 3 was reached 45s ago
+            ExprCheck("3m", rec.WATERMARK_PEAK, (at(rec.WATERMARK_PEAK, 3),)),
+            # the 3 is over a minute old; 1 was reached 30s ago
+            ExprCheck("4m", rec.WATERMARK_PEAK, (at(rec.WATERMARK_PEAK, 1),)),
+            ExprCheck("5m", rec.WATERMARK_PEAK, (at(rec.WATERMARK_PEAK, 0),)),
+        ),
+        interval="15s",
+    ),
+    RecordingScenario(
         "memory: one instance with two GPUs",
         {
-            s(MEMORY_WATERMARK): "0 1 2 3 0",
             s(GPU_MEMORY_USED, gpu="0"): f"{40 * GIB}x4",
             s(GPU_MEMORY_TOTAL, gpu="0"): f"{80 * GIB}x4",
             s(GPU_MEMORY_USED, gpu="1"): f"{60 * GIB}x4",
@@ -953,8 +1074,6 @@ RECORDING_SCENARIOS = (
             s(TORCH_DEVICE_TOTAL, device="cuda:1"): f"{80 * GIB}x4",
         },
         (
-            ExprCheck("3m", rec.WATERMARK, (at(rec.WATERMARK, 3),)),
-            ExprCheck("4m", rec.WATERMARK, (at(rec.WATERMARK, 0),)),
             ExprCheck(
                 "1m",
                 rec.GPU_USED_RATIO,

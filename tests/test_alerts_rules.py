@@ -392,4 +392,22 @@ def test_committed_alertmanager_config_uses_compose_defaults() -> None:
 
 
 def test_recording_names_are_module_constants() -> None:
-    assert rec.WATERMARK in RECORDED and rec.QUEUE_WAITING in RECORDED
+    assert rec.WATERMARK_PEAK in RECORDED and rec.QUEUE_WAITING in RECORDED
+
+
+def test_memory_alerts_outlast_the_peak_window() -> None:
+    """The watermark alerts read the peak over a window that spans several scrapes, and wait
+    longer than that window, so one spike (which holds the peak up for one window) never fires."""
+    from warden.stack.config import Intervals
+
+    window = _to_seconds(rec.WATERMARK_PEAK_WINDOW)
+    assert window >= 3 * _to_seconds(Intervals().scrape)
+    assert f"[{rec.WATERMARK_PEAK_WINDOW}]" in RECORDED[rec.WATERMARK_PEAK].expr
+    memory = [rule for rule in ALERT_RULES if rec.WATERMARK_PEAK in rule.expr]
+    assert {rule.name for rule in memory} == {
+        "WardenMemoryWatermarkHigh",
+        "WardenMemoryWatermarkCritical",
+        "WardenOOMImminent",
+    }
+    for rule in memory:
+        assert _to_seconds(rule.for_) > window, f"{rule.name}: a single spike would fire it"
