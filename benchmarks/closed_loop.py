@@ -1,0 +1,51 @@
+"""Closed-loop reaction times: pressure -> local reflex, and pressure -> webhook lease.
+
+Runs the same scenario as ``warden demo`` (warden/scenario.py) on the native stack with the
+tiny model, ``--runs`` times, and reports per run: pressure to the first watermark crossing, to
+the reflex's first refusal, to the alert firing, to the Alertmanager-driven lease, and the
+intervals used. Bounded: each run stops its stack; a step that never happens fails the run.
+
+    .venv/bin/python -m benchmarks.closed_loop --runs 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+from pathlib import Path
+
+from warden.demo import demo_settings
+from warden.scenario import ClosedLoopScenario
+from warden.stack.native import NativeStack
+
+STEPS = ("watermark high", "local reflex", "alert firing", "webhook lease active", "resolved")
+
+
+def one_run(workdir: Path) -> dict[str, float]:
+    settings = demo_settings(workdir, with_grafana=False)
+    with NativeStack(settings, out=lambda _: None) as stack:
+        stack.wait_for_query("up == 1", timeout_s=120)
+        result = ClosedLoopScenario(stack, out=lambda _: None).run()
+    if not result.passed:
+        raise SystemExit("scenario failed:\n" + result.report())
+    return {name: result.step(name).at for name in STEPS}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--runs", type=int, default=1)
+    args = parser.parse_args(argv)
+    runs = []
+    for index in range(args.runs):
+        with tempfile.TemporaryDirectory(prefix="warden-closed-loop-") as tmp:
+            runs.append(one_run(Path(tmp)))
+        print(f"run {index + 1}: " + ", ".join(f"{k} {v:.1f}s" for k, v in runs[-1].items()))
+    print("\nmedian seconds after pressure started (scrape 1s, evaluation 1s):")
+    for name in STEPS:
+        print(f"  {name:<22} {statistics.median(r[name] for r in runs):7.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
