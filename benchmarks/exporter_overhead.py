@@ -1,0 +1,361 @@
+"""Generation throughput of vLLM with and without warden, on the same engine configuration.
+
+Starts engines side by side on the tiny CPU model with identical engine arguments (the tests'
+configuration plus ``--max-num-seqs 8``): by default ``plain`` vLLM with no warden hook at all
+and ``warden`` with every hook ``warden serve`` wires (plugins, logits processor, worker
+extension, middleware, multiprocess metrics; see benchmarks/common.py). Each is idle while
+another is measured, so runs alternate: every round sends one batch of ``--concurrency``
+concurrent completions (fixed prompt, ``max_tokens``, ``ignore_eos``, temperature 0) to each
+engine, which engine goes first rotating from round to round, then a single request to each.
+
+Per run: tokens/s = generated tokens / wall time; wall time / max_tokens (the engine's step
+time, prefill and HTTP included); and the CPU time of the API server, engine core and worker
+processes per generated token. Reported per engine: medians and quartiles; per round, the
+ratio of each engine's tokens/s to the first engine's (median, IQR, a bootstrap 95% interval
+of the median), and the ratio of the fast runs (90th percentile of tokens/s), which contention
+from other work on the machine disturbs least. A single request's step time difference is
+warden's per-step work on the critical path.
+
+With ``--profile S`` the last engine is then driven alone for S seconds while py-spy samples
+its three processes, and the share of samples inside warden's code is printed per process.
+
+Usage:  .venv/bin/python -m benchmarks.exporter_overhead [--rounds 60] [--max-tokens 128]
+        [--variants plain,warden] [--profile 20] [--model DIR] [--budget-s 420]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchmarks.common import (
+    VARIANTS,
+    EngineCpu,
+    bootstrap_median_ci,
+    cleanup,
+    log,
+    machine,
+    quantile,
+    running_engines,
+    summary,
+    table,
+    tiny_model,
+    workdir,
+)
+from warden.engine_process import EngineProcess
+
+PROMPT = "memory watermark cache block engine request token prompt graph device"
+METRICS = ("tok_s", "ms_per_step", "cpu_us_tok_api", "cpu_us_tok_core", "cpu_us_tok_worker")
+
+
+def completion_body(model: str, max_tokens: int) -> dict[str, Any]:
+    return {
+        "model": model,
+        "prompt": PROMPT,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0.0,
+    }
+
+
+async def run_batch(
+    client: httpx.AsyncClient,
+    engine: EngineProcess,
+    cpu: EngineCpu,
+    model: str,
+    concurrency: int,
+    max_tokens: int,
+) -> dict[str, float]:
+    """``concurrency`` identical completions at once: throughput, step time, CPU per token."""
+    body = completion_body(model, max_tokens)
+    url = f"{engine.base_url}/v1/completions"
+    cpu_before = cpu.read()
+    started = time.perf_counter()
+    responses = await asyncio.gather(*(client.post(url, json=body) for _ in range(concurrency)))
+    wall = time.perf_counter() - started
+    cpu_after = cpu.read()
+    tokens = 0
+    for response in responses:
+        response.raise_for_status()
+        tokens += int(response.json()["usage"]["completion_tokens"])
+    if tokens != concurrency * max_tokens:
+        raise RuntimeError(f"expected {concurrency * max_tokens} tokens, got {tokens}")
+    result = {"tok_s": tokens / wall, "ms_per_step": 1000 * wall / max_tokens}
+    for role in EngineCpu.ROLES:
+        used = cpu_after.get(role, float("nan")) - cpu_before.get(role, float("nan"))
+        result[f"cpu_us_tok_{role}"] = 1e6 * used / tokens
+    return result
+
+
+async def measure(
+    engines: dict[str, EngineProcess], model: str, args: argparse.Namespace
+) -> dict[str, dict[str, list[dict[str, float]]]]:
+    names = list(engines)
+    cpus = {name: EngineCpu(engine) for name, engine in engines.items()}
+    sizes = [args.concurrency] + ([1] if args.single else [])
+    runs: dict[str, dict[str, list[dict[str, float]]]] = {
+        str(c): {n: [] for n in names} for c in sizes
+    }
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+
+        async def one(name: str, c: int) -> dict[str, float]:
+            return await run_batch(client, engines[name], cpus[name], model, c, args.max_tokens)
+
+        for _ in range(args.warmup):
+            for name in names:
+                for c in sizes:
+                    await one(name, c)
+        deadline = time.monotonic() + args.budget_s
+        for round_index in range(args.rounds):
+            if time.monotonic() > deadline:
+                log(f"time budget reached after {round_index} rounds")
+                break
+            shift = round_index % len(names)
+            order = names[shift:] + names[:shift]
+            for c in sizes:
+                for name in order:
+                    runs[str(c)][name].append(await one(name, c))
+            if (round_index + 1) % 10 == 0:
+                line = "; ".join(
+                    f"c{c} " + " ".join(f"{n} {runs[str(c)][n][-1]['tok_s']:.0f}" for n in names)
+                    for c in sizes
+                )
+                log(f"round {round_index + 1}: tok/s {line}")
+    return runs
+
+
+def analyse(runs: dict[str, dict[str, list[dict[str, float]]]], base: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for size, by_name in runs.items():
+        entry: dict[str, Any] = {"variants": {}, "vs_base": {}}
+        for name, results in by_name.items():
+            stats = {key: summary([r[key] for r in results]) for key in METRICS}
+            stats["tok_s"]["p90"] = round(quantile([r["tok_s"] for r in results], 0.9), 1)
+            entry["variants"][name] = stats
+        baseline = by_name[base]
+        for name, results in by_name.items():
+            if name == base:
+                continue
+            pairs = list(zip(results, baseline, strict=False))
+            ratios = [b["tok_s"] / a["tok_s"] for b, a in pairs]
+            low, high = bootstrap_median_ci(ratios)
+            base_stats = entry["variants"][base]
+            stats = entry["variants"][name]
+            entry["vs_base"][name] = {
+                "tok_s_ratio_per_round": summary(ratios),
+                "tok_s_ratio_ci95": [round(low, 4), round(high, 4)],
+                "tok_s_ratio_of_medians": round(
+                    stats["tok_s"]["median"] / base_stats["tok_s"]["median"], 4
+                ),
+                "tok_s_ratio_fast_runs_p90": round(
+                    stats["tok_s"]["p90"] / base_stats["tok_s"]["p90"], 4
+                ),
+                "step_delta_us_per_round": summary(
+                    [1000 * (b["ms_per_step"] - a["ms_per_step"]) for b, a in pairs], 1
+                ),
+                "cpu_delta_us_tok": {
+                    role: round(
+                        stats[f"cpu_us_tok_{role}"]["median"]
+                        - base_stats[f"cpu_us_tok_{role}"]["median"],
+                        1,
+                    )
+                    for role in EngineCpu.ROLES
+                },
+            }
+        out[size] = entry
+    return out
+
+
+def markdown(analysis: dict[str, Any], base: str) -> str:
+    rows = []
+    for size, entry in analysis.items():
+        for name, stats in entry["variants"].items():
+            versus = entry["vs_base"].get(name)
+            if versus is None:
+                ratio = fast = "1 (base)"
+                delta = ""
+            else:
+                r, ci = versus["tok_s_ratio_per_round"], versus["tok_s_ratio_ci95"]
+                ratio = (
+                    f"{r['median']:.3f} (IQR {r['p25']:.3f}-{r['p75']:.3f}; "
+                    f"CI {ci[0]:.3f}-{ci[1]:.3f})"
+                )
+                fast = f"{versus['tok_s_ratio_fast_runs_p90']:.3f}"
+                delta = f"{versus['step_delta_us_per_round']['median']:+.0f}"
+            rows.append(
+                [
+                    size,
+                    name,
+                    round(stats["tok_s"]["median"]),
+                    f"{round(stats['tok_s']['p25'])}-{round(stats['tok_s']['p75'])}",
+                    round(stats["tok_s"]["p90"]),
+                    ratio,
+                    fast,
+                    round(stats["ms_per_step"]["median"], 3),
+                    delta,
+                    " / ".join(
+                        str(round(stats[f"cpu_us_tok_{role}"]["median"]))
+                        for role in EngineCpu.ROLES
+                    ),
+                ]
+            )
+    headers = [
+        "concurrent",
+        "engine",
+        "tok/s median",
+        "tok/s IQR",
+        "tok/s p90",
+        f"ratio to {base}, per round: median (IQR; 95% CI)",
+        "ratio of p90s",
+        "ms/step",
+        "step delta us",
+        "CPU us/token api / core / worker",
+    ]
+    return table(headers, rows)
+
+
+# --- profile ------------------------------------------------------------------------------
+
+_OURS = re.compile(r"\((exporter|warden)/")
+# Leaf frames of a thread that waits (py-spy can count a timed wait as active).
+_WAITING = ("Event.wait", "Condition.wait", "time.sleep", "select", "poll", "epoll")
+
+
+def profile(engine: EngineProcess, model: str, seconds: float, out: Path) -> dict[str, Any]:
+    """Drive ``engine`` at batch 8 while py-spy samples it; warden's share per process."""
+    spy = shutil.which("py-spy") or str(Path(__file__).resolve().parents[1] / ".venv/bin/py-spy")
+    if not Path(spy).exists():
+        return {"error": "py-spy not installed (pip install py-spy)"}
+    assert engine.process is not None
+    command = [spy, "record", "-p", str(engine.process.pid), "--subprocesses", "-r", "50"]
+    command += ["-d", str(int(seconds)), "-f", "raw", "-o", str(out)]
+    recorder = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    async def drive() -> None:
+        body = completion_body(model, 128)
+        url = f"{engine.base_url}/v1/completions"
+        end = time.monotonic() + seconds + 2
+        async with httpx.AsyncClient(timeout=300) as client:
+
+            async def loop() -> None:
+                while time.monotonic() < end:
+                    (await client.post(url, json=body)).raise_for_status()
+
+            await asyncio.gather(*(loop() for _ in range(8)))
+
+    time.sleep(1.0)  # py-spy attaches first
+    asyncio.run(drive())
+    try:
+        recorder.wait(seconds + 60)
+    except subprocess.TimeoutExpired:
+        recorder.kill()
+        return {"error": "py-spy did not finish"}
+    return summarize_profile(out)
+
+
+def summarize_profile(path: Path) -> dict[str, Any]:
+    samples: collections.Counter[str] = collections.Counter()
+    ours: collections.Counter[str] = collections.Counter()
+    where: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        marks = [i for i, f in enumerate(frames) if f.startswith("process ")]
+        if not marks or frames[-1].split(" ")[0] in _WAITING:
+            continue
+        head = frames[marks[-1]]
+        role = "core" if "EngineCore" in head else "worker" if "Worker" in head else "api"
+        frames = frames[marks[-1] + 1 :]
+        samples[role] += int(count)
+        hits = [i for i, f in enumerate(frames) if _OURS.search(f)]
+        if hits:
+            ours[role] += int(count)
+            where[role][re.sub(r" \(.*", "", frames[hits[0]])] += int(count)
+    return {
+        role: {
+            "samples": total,
+            "warden_samples": ours[role],
+            "warden_share": round(ours[role] / total, 4) if total else None,
+            "warden_top": dict(where[role].most_common(6)),
+        }
+        for role, total in samples.items()
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--warmup", type=int, default=3, help="unmeasured rounds first")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument(
+        "--no-single",
+        dest="single",
+        action="store_false",
+        help="skip the single-request (batch 1) runs",
+    )
+    parser.add_argument(
+        "--variants",
+        default="plain,warden",
+        help=f"engines to compare, the first is the base; known: {', '.join(VARIANTS)}",
+    )
+    parser.add_argument("--profile", type=float, default=0.0, help="py-spy seconds (0: none)")
+    parser.add_argument("--model", help="model dir (default: build the tiny model)")
+    parser.add_argument("--budget-s", type=float, default=420.0, help="measurement time limit")
+    parser.add_argument("--workdir", help="keep engine logs here")
+    parser.add_argument("--out", help="write the JSON result here")
+    args = parser.parse_args()
+
+    variants = [VARIANTS[name] for name in args.variants.split(",")]
+    base = variants[0].name
+    work, temporary = workdir(args.workdir, "warden-exporter-bench-")
+    log(f"work folder (engine logs): {work}")
+    model = tiny_model(work, args.model)
+    before = machine()
+    extra = ["--max-num-seqs", str(max(8, args.concurrency))]
+    spy: dict[str, Any] | None = None
+    with running_engines(variants, model, work, extra_args=extra) as engines:
+        started = time.monotonic()
+        runs = asyncio.run(measure(engines, model, args))
+        measured_s = time.monotonic() - started
+        after = machine()["loadavg"]
+        if args.profile > 0:
+            name = variants[-1].name
+            log(f"profiling {name} for {args.profile:.0f}s")
+            spy = {name: profile(engines[name], model, args.profile, work / "py-spy.txt")}
+    result = {
+        "machine": before,
+        "loadavg_at_end": after,
+        "measured_s": round(measured_s),
+        "settings": {
+            "rounds": len(next(iter(next(iter(runs.values())).values()))),
+            "concurrency": args.concurrency,
+            "max_tokens": args.max_tokens,
+            "engine_args": ["<tests' BASE_ARGS>", *extra],
+        },
+        "analysis": analyse(runs, base),
+        "profile": spy,
+        "runs": runs,
+    }
+    cleanup(work, temporary)  # kept when something failed: the engine logs are there
+    text = json.dumps(result, indent=1)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=1))
+    print(markdown(result["analysis"], base))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
