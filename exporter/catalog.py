@@ -116,6 +116,14 @@ MEMORY_WATERMARK = _w(
     unit="none",
     multiprocess_mode="max",
 )
+MEMORY_WATERMARK_PEAK = _w(
+    "warden_memory_watermark_peak",
+    "gauge",
+    "Highest watermark level within the last peak window (15 s by default): a spike the reflex "
+    "absorbs between two scrapes still shows.",
+    unit="none",
+    multiprocess_mode="max",
+)
 MEMORY_UTILIZATION = _w(
     "warden_memory_utilization_ratio",
     "gauge",

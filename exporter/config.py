@@ -26,6 +26,7 @@ class ExporterConfig:
     watermark_hysteresis: float = 0.02
     stall_timeout_s: float = 30.0
     collector_interval_s: float = 1.0
+    peak_window_s: float = 15.0
     inject_nonfinite: bool = False
 
     def __post_init__(self) -> None:
@@ -46,6 +47,8 @@ class ExporterConfig:
             )
         if not 0.1 <= self.stall_timeout_s <= 86400:
             raise ConfigError(f"WARDEN_STALL_TIMEOUT_S={self.stall_timeout_s}: 0.1 .. 86400")
+        if not 1.0 <= self.peak_window_s <= 3600:
+            raise ConfigError(f"WARDEN_WATERMARK_PEAK_WINDOW_S={self.peak_window_s}: 1 .. 3600")
         if not 0.05 <= self.collector_interval_s <= 3600:
             raise ConfigError(
                 f"WARDEN_COLLECTOR_INTERVAL_S={self.collector_interval_s}: 0.05 .. 3600"
@@ -83,5 +86,6 @@ class ExporterConfig:
             collector_interval_s=number(
                 "WARDEN_COLLECTOR_INTERVAL_S", defaults.collector_interval_s
             ),
+            peak_window_s=number("WARDEN_WATERMARK_PEAK_WINDOW_S", defaults.peak_window_s),
             inject_nonfinite=inject in ("1", "true"),
         )

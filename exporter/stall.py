@@ -1,7 +1,6 @@
-"""Detects the hung engine that still answers /health: requests pending, no step completing.
-
-Runs as a collector on the API process's background thread, because a stalled engine calls
-nothing: the check must come from outside the step path.
+"""Collectors on the API process's background thread, for what must change when no step comes:
+the stall check (the hung engine that still answers /health) and the watermark peak's decay.
+A stalled engine calls nothing, so these checks must come from outside the step path.
 """
 
 from __future__ import annotations
@@ -42,3 +41,16 @@ class StallCollector:
             last_progress = max(self.monitor.snapshot.timestamp, self._last_idle)
             self.stalled = now - last_progress > self.timeout_s
         self._gauge.set(1 if self.stalled else 0)
+
+
+class WatermarkPeakCollector:
+    """Lets the peak level decay on schedule when no step comes to update it (idle engine)."""
+
+    name = "watermark_peak"
+
+    def __init__(self, monitor: StepMonitor, clock: Callable[[], float] = time.time) -> None:
+        self.monitor = monitor
+        self.clock = clock
+
+    def collect(self) -> None:
+        self.monitor.publish_peak(self.clock())

@@ -18,7 +18,7 @@ from exporter.collectors import CollectorRunner, FailingCollector
 from exporter.config import ExporterConfig
 from exporter.metrics import process_metrics
 from exporter.signals import ENV_VAR, SignalBoard
-from exporter.stall import StallCollector
+from exporter.stall import StallCollector, WatermarkPeakCollector
 from exporter.step_monitor import StepMonitor, process_monitor
 from exporter.supervisor_mirror import SupervisorMirror
 
@@ -33,7 +33,10 @@ def _make_monitor() -> StepMonitor:
     path = os.environ.get(ENV_VAR)
     board = SignalBoard(path) if path and os.path.exists(path) else None
     monitor = StepMonitor(config, metrics, board)
-    collectors: list[Any] = [StallCollector(monitor, metrics, config.stall_timeout_s)]
+    collectors: list[Any] = [
+        StallCollector(monitor, metrics, config.stall_timeout_s),
+        WatermarkPeakCollector(monitor),
+    ]
     mirror = SupervisorMirror.from_env(metrics)
     if mirror is not None:
         collectors.append(mirror)

@@ -58,6 +58,8 @@ class StepMonitor:
         self._last_step = metrics.get(catalog.ENGINE_LAST_STEP)
         metrics.get(catalog.SOURCE_AVAILABLE).labels("kv_cache").set(1)
         self._level.set(0)
+        self._peak = metrics.get(catalog.MEMORY_WATERMARK_PEAK)
+        self._peak.set(0)
         self.inflight: Callable[[], int] | None = None
         self.watermark_changed_at: float | None = None
         # Recent (time, level) changes, for /warden/state and for measuring reaction times.
@@ -95,12 +97,29 @@ class StepMonitor:
             self.transitions.append((now, change.current))
             self._level.set(change.current)
             self._transitions.labels(change.entered).inc()
+        self.publish_peak(now)
         for listener in self._listeners:
             try:
                 listener(snap)
             except Exception:
                 self._listener_errors.labels(getattr(listener, "name", "step_listener")).inc()
         return snap
+
+    def peak_level(self, now: float) -> int:
+        """Highest level held at any moment of the last peak window. Prometheus scrapes every
+        few seconds; a spike the reflex absorbs faster than that must not fall between two."""
+        since = now - self.config.peak_window_s
+        peak = self.watermark.level
+        in_force_at_start = 0
+        for at, level in list(self.transitions):  # a copy: the step path appends meanwhile
+            if at < since:
+                in_force_at_start = level
+            else:
+                peak = max(peak, level)
+        return max(peak, in_force_at_start)
+
+    def publish_peak(self, now: float) -> None:
+        self._peak.set(self.peak_level(now))
 
     def pending_requests(self) -> int:
         """Requests the engine owes an answer: its last count, or the client's in-flight count."""

@@ -409,3 +409,21 @@ def test_logits_injection_needs_the_switch(monkeypatch: pytest.MonkeyPatch) -> N
     retried = SamplingParams(max_tokens=8, extra_args={"warden_inject": "inf", "warden_attempt": 2})
     on.update_state(BatchUpdate(1, [0], [(0, retried, [], [])], []))
     assert torch.isfinite(on.apply(torch.zeros(1, 8))).all()
+
+
+def test_watermark_peak_holds_a_short_spike_for_the_window(
+    metrics: WardenMetrics, registry: CollectorRegistry
+) -> None:
+    clock = Clock()
+    monitor = StepMonitor(ExporterConfig(peak_window_s=15), metrics, None, clock=clock)
+    monitor.on_step(running=8, waiting=0, kv_usage=0.99)  # spike to oom_imminent
+    clock.now += 1
+    monitor.on_step(running=1, waiting=0, kv_usage=0.1)  # the reflex relieved it at once
+    assert value(registry, catalog.MEMORY_WATERMARK.name) == NORMAL
+    assert value(registry, catalog.MEMORY_WATERMARK_PEAK.name) == OOM_IMMINENT
+    clock.now += 14.5  # still inside the 15 s window (the spike ended 14.5 s ago)
+    monitor.publish_peak(clock.now)
+    assert value(registry, catalog.MEMORY_WATERMARK_PEAK.name) == OOM_IMMINENT
+    clock.now += 1  # the collector thread lets it decay without any step
+    monitor.publish_peak(clock.now)
+    assert value(registry, catalog.MEMORY_WATERMARK_PEAK.name) == NORMAL
