@@ -32,6 +32,7 @@ from exporter.catalog import (
     GPU_MEMORY_USED,
     MEMORY_UTILIZATION,
     MEMORY_WATERMARK,
+    MEMORY_WATERMARK_PEAK,
     SOURCE_AVAILABLE,
     TORCH_ALLOC_RETRIES,
     TORCH_ALLOCATED,
@@ -283,7 +284,18 @@ def sources_row() -> Row:
         WATERMARK_TRANSITIONS.unit,
         bars=True,
     )
-    return Row(6, [(12, available), (12, transitions)])
+    peak = timeseries(
+        "Watermark: now and recent peak",
+        "The level now, and the highest level of the last peak window (15 s by default). "
+        "Normal: both 0. A peak above the current level means the reflex is absorbing spikes "
+        "between scrapes; the memory alerts read the peak.",
+        [
+            target(aggregate("max", selector(MEMORY_WATERMARK)), "now"),
+            target(aggregate("max", selector(MEMORY_WATERMARK_PEAK)), "peak"),
+        ],
+        MEMORY_WATERMARK_PEAK.unit,
+    )
+    return Row(6, [(8, available), (8, transitions), (8, peak)])
 
 
 def dashboard() -> Dashboard:
