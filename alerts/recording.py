@@ -12,7 +12,7 @@ from exporter.catalog import (
     ENGINE_RESTARTS,
     GPU_MEMORY_TOTAL,
     GPU_MEMORY_USED,
-    MEMORY_WATERMARK,
+    MEMORY_WATERMARK_PEAK,
     NONFINITE_LOGITS,
     REQUEST_OUTCOMES,
     REQUEST_RETRIES,
@@ -36,18 +36,24 @@ def outcome(name: str) -> str:
     return name
 
 
-# How far back the memory alerts look for the watermark's peak. The engine's reflex reacts to a
+# The memory alerts read the watermark's peak in two layers. The engine's reflex reacts to a
 # rising watermark within one step (stops admission, preempts, rejects), so under a persistent
 # overload the instantaneous level oscillates: up for a second, back to 0 for a few, up again.
-# The peak over this window stays up while the level keeps coming back at least once per window
-# (recurring pressure), and drops one window after a single spike the reflex dealt with; the
-# alerts' ``for`` durations are longer than the window so such a spike never fires them. It must
-# span several scrape intervals (5s in the stack, 15s in the promtool tests) so every window
-# holds several samples: a window left with one sample or none by a late or failed scrape would
-# drop the peak, or the series, and reset every ``for``.
+# warden_memory_watermark can then read 0 at every scrape while the engine keeps hitting
+# oom_imminent, so the record is not built on it.
+# 1. The exporter's warden_memory_watermark_peak is the highest level held at any moment of the
+#    last WARDEN_WATERMARK_PEAK_WINDOW_S (15s by default; keep it at least one scrape interval):
+#    a spike the reflex absorbs between two scrapes still shows in the next one.
+# 2. The max of that gauge over this window stays up while the level keeps coming back at least
+#    once per window (recurring pressure), and drops after a single spike the reflex dealt with,
+#    one window plus the exporter's peak window after it. The alerts' ``for`` durations are longer
+#    than both together, so such a spike never fires them; only recurring pressure does.
+# The window must span several scrape intervals (5s in the stack, 15s in the promtool tests) so
+# every window holds several samples: a window left with one sample or none by a late or failed
+# scrape would drop the peak, or the series, and reset every ``for``.
 WATERMARK_PEAK_WINDOW = "1m"
 WATERMARK_PEAK = recorded_name(
-    "instance", MEMORY_WATERMARK, f"max_over_time{WATERMARK_PEAK_WINDOW}"
+    "instance", MEMORY_WATERMARK_PEAK, f"max_over_time{WATERMARK_PEAK_WINDOW}"
 )
 GPU_USED_RATIO = recorded_name("instance_gpu", GPU_MEMORY_USED, "ratio")
 TORCH_RESERVED_RATIO = recorded_name("instance_device", TORCH_RESERVED, "ratio")
@@ -74,7 +80,8 @@ RECORDING_RULES = RuleGroup(
     (
         RecordingRule(
             WATERMARK_PEAK,
-            f"max by (instance) (max_over_time({MEMORY_WATERMARK.name}[{WATERMARK_PEAK_WINDOW}]))",
+            f"max by (instance) "
+            f"(max_over_time({MEMORY_WATERMARK_PEAK.name}[{WATERMARK_PEAK_WINDOW}]))",
         ),
         RecordingRule(
             GPU_USED_RATIO,

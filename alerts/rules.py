@@ -36,8 +36,9 @@ from exporter.catalog import (
 )
 
 # --- Memory watermark ---------------------------------------------------------------------
-# Levels of warden_memory_watermark; the rules use ">=" so stronger measures add to weaker ones
-# (at oom_imminent the engine holds stop_admission, shed + preempt and reject_all at once).
+# Levels of warden_memory_watermark and its peak; the rules use ">=" so stronger measures add to
+# weaker ones (at oom_imminent the engine holds stop_admission, shed + preempt and reject_all at
+# once).
 LEVEL_HIGH = WATERMARK_LEVELS.index("high")
 LEVEL_CRITICAL = WATERMARK_LEVELS.index("critical")
 LEVEL_OOM_IMMINENT = WATERMARK_LEVELS.index("oom_imminent")
@@ -47,14 +48,15 @@ STOP_ADMISSION_RETRY_AFTER_S = "10"
 SHED_PRIORITY_THRESHOLD = "0"
 OOM_RETRY_AFTER_S = "30"
 
-# The memory alerts compare the watermark's peak over rec.WATERMARK_PEAK_WINDOW (1m), not its
-# current value: the engine's reflex pushes the level back down within a step, so under a
-# persistent overload the current value is mostly 0 between short spikes. One spike holds the peak
-# up for exactly one window, so each ``for`` must be LONGER than the window or a single spike the
-# reflex handled would fire. An alert fires when its level is reached at least once in every
-# window for longer than ``for``: held, or recurring (at most a window apart) over ``for`` minus
-# the window (1m for high and critical, 30s for oom_imminent). It resolves one window after the
-# last time the level was reached.
+# The memory alerts compare rec.WATERMARK_PEAK: the max over rec.WATERMARK_PEAK_WINDOW (1m) of
+# the exporter's warden_memory_watermark_peak (the highest level of its last 15s), not the
+# current level: the engine's reflex pushes the level back down within a step, so under a
+# persistent overload the current value is mostly 0 between short spikes, often at every scrape.
+# One spike holds the record up for one window plus the exporter's peak window (1m15s), so each
+# ``for`` must be LONGER than that or a single spike the reflex handled would fire. An alert fires
+# when its level is reached at least once in every window for longer than ``for``: held, or
+# recurring (at most a window apart) over ``for`` minus the window (1m for high and critical, 30s
+# for oom_imminent). It resolves one window after the peak gauge last showed the level.
 WATERMARK_HIGH_FOR = "2m"
 WATERMARK_CRITICAL_FOR = "2m"
 OOM_IMMINENT_FOR = "90s"

@@ -37,6 +37,7 @@ from exporter.catalog import (
     GPU_MEMORY_TOTAL,
     GPU_MEMORY_USED,
     MEMORY_WATERMARK,
+    MEMORY_WATERMARK_PEAK,
     NONFINITE_LOGITS,
     PARAM_ADMIT_FRACTION,
     PARAM_CIRCUIT,
@@ -188,24 +189,33 @@ def never_fires(until: int, pending_from: int, pending_until: int) -> tuple[Chec
     )
 
 
-# The alerts read the peak over the last minute (range selectors include both ends in the
-# promtool here), so a level reached at T keeps their condition true from T to T + 1m.
-#
-# 15s samples: 0 until 45s, 1 from 1m, 2 from 3m, 3 from 5m, back to 0 from 8m. The peak is >= 1
-# from 1m, >= 2 from 3m, 3 from 5m, and drops to 0 at 9m.
-CLIMB_TO_OOM = {s(MEMORY_WATERMARK): "0x3 1x7 2x7 3x11 0x8"}
-# 15s samples: level 1 from 2m to 5m45s; the peak is 1 from 2m to 6m45s.
-HIGH_FOR_4M = {s(MEMORY_WATERMARK): "0x7 1x15 0x15"}
+# The input is the exporter's peak gauge, warden_memory_watermark_peak, scraped every 15s: the
+# highest level of its last 15s, so a spike the reflex absorbs within a second shows in one or
+# two scrapes. The alerts read its max over the last minute (range selectors include both ends in
+# the promtool here), so a level the gauge shows at T keeps their condition true from T to T + 1m.
+PEAK = s(MEMORY_WATERMARK_PEAK)
+LEVEL = s(MEMORY_WATERMARK)
+
+# 15s samples: 0 until 45s, 1 from 1m, 2 from 3m, 3 from 5m, back to 0 from 8m. The record is
+# >= 1 from 1m, >= 2 from 3m, 3 from 5m, and drops to 0 at 9m.
+CLIMB_TO_OOM = {PEAK: "0x3 1x7 2x7 3x11 0x8"}
+# 15s samples: level 1 from 2m to 5m45s; the record is 1 from 2m to 6m45s.
+HIGH_FOR_4M = {PEAK: "0x7 1x15 0x15"}
 # 15s samples: 1 at 2m, 2 at 2m15s and 2m30s, 3 at 2m45s, then 0: the reflex brought it back in
-# 45s. Peak >= 1 from 2m, >= 2 from 2m15s, 3 from 2m45s, all until 3m45s: 105s, 90s and 60s.
-BLIP = {s(MEMORY_WATERMARK): "0x7 1 2x1 3 0x20"}
-# 15s samples: 3 at 2m and 2m15s, else 0: one spike the reflex handled. Peak 3 from 2m to 3m15s.
-SPIKE = {s(MEMORY_WATERMARK): "0x7 3x1 0x20"}
-# 15s samples: the reflex fights a persistent overload. 3 at 1m, 2m, 3m, 4m and 5m, 0 in between
-# (3, 0, 0, 0 repeated), then 0 from 5m15s: the instantaneous level is 0 three samples out of
-# four, the peak over the last minute is 3 from 1m to 6m.
-OSCILLATING = {s(MEMORY_WATERMARK): " ".join(["0x3", *["3 0x2"] * 5, "0x16"])}
-NORMAL = {s(MEMORY_WATERMARK): "0x40"}
+# 45s. Record >= 1 from 2m, >= 2 from 2m15s, 3 from 2m45s, all until 3m45s: 105s, 90s and 60s.
+BLIP = {PEAK: "0x7 1 2x1 3 0x20"}
+# 15s samples: 3 at 2m and 2m15s, else 0: one spike the reflex handled within a second, held by
+# the gauge for its 15s window and so seen by two scrapes. Record 3 from 2m to 3m15s (75s).
+SPIKE = {PEAK: "0x7 3x1 0x20"}
+# 15s samples: the reflex fights a persistent overload. The gauge shows 3 at 1m, 2m, 3m, 4m and
+# 5m, 0 in between (3, 0, 0, 0 repeated), then 0 from 5m15s: a spike once a minute, the peak gauge
+# is 0 three scrapes out of four, the record over the last minute is 3 from 1m to 6m.
+OSCILLATING = {PEAK: " ".join(["0x3", *["3 0x2"] * 5, "0x16"])}
+# 15s samples: the engine hits oom_imminent every few seconds from 1m to 5m45s and the reflex
+# absorbs each spike within a second, so the current level reads 0 at every scrape while the peak
+# gauge reads 3 at every one of them. Record 3 from 1m to 6m45s.
+BETWEEN_SCRAPES = {LEVEL: "0x40", PEAK: "0x3 3x19 0x17"}
+NORMAL = {LEVEL: "0x40", PEAK: "0x40"}
 
 MEMORY_SCENARIOS = (
     Scenario(
@@ -307,7 +317,7 @@ MEMORY_SCENARIOS = (
             pending("1m", OOM_IMMINENT),
             pending("2m15s", OOM_IMMINENT),
             fires("2m30s", Expected(OOM_IMMINENT, oom_desc(3))),
-            # the instantaneous level is 0 here (the last spike was at 4m)
+            # the peak gauge reads 0 here (it last showed a spike at 4m)
             fires("4m45s", Expected(OOM_IMMINENT, oom_desc(3))),
             fires("5m45s", Expected(OOM_IMMINENT, oom_desc(3))),
             resolved("6m15s"),
@@ -325,6 +335,20 @@ MEMORY_SCENARIOS = (
             fires("3m", Expected(WATERMARK_HIGH, high_desc(3))),
             fires("4m45s", Expected(WATERMARK_HIGH, high_desc(3))),
             resolved("6m15s"),
+        ),
+        interval="15s",
+    ),
+    Scenario(
+        "WardenOOMImminent",
+        "level 3 every few seconds, back to 0 before every scrape",
+        BETWEEN_SCRAPES,
+        (
+            healthy("45s"),
+            pending("1m", OOM_IMMINENT),
+            pending("2m15s", OOM_IMMINENT),
+            fires("2m30s", Expected(OOM_IMMINENT, oom_desc(3))),
+            fires("6m45s", Expected(OOM_IMMINENT, oom_desc(3))),
+            resolved("7m"),
         ),
         interval="15s",
     ),
@@ -1047,13 +1071,14 @@ def at(record: str, value: float, **extra: str) -> Sample:
 RECORDING_SCENARIOS = (
     RecordingScenario(
         "memory watermark: the peak over the last minute",
-        # 15s samples: 0 until 2m, 3 at 2m15s, 1 at 3m30s, else 0
-        {s(MEMORY_WATERMARK): "0x8 3 0x3 1 0x10"},
+        # 15s samples of the peak gauge: 0 until 2m, 3 at 2m15s, 1 at 3m30s, else 0; the current
+        # level is 0 at every scrape (the reflex absorbed both spikes between scrapes)
+        {LEVEL: "0x25", PEAK: "0x8 3 0x3 1 0x10"},
         (
             ExprCheck("2m", rec.WATERMARK_PEAK, (at(rec.WATERMARK_PEAK, 0),)),
-            # the current level is 0; 3 was reached 45s ago
+            # the peak gauge reads 0; it showed 3 45s ago
             ExprCheck("3m", rec.WATERMARK_PEAK, (at(rec.WATERMARK_PEAK, 3),)),
-            # the 3 is over a minute old; 1 was reached 30s ago
+            # the 3 is over a minute old; the gauge showed 1 30s ago
             ExprCheck("4m", rec.WATERMARK_PEAK, (at(rec.WATERMARK_PEAK, 1),)),
             ExprCheck("5m", rec.WATERMARK_PEAK, (at(rec.WATERMARK_PEAK, 0),)),
         ),

@@ -67,8 +67,15 @@ MUTATIONS = [
         "instance:vllm_num_requests_waiting:sum < 1300",
     ),
     ("memory.yml", "for: 90s", "for: 1m"),
-    # the instantaneous level: the oscillating overload never fires
-    ("memory.yml", "max_over_time(warden_memory_watermark[1m])", "warden_memory_watermark"),
+    # no window over the peak gauge: the oscillating overload never fires
+    (
+        "memory.yml",
+        "max_over_time(warden_memory_watermark_peak[1m])",
+        "warden_memory_watermark_peak",
+    ),
+    # the instantaneous level: spikes the reflex absorbs between scrapes never fire
+    ("memory.yml", "(warden_memory_watermark_peak[1m])", "(warden_memory_watermark[1m])"),
+    ("recording.yml", "(warden_memory_watermark_peak[1m])", "(warden_memory_watermark[1m])"),
     ("faults.yml", "still failed after their last retry", "failed after retries"),
     (
         "liveness.yml",

@@ -396,13 +396,21 @@ def test_recording_names_are_module_constants() -> None:
 
 
 def test_memory_alerts_outlast_the_peak_window() -> None:
-    """The watermark alerts read the peak over a window that spans several scrapes, and wait
-    longer than that window, so one spike (which holds the peak up for one window) never fires."""
+    """The watermark alerts read the exporter's peak gauge (a spike between scrapes still shows)
+    over a window that spans several scrapes, and wait longer than that window plus the gauge's
+    own, so one spike (which holds the record up for both) never fires."""
+    from exporter.config import ExporterConfig
     from warden.stack.config import Intervals
 
-    window = _to_seconds(rec.WATERMARK_PEAK_WINDOW)
-    assert window >= 3 * _to_seconds(Intervals().scrape)
-    assert f"[{rec.WATERMARK_PEAK_WINDOW}]" in RECORDED[rec.WATERMARK_PEAK].expr
+    window_text = rec.WATERMARK_PEAK_WINDOW
+    window = _to_seconds(window_text)
+    scrape = _to_seconds(Intervals().scrape)
+    gauge_window = ExporterConfig().peak_window_s
+    assert window >= 3 * scrape
+    assert gauge_window >= scrape, "a spike between two scrapes would fall out of the peak gauge"
+    peak_over_window = f"max_over_time({catalog.MEMORY_WATERMARK_PEAK.name}[{window_text}])"
+    assert peak_over_window in RECORDED[rec.WATERMARK_PEAK].expr
+    assert rec.WATERMARK_PEAK.split(":")[1] == catalog.MEMORY_WATERMARK_PEAK.name
     memory = [rule for rule in ALERT_RULES if rec.WATERMARK_PEAK in rule.expr]
     assert {rule.name for rule in memory} == {
         "WardenMemoryWatermarkHigh",
@@ -410,4 +418,6 @@ def test_memory_alerts_outlast_the_peak_window() -> None:
         "WardenOOMImminent",
     }
     for rule in memory:
-        assert _to_seconds(rule.for_) > window, f"{rule.name}: a single spike would fire it"
+        assert _to_seconds(rule.for_) > window + gauge_window, (
+            f"{rule.name}: a single spike would fire it"
+        )
