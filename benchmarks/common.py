@@ -216,6 +216,17 @@ class EngineCpu:
         return out
 
 
+def machine_busy_s() -> float:
+    """CPU seconds all processes of the machine have used so far (every core)."""
+    t = psutil.cpu_times()
+    return float(sum(getattr(t, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq")))
+
+
+def own_cpu_s() -> float:
+    t = psutil.Process().cpu_times()
+    return float(t.user + t.system)
+
+
 # --- statistics -------------------------------------------------------------------------
 
 

@@ -45,6 +45,8 @@ from benchmarks.common import (
     cleanup,
     log,
     machine,
+    machine_busy_s,
+    own_cpu_s,
     quantile,
     running_engines,
     summary,
@@ -55,7 +57,15 @@ from benchmarks.common import (
 from warden.engine_process import EngineProcess
 
 PROMPT = "memory watermark cache block engine request token prompt graph device"
-METRICS = ("tok_s", "ms_per_step", "cpu_us_tok_api", "cpu_us_tok_core", "cpu_us_tok_worker")
+METRICS = (
+    "tok_s",
+    "ms_per_step",
+    "cpu_us_tok_api",
+    "cpu_us_tok_core",
+    "cpu_us_tok_worker",
+    "foreign_cores",
+)
+QUIET_CORES = 0.25  # a round is quiet when others kept less than this many cores busy
 
 
 def completion_body(model: str, max_tokens: int) -> dict[str, Any]:
@@ -80,10 +90,12 @@ async def run_batch(
     body = completion_body(model, max_tokens)
     url = f"{engine.base_url}/v1/completions"
     cpu_before = cpu.read()
+    busy_before, own_before = machine_busy_s(), own_cpu_s()
     started = time.perf_counter()
     responses = await asyncio.gather(*(client.post(url, json=body) for _ in range(concurrency)))
     wall = time.perf_counter() - started
     cpu_after = cpu.read()
+    busy, own = machine_busy_s() - busy_before, own_cpu_s() - own_before
     tokens = 0
     for response in responses:
         response.raise_for_status()
@@ -91,9 +103,13 @@ async def run_batch(
     if tokens != concurrency * max_tokens:
         raise RuntimeError(f"expected {concurrency * max_tokens} tokens, got {tokens}")
     result = {"tok_s": tokens / wall, "ms_per_step": 1000 * wall / max_tokens}
+    engine_cpu = 0.0
     for role in EngineCpu.ROLES:
         used = cpu_after.get(role, float("nan")) - cpu_before.get(role, float("nan"))
         result[f"cpu_us_tok_{role}"] = 1e6 * used / tokens
+        engine_cpu += used
+    # Cores kept busy by everything else on the machine meanwhile (other users' work).
+    result["foreign_cores"] = max(0.0, busy - engine_cpu - own) / wall
     return result
 
 
@@ -150,11 +166,17 @@ def analyse(runs: dict[str, dict[str, list[dict[str, float]]]], base: str) -> di
             pairs = list(zip(results, baseline, strict=False))
             ratios = [b["tok_s"] / a["tok_s"] for b, a in pairs]
             low, high = bootstrap_median_ci(ratios)
+            quiet = [
+                b["tok_s"] / a["tok_s"]
+                for b, a in pairs
+                if max(a["foreign_cores"], b["foreign_cores"]) < QUIET_CORES
+            ]
             base_stats = entry["variants"][base]
             stats = entry["variants"][name]
             entry["vs_base"][name] = {
                 "tok_s_ratio_per_round": summary(ratios),
                 "tok_s_ratio_ci95": [round(low, 4), round(high, 4)],
+                "tok_s_ratio_quiet_rounds": summary(quiet) if quiet else None,
                 "tok_s_ratio_of_medians": round(
                     stats["tok_s"]["median"] / base_stats["tok_s"]["median"], 4
                 ),
@@ -183,7 +205,7 @@ def markdown(analysis: dict[str, Any], base: str) -> str:
         for name, stats in entry["variants"].items():
             versus = entry["vs_base"].get(name)
             if versus is None:
-                ratio = fast = "1 (base)"
+                ratio = fast = quiet = "1 (base)"
                 delta = ""
             else:
                 r, ci = versus["tok_s_ratio_per_round"], versus["tok_s_ratio_ci95"]
@@ -192,6 +214,8 @@ def markdown(analysis: dict[str, Any], base: str) -> str:
                     f"CI {ci[0]:.3f}-{ci[1]:.3f})"
                 )
                 fast = f"{versus['tok_s_ratio_fast_runs_p90']:.3f}"
+                q = versus["tok_s_ratio_quiet_rounds"]
+                quiet = "no quiet round" if q is None else f"{q['median']:.3f} (n={q['n']})"
                 delta = f"{versus['step_delta_us_per_round']['median']:+.0f}"
             rows.append(
                 [
@@ -202,12 +226,14 @@ def markdown(analysis: dict[str, Any], base: str) -> str:
                     round(stats["tok_s"]["p90"]),
                     ratio,
                     fast,
+                    quiet,
                     round(stats["ms_per_step"]["median"], 3),
                     delta,
                     " / ".join(
                         str(round(stats[f"cpu_us_tok_{role}"]["median"]))
                         for role in EngineCpu.ROLES
                     ),
+                    round(stats["foreign_cores"]["median"], 2),
                 ]
             )
     headers = [
@@ -218,9 +244,11 @@ def markdown(analysis: dict[str, Any], base: str) -> str:
         "tok/s p90",
         f"ratio to {base}, per round: median (IQR; 95% CI)",
         "ratio of p90s",
+        f"ratio, quiet rounds (others < {QUIET_CORES} cores)",
         "ms/step",
         "step delta us",
         "CPU us/token api / core / worker",
+        "others' cores busy",
     ]
     return table(headers, rows)
 
@@ -275,7 +303,8 @@ def summarize_profile(path: Path) -> dict[str, Any]:
         if not marks or frames[-1].split(" ")[0] in _WAITING:
             continue
         head = frames[marks[-1]]
-        role = "core" if "EngineCore" in head else "worker" if "Worker" in head else "api"
+        title = head.partition(":")[2]
+        role = {'"VLLM::EngineCore"': "core", '"VLLM::Worker"': "worker"}.get(title, "api")
         frames = frames[marks[-1] + 1 :]
         samples[role] += int(count)
         hits = [i for i, f in enumerate(frames) if _OURS.search(f)]
@@ -291,6 +320,93 @@ def summarize_profile(path: Path) -> dict[str, Any]:
         }
         for role, total in samples.items()
     }
+
+
+# --- warden's per-step work, timed in isolation ----------------------------------------------
+
+
+def best_us(fn: Any, count: int, repeats: int = 7) -> float:
+    """Microseconds per call: the best of ``repeats`` timed loops (least disturbed by others)."""
+    for _ in range(max(10, count // 10)):
+        fn()
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        for _ in range(count):
+            fn()
+        best = min(best, (time.perf_counter() - started) / count)
+    return round(1e6 * best, 2)
+
+
+def micro(vocab: int) -> dict[str, Any]:
+    """Per-step costs of warden's step hooks, in this process (multiprocess metrics on)."""
+    import types
+
+    import torch
+    from vllm import SamplingParams
+    from vllm.v1.metrics.stats import IterationStats, SchedulerStats
+    from vllm.v1.sample.logits_processor import BatchUpdate
+
+    from exporter.logits import NonFiniteLogitsProcessor
+    from exporter.signals import SignalBoard
+    from exporter.stat_logger import WardenStatLogger
+    from warden.control import runtime
+    from warden.control.reflex import Reflex
+
+    torch.set_num_threads(1)  # vLLM's CPU worker here: one OpenMP thread on its bound core
+    out: dict[str, Any] = {"torch_threads": 1, "logits_processor_apply_us": {}}
+    hf = types.SimpleNamespace(eos_token_id=2)
+    config = types.SimpleNamespace(model_config=types.SimpleNamespace(hf_config=hf))
+    params = SamplingParams(max_tokens=16, extra_args={"warden_rid": "warden-" + "0" * 32})
+    for rows, width in ((1, vocab), (8, vocab), (8, 32000), (8, 128256), (64, 128256)):
+        processor = NonFiniteLogitsProcessor(config, torch.device("cpu"), False)
+        added = [(i, params, [1, 2, 3], []) for i in range(rows)]
+        processor.update_state(BatchUpdate(batch_size=rows, removed=[], added=added, moved=[]))
+        logits = torch.randn(rows, width)
+        count = max(20, int(2e7 / (rows * width)))
+        key = f"{rows}x{width}"
+        out["logits_processor_apply_us"][key] = best_us(
+            lambda p=processor, x=logits: p.apply(x), count
+        )
+        # What one pass costs, for scale: a plain row sum over the same logits.
+        out.setdefault("row_sum_us", {})[key] = best_us(lambda x=logits: x.sum(dim=1), count)
+
+    board = SignalBoard.create_for_process_tree()
+    try:
+        logger = WardenStatLogger(None)
+        control = runtime.controller()
+        assert logger.monitor is not None
+        logger.monitor.add_listener(Reflex(control.config.reflex, control))
+        stats = SchedulerStats(num_running_reqs=8, num_waiting_reqs=0, kv_cache_usage=0.3)
+        iteration = IterationStats()
+        iteration.num_generation_tokens = 8
+        out["stat_logger_record_us"] = best_us(lambda: logger.record(stats, iteration), 20000)
+        board.write(0, 0.5, 0.4, time.time())  # a fresh device sample, as a GPU worker writes
+        out["stat_logger_record_with_device_signal_us"] = best_us(
+            lambda: logger.record(stats, iteration), 20000
+        )
+    finally:
+        board.unlink()
+    return out
+
+
+def run_micro(model: str) -> dict[str, Any]:
+    """``micro`` in a fresh interpreter with PROMETHEUS_MULTIPROC_DIR set, as on a server."""
+    import os
+    import sys
+    import tempfile
+
+    config = json.loads((Path(model) / "config.json").read_text())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WARDEN_")}
+    with tempfile.TemporaryDirectory(prefix="warden-micro-") as folder:
+        env["PROMETHEUS_MULTIPROC_DIR"] = folder
+        command = [sys.executable, "-m", "benchmarks.exporter_overhead", "--micro-child"]
+        command += ["--vocab", str(config["vocab_size"])]
+        root = Path(__file__).resolve().parents[1]
+        done = subprocess.run(
+            command, env=env, cwd=root, capture_output=True, text=True, timeout=600, check=True
+        )
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 def main() -> int:
@@ -315,7 +431,18 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=420.0, help="measurement time limit")
     parser.add_argument("--workdir", help="keep engine logs here")
     parser.add_argument("--out", help="write the JSON result here")
+    parser.add_argument(
+        "--omp-bind",
+        default=None,
+        help="VLLM_CPU_OMP_THREADS_BIND for every engine (e.g. 1: the worker on core 1)",
+    )
+    parser.add_argument("--no-micro", dest="micro", action="store_false")
+    parser.add_argument("--micro-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--vocab", type=int, default=1024, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.micro_child:
+        print(json.dumps(micro(args.vocab)))
+        return 0
 
     variants = [VARIANTS[name] for name in args.variants.split(",")]
     base = variants[0].name
@@ -325,7 +452,9 @@ def main() -> int:
     before = machine()
     extra = ["--max-num-seqs", str(max(8, args.concurrency))]
     spy: dict[str, Any] | None = None
-    with running_engines(variants, model, work, extra_args=extra) as engines:
+    env = {"VLLM_CPU_OMP_THREADS_BIND": args.omp_bind} if args.omp_bind else None
+    micro_result = run_micro(model) if args.micro else None
+    with running_engines(variants, model, work, extra_args=extra, env=env) as engines:
         started = time.monotonic()
         runs = asyncio.run(measure(engines, model, args))
         measured_s = time.monotonic() - started
@@ -343,7 +472,9 @@ def main() -> int:
             "concurrency": args.concurrency,
             "max_tokens": args.max_tokens,
             "engine_args": ["<tests' BASE_ARGS>", *extra],
+            "omp_bind": args.omp_bind or "auto",
         },
+        "per_step_micro": micro_result,
         "analysis": analyse(runs, base),
         "profile": spy,
         "runs": runs,
