@@ -199,6 +199,29 @@ def analyse(runs: dict[str, dict[str, list[dict[str, float]]]], base: str) -> di
     return out
 
 
+def estimate(
+    analysis: dict[str, Any], micro: dict[str, Any], size: str, base: str
+) -> dict[str, float]:
+    """Warden's per-step work at this batch size, timed in isolation, against the base engine's
+    step time in its fast runs (90th percentile of tokens/s). Worker side: the logits
+    processor, on the step's critical path. API side: warden's stat logger plus what
+    multiprocess metrics add to vLLM's own logger; on 2 cores it takes CPU from the engine."""
+    batch = int(size)
+    on = micro["multiproc"]
+    logits = on["logits_processor_apply_us"][f"{batch}x{on['vocab']}"]
+    api = on["warden_stat_logger_record_us"] + (
+        on["vllm_prometheus_record_us"] - micro["memory"]["vllm_prometheus_record_us"]
+    )
+    step_us = 1e6 * batch / analysis[size]["variants"][base]["tok_s"]["p90"]
+    return {
+        "base_step_us_fast_runs": round(step_us, 1),
+        "worker_logits_processor_us": logits,
+        "api_stat_loggers_us": round(api, 1),
+        "worker_share_of_step": round(logits / step_us, 4),
+        "all_share_of_step": round((logits + api) / step_us, 4),
+    }
+
+
 def markdown(analysis: dict[str, Any], base: str) -> str:
     rows = []
     for size, entry in analysis.items():
@@ -256,6 +279,9 @@ def markdown(analysis: dict[str, Any], base: str) -> str:
 # --- profile ------------------------------------------------------------------------------
 
 _OURS = re.compile(r"\((exporter|warden)/")
+# Frames of the server warden wraps: below the middleware, the whole request is vLLM's work.
+_APP = re.compile(r"\((vllm|fastapi|starlette|uvicorn|prometheus_fastapi_instrumentator)/")
+_METRICS_STORE = re.compile(r"\(prometheus_client/(values|mmap_dict)\.py")
 # Leaf frames of a thread that waits (py-spy can count a timed wait as active).
 _WAITING = ("Event.wait", "Condition.wait", "time.sleep", "select", "poll", "epoll")
 
@@ -295,6 +321,7 @@ def profile(engine: EngineProcess, model: str, seconds: float, out: Path) -> dic
 def summarize_profile(path: Path) -> dict[str, Any]:
     samples: collections.Counter[str] = collections.Counter()
     ours: collections.Counter[str] = collections.Counter()
+    metrics_store: collections.Counter[str] = collections.Counter()
     where: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
@@ -307,16 +334,22 @@ def summarize_profile(path: Path) -> dict[str, Any]:
         role = {'"VLLM::EngineCore"': "core", '"VLLM::Worker"': "worker"}.get(title, "api")
         frames = frames[marks[-1] + 1 :]
         samples[role] += int(count)
+        # Warden's own work: the innermost warden frame, unless it called back into the app.
         hits = [i for i, f in enumerate(frames) if _OURS.search(f)]
-        if hits:
+        if hits and not any(_APP.search(f) for f in frames[hits[-1] + 1 :]):
             ours[role] += int(count)
-            where[role][re.sub(r" \(.*", "", frames[hits[0]])] += int(count)
+            where[role][re.sub(r" \(.*", "", frames[hits[-1]])] += int(count)
+        if any(_METRICS_STORE.search(f) for f in frames):
+            metrics_store[role] += int(count)
     return {
         role: {
             "samples": total,
             "warden_samples": ours[role],
             "warden_share": round(ours[role] / total, 4) if total else None,
             "warden_top": dict(where[role].most_common(6)),
+            "prometheus_value_store_share": round(metrics_store[role] / total, 4)
+            if total
+            else None,
         }
         for role, total in samples.items()
     }
@@ -338,12 +371,14 @@ def best_us(fn: Any, count: int, repeats: int = 7) -> float:
     return round(1e6 * best, 2)
 
 
-def micro(vocab: int) -> dict[str, Any]:
-    """Per-step costs of warden's step hooks, in this process (multiprocess metrics on)."""
+def micro(model: str, vocab: int, batch: int) -> dict[str, Any]:
+    """Per-step costs of the step hooks, in this process (metrics as its environment says)."""
     import types
 
     import torch
     from vllm import SamplingParams
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.metrics.loggers import PrometheusStatLogger
     from vllm.v1.metrics.stats import IterationStats, SchedulerStats
     from vllm.v1.sample.logits_processor import BatchUpdate
 
@@ -353,23 +388,19 @@ def micro(vocab: int) -> dict[str, Any]:
     from warden.control import runtime
     from warden.control.reflex import Reflex
 
-    torch.set_num_threads(1)  # vLLM's CPU worker here: one OpenMP thread on its bound core
-    out: dict[str, Any] = {"torch_threads": 1, "logits_processor_apply_us": {}}
-    hf = types.SimpleNamespace(eos_token_id=2)
-    config = types.SimpleNamespace(model_config=types.SimpleNamespace(hf_config=hf))
-    params = SamplingParams(max_tokens=16, extra_args={"warden_rid": "warden-" + "0" * 32})
-    for rows, width in ((1, vocab), (8, vocab), (8, 32000), (8, 128256), (64, 128256)):
-        processor = NonFiniteLogitsProcessor(config, torch.device("cpu"), False)
-        added = [(i, params, [1, 2, 3], []) for i in range(rows)]
-        processor.update_state(BatchUpdate(batch_size=rows, removed=[], added=added, moved=[]))
-        logits = torch.randn(rows, width)
-        count = max(20, int(2e7 / (rows * width)))
-        key = f"{rows}x{width}"
-        out["logits_processor_apply_us"][key] = best_us(
-            lambda p=processor, x=logits: p.apply(x), count
-        )
-        # What one pass costs, for scale: a plain row sum over the same logits.
-        out.setdefault("row_sum_us", {})[key] = best_us(lambda x=logits: x.sum(dim=1), count)
+    # One engine step at batch 8: scheduler numbers, 8 tokens, their inter-token latencies.
+    stats = SchedulerStats(num_running_reqs=8, num_waiting_reqs=0, kv_cache_usage=0.3)
+    iteration = IterationStats()
+    iteration.num_generation_tokens = 8
+    iteration.inter_token_latencies_iter = [0.002] * 8
+    out: dict[str, Any] = {}
+
+    # vLLM's own Prometheus logger, which PROMETHEUS_MULTIPROC_DIR makes write to mmap files.
+    config = EngineArgs(
+        model=model, dtype="float32", max_model_len=512, enforce_eager=True, block_size=32
+    ).create_engine_config()
+    vllm_logger = PrometheusStatLogger(config, engine_indexes=[0])
+    out["vllm_prometheus_record_us"] = best_us(lambda: vllm_logger.record(stats, iteration), 5000)
 
     board = SignalBoard.create_for_process_tree()
     try:
@@ -377,36 +408,65 @@ def micro(vocab: int) -> dict[str, Any]:
         control = runtime.controller()
         assert logger.monitor is not None
         logger.monitor.add_listener(Reflex(control.config.reflex, control))
-        stats = SchedulerStats(num_running_reqs=8, num_waiting_reqs=0, kv_cache_usage=0.3)
-        iteration = IterationStats()
-        iteration.num_generation_tokens = 8
-        out["stat_logger_record_us"] = best_us(lambda: logger.record(stats, iteration), 20000)
+        out["warden_stat_logger_record_us"] = best_us(
+            lambda: logger.record(stats, iteration), 20000
+        )
         board.write(0, 0.5, 0.4, time.time())  # a fresh device sample, as a GPU worker writes
-        out["stat_logger_record_with_device_signal_us"] = best_us(
+        out["warden_stat_logger_record_with_device_signal_us"] = best_us(
             lambda: logger.record(stats, iteration), 20000
         )
     finally:
         board.unlink()
+
+    torch.set_num_threads(1)  # vLLM's CPU worker here: one OpenMP thread on its bound core
+    out["torch_threads"] = 1
+    out["vocab"] = vocab
+    hf = types.SimpleNamespace(eos_token_id=2)
+    fake = types.SimpleNamespace(model_config=types.SimpleNamespace(hf_config=hf))
+    params = SamplingParams(max_tokens=16, extra_args={"warden_rid": "warden-" + "0" * 32})
+    shapes = {(1, vocab), (8, vocab), (batch, vocab), (8, 32000), (8, 128256), (64, 128256)}
+    for rows, width in sorted(shapes):
+        processor = NonFiniteLogitsProcessor(fake, torch.device("cpu"), False)
+        added = [(i, params, [1, 2, 3], []) for i in range(rows)]
+        processor.update_state(BatchUpdate(batch_size=rows, removed=[], added=added, moved=[]))
+        logits = torch.randn(rows, width)
+        count = max(20, int(2e7 / (rows * width)))
+        key = f"{rows}x{width}"
+        out.setdefault("logits_processor_apply_us", {})[key] = best_us(
+            lambda p=processor, x=logits: p.apply(x), count
+        )
+        # One pass over the same logits, for scale: a row sum.
+        out.setdefault("row_sum_us", {})[key] = best_us(lambda x=logits: x.sum(dim=1), count)
     return out
 
 
-def run_micro(model: str) -> dict[str, Any]:
-    """``micro`` in a fresh interpreter with PROMETHEUS_MULTIPROC_DIR set, as on a server."""
+def run_micro(model: str, batch: int) -> dict[str, Any]:
+    """``micro`` in fresh interpreters: multiprocess metrics on (as on a warden server) and off."""
     import os
     import sys
     import tempfile
 
-    config = json.loads((Path(model) / "config.json").read_text())
+    vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("WARDEN_")}
-    with tempfile.TemporaryDirectory(prefix="warden-micro-") as folder:
-        env["PROMETHEUS_MULTIPROC_DIR"] = folder
-        command = [sys.executable, "-m", "benchmarks.exporter_overhead", "--micro-child"]
-        command += ["--vocab", str(config["vocab_size"])]
-        root = Path(__file__).resolve().parents[1]
-        done = subprocess.run(
-            command, env=env, cwd=root, capture_output=True, text=True, timeout=600, check=True
-        )
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    root = Path(__file__).resolve().parents[1]
+    command = [sys.executable, "-m", "benchmarks.exporter_overhead", "--micro-child"]
+    command += ["--model", model, "--vocab", str(vocab), "--concurrency", str(batch)]
+    out: dict[str, Any] = {}
+    for mode in ("multiproc", "memory"):
+        with tempfile.TemporaryDirectory(prefix="warden-micro-") as folder:
+            child_env = {**env, "PROMETHEUS_MULTIPROC_DIR": folder} if mode == "multiproc" else env
+            done = subprocess.run(
+                command,
+                env=child_env,
+                cwd=root,
+                capture_output=True,
+                text=True,
+                timeout=600,
+                check=True,
+            )
+        out[mode] = json.loads(done.stdout.strip().splitlines()[-1])
+    return out
 
 
 def main() -> int:
@@ -441,7 +501,7 @@ def main() -> int:
     parser.add_argument("--vocab", type=int, default=1024, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.micro_child:
-        print(json.dumps(micro(args.vocab)))
+        print(json.dumps(micro(args.model, args.vocab, args.concurrency)))
         return 0
 
     variants = [VARIANTS[name] for name in args.variants.split(",")]
@@ -453,7 +513,7 @@ def main() -> int:
     extra = ["--max-num-seqs", str(max(8, args.concurrency))]
     spy: dict[str, Any] | None = None
     env = {"VLLM_CPU_OMP_THREADS_BIND": args.omp_bind} if args.omp_bind else None
-    micro_result = run_micro(model) if args.micro else None
+    micro_result = run_micro(model, args.concurrency) if args.micro else None
     with running_engines(variants, model, work, extra_args=extra, env=env) as engines:
         started = time.monotonic()
         runs = asyncio.run(measure(engines, model, args))
@@ -462,7 +522,12 @@ def main() -> int:
         if args.profile > 0:
             name = variants[-1].name
             log(f"profiling {name} for {args.profile:.0f}s")
-            spy = {name: profile(engines[name], model, args.profile, work / "py-spy.txt")}
+            raw = Path(args.out).with_suffix(".py-spy.txt") if args.out else work / "py-spy.txt"
+            spy = {name: profile(engines[name], model, args.profile, raw)}
+    analysis = analyse(runs, base)
+    estimates = {}
+    if micro_result is not None:
+        estimates = {size: estimate(analysis, micro_result, size, base) for size in analysis}
     result = {
         "machine": before,
         "loadavg_at_end": after,
@@ -475,7 +540,8 @@ def main() -> int:
             "omp_bind": args.omp_bind or "auto",
         },
         "per_step_micro": micro_result,
-        "analysis": analyse(runs, base),
+        "analysis": analysis,
+        "per_step_estimate": estimates,
         "profile": spy,
         "runs": runs,
     }

@@ -44,6 +44,7 @@ from typing import Any
 
 from benchmarks.common import (
     VARIANTS,
+    EngineCpu,
     cleanup,
     log,
     machine,
@@ -272,7 +273,9 @@ def e2e(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     model = tiny_model(work, args.model)
     latencies: dict[str, list[float]] = {n: [] for n in names}
     medians: dict[str, list[float]] = {n: [] for n in names}
+    api_cpu_s = {n: 0.0 for n in names}
     with running_engines([VARIANTS[n] for n in names], model, work) as engines:
+        cpus = {n: EngineCpu(engines[n]) for n in names}
         body = {"model": model, "prompt": PROMPT, "max_tokens": 1, "temperature": 0}
         with httpx.Client(timeout=60) as client:
 
@@ -293,7 +296,9 @@ def e2e(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                     break
                 shift = index % len(names)
                 for name in names[shift:] + names[:shift]:
+                    before = cpus[name].read()["api"]
                     block = [one(name) for _ in range(args.e2e_block)]
+                    api_cpu_s[name] += cpus[name].read()["api"] - before
                     latencies[name].extend(block)
                     medians[name].append(statistics.median(block))
     base = names[0]
@@ -305,6 +310,7 @@ def e2e(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "p50_ms": round(quantile(ms, 0.5), 3),
             "p90_ms": round(quantile(ms, 0.9), 3),
             "p99_ms": round(quantile(ms, 0.99), 3),
+            "api_cpu_us_per_request": round(1e6 * api_cpu_s[name] / len(ms), 1),
         }
         if name != base:
             deltas = [1000 * (m - b) for m, b in zip(medians[name], medians[base], strict=False)]
@@ -317,7 +323,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=40, help="in-process: blocks per side")
     parser.add_argument("--block", type=int, default=500, help="in-process: requests per block")
-    parser.add_argument("--registries", default="memory,multiproc")
+    parser.add_argument("--registries", default="memory,multiproc", help="empty: skip (a)")
     parser.add_argument("--no-e2e", dest="e2e", action="store_false")
     parser.add_argument("--e2e-variants", default="plain,warden_no_middleware,warden")
     parser.add_argument("--e2e-rounds", type=int, default=40)
@@ -334,7 +340,7 @@ def main() -> int:
         return 0
 
     result: dict[str, Any] = {"machine": machine(), "inprocess": {}}
-    for registry in args.registries.split(","):
+    for registry in filter(None, args.registries.split(",")):
         log(f"in-process, {registry} registry: {args.rounds} x {args.block} requests per side")
         result["inprocess"][registry] = run_child(registry, args.rounds, args.block)
     if args.e2e:
@@ -375,9 +381,11 @@ def main() -> int:
                     s["p90_ms"],
                     s["p99_ms"],
                     "" if delta is None else f"{delta['median']:+.3f}",
+                    s["api_cpu_us_per_request"],
                 ]
             )
-        print(table(["engine", "requests", "p50 ms", "p90 ms", "p99 ms", "delta p50 ms"], rows))
+        headers = ["engine", "requests", "p50 ms", "p90 ms", "p99 ms", "delta p50 ms"]
+        print(table([*headers, "API server CPU us/request"], rows))
     return 0
 
 
