@@ -244,6 +244,7 @@ def quantile(values: Sequence[float], q: float) -> float:
 def summary(values: Sequence[float], digits: int = 4) -> dict[str, float]:
     return {
         "n": len(values),
+        "mean": round(statistics.fmean(values), digits),
         "median": round(statistics.median(values), digits),
         "p25": round(quantile(values, 0.25), digits),
         "p75": round(quantile(values, 0.75), digits),

@@ -16,8 +16,9 @@ of the median), and the ratio of the fast runs (90th percentile of tokens/s), wh
 from other work on the machine disturbs least. A single request's step time difference is
 warden's per-step work on the critical path.
 
-With ``--profile S`` the last engine is then driven alone for S seconds while py-spy samples
-its three processes, and the share of samples inside warden's code is printed per process.
+With ``--profile S`` each engine is then driven alone for S seconds while py-spy samples its
+three processes: busy samples per 1000 tokens per process, and the shares inside warden's own
+code and inside prometheus_client's value store (multiprocess metrics).
 
 Usage:  .venv/bin/python -m benchmarks.exporter_overhead [--rounds 60] [--max-tokens 128]
         [--variants plain,warden] [--profile 20] [--model DIR] [--budget-s 420]
@@ -186,10 +187,11 @@ def analyse(runs: dict[str, dict[str, list[dict[str, float]]]], base: str) -> di
                 "step_delta_us_per_round": summary(
                     [1000 * (b["ms_per_step"] - a["ms_per_step"]) for b, a in pairs], 1
                 ),
-                "cpu_delta_us_tok": {
+                # Means: CPU times come in 10 ms clock ticks, so per-run values are coarse.
+                "cpu_delta_us_tok_mean": {
                     role: round(
-                        stats[f"cpu_us_tok_{role}"]["median"]
-                        - base_stats[f"cpu_us_tok_{role}"]["median"],
+                        stats[f"cpu_us_tok_{role}"]["mean"]
+                        - base_stats[f"cpu_us_tok_{role}"]["mean"],
                         1,
                     )
                     for role in EngineCpu.ROLES
@@ -253,8 +255,7 @@ def markdown(analysis: dict[str, Any], base: str) -> str:
                     round(stats["ms_per_step"]["median"], 3),
                     delta,
                     " / ".join(
-                        str(round(stats[f"cpu_us_tok_{role}"]["median"]))
-                        for role in EngineCpu.ROLES
+                        str(round(stats[f"cpu_us_tok_{role}"]["mean"])) for role in EngineCpu.ROLES
                     ),
                     round(stats["foreign_cores"]["median"], 2),
                 ]
@@ -270,7 +271,7 @@ def markdown(analysis: dict[str, Any], base: str) -> str:
         f"ratio, quiet rounds (others < {QUIET_CORES} cores)",
         "ms/step",
         "step delta us",
-        "CPU us/token api / core / worker",
+        "CPU us/token (mean) api / core / worker",
         "others' cores busy",
     ]
     return table(headers, rows)
@@ -287,7 +288,9 @@ _WAITING = ("Event.wait", "Condition.wait", "time.sleep", "select", "poll", "epo
 
 
 def profile(engine: EngineProcess, model: str, seconds: float, out: Path) -> dict[str, Any]:
-    """Drive ``engine`` at batch 8 while py-spy samples it; warden's share per process."""
+    """Drive ``engine`` at batch 8 while py-spy samples it (50 Hz): per process, busy samples
+    per 1000 generated tokens, warden's own share, and prometheus_client's value store share
+    (where multiprocess metrics spend their time)."""
     spy = shutil.which("py-spy") or str(Path(__file__).resolve().parents[1] / ".venv/bin/py-spy")
     if not Path(spy).exists():
         return {"error": "py-spy not installed (pip install py-spy)"}
@@ -296,15 +299,18 @@ def profile(engine: EngineProcess, model: str, seconds: float, out: Path) -> dic
     command += ["-d", str(int(seconds)), "-f", "raw", "-o", str(out)]
     recorder = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
+    tokens = [0]
+
     async def drive() -> None:
         body = completion_body(model, 128)
         url = f"{engine.base_url}/v1/completions"
-        end = time.monotonic() + seconds + 2
+        end = time.monotonic() + seconds
         async with httpx.AsyncClient(timeout=300) as client:
 
             async def loop() -> None:
                 while time.monotonic() < end:
                     (await client.post(url, json=body)).raise_for_status()
+                    tokens[0] += 128
 
             await asyncio.gather(*(loop() for _ in range(8)))
 
@@ -315,7 +321,10 @@ def profile(engine: EngineProcess, model: str, seconds: float, out: Path) -> dic
     except subprocess.TimeoutExpired:
         recorder.kill()
         return {"error": "py-spy did not finish"}
-    return summarize_profile(out)
+    result = summarize_profile(out)
+    for role in result.values():
+        role["samples_per_1k_tokens"] = round(1000 * role["samples"] / max(1, tokens[0]), 2)
+    return {"tokens": tokens[0], "processes": result}
 
 
 def summarize_profile(path: Path) -> dict[str, Any]:
@@ -520,10 +529,12 @@ def main() -> int:
         measured_s = time.monotonic() - started
         after = machine()["loadavg"]
         if args.profile > 0:
-            name = variants[-1].name
-            log(f"profiling {name} for {args.profile:.0f}s")
-            raw = Path(args.out).with_suffix(".py-spy.txt") if args.out else work / "py-spy.txt"
-            spy = {name: profile(engines[name], model, args.profile, raw)}
+            spy = {}
+            for name in engines:
+                log(f"profiling {name} for {args.profile:.0f}s")
+                folder = Path(args.out).parent if args.out else work
+                raw = folder / f"py-spy-{name}.txt"
+                spy[name] = profile(engines[name], model, args.profile, raw)
     analysis = analyse(runs, base)
     estimates = {}
     if micro_result is not None:

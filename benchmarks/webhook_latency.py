@@ -31,7 +31,7 @@ import datetime
 import hashlib
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +40,11 @@ import yaml
 
 from benchmarks.common import (
     VARIANTS,
+    EngineCpu,
     cleanup,
     log,
     machine,
+    own_cpu_s,
     quantile,
     running_engines,
     sample,
@@ -282,22 +284,32 @@ def main() -> int:
         # Warm-up, not measured: first requests build the router's and parser's caches.
         _, n = sequential(url, (notification(g) for g in groups(alert_pool(8, "warm"), 1)), 50, 30)
         sent += n
-        phases["health"], _ = sequential(
-            f"{engine.base_url}/health", None, args.count, args.phase_s
+        cpu = EngineCpu(engine)
+
+        def timed(name: str, run: Callable[[], tuple[dict[str, float], int]]) -> int:
+            """Run a phase; add the server's and this client's CPU time per request."""
+            server, client = cpu.read()["api"], own_cpu_s()
+            stats, n = run()
+            stats["server_cpu_us_per_req"] = round(1e6 * (cpu.read()["api"] - server) / stats["n"])
+            stats["client_cpu_us_per_req"] = round(1e6 * (own_cpu_s() - client) / stats["n"])
+            phases[name] = stats
+            log(f"{name}: {stats}")
+            return n
+
+        timed(
+            "health",
+            lambda: sequential(f"{engine.base_url}/health", None, args.count, args.phase_s),
         )
-        log(f"health: {phases['health']}")
         pool = alert_pool(args.fingerprints, "seq")
         bodies = (notification(g) for g in groups(pool, args.alerts))
-        phases["sequential"], n = sequential(url, bodies, args.count, args.phase_s)
-        sent += n
-        log(f"sequential: {phases['sequential']}")
+        sent += timed("sequential", lambda: sequential(url, bodies, args.count, args.phase_s))
         for clients in (int(c) for c in args.clients.split(",")):
-            stats, n = asyncio.run(
-                concurrent(url, args.alerts, args.fingerprints, clients, args.count, args.phase_s)
+            sent += timed(
+                f"c{clients}",
+                lambda c=clients: asyncio.run(
+                    concurrent(url, args.alerts, args.fingerprints, c, args.count, args.phase_s)
+                ),
             )
-            phases[f"c{clients}"] = stats
-            sent += n
-            log(f"c{clients}: {stats}")
         if args.unique:
             phases["unique"], n = unique_phase(
                 url, args.unique, max(1, args.unique // 10), args.phase_s * 2
@@ -334,11 +346,22 @@ def main() -> int:
         Path(args.out).write_text(text + "\n")
     print(text)
     rows = [
-        [name, s["n"], s["per_s"], s["p50_ms"], s["p90_ms"], s["p99_ms"], s["max_ms"]]
+        [
+            name,
+            s["n"],
+            s["per_s"],
+            s["p50_ms"],
+            s["p90_ms"],
+            s["p99_ms"],
+            s["max_ms"],
+            s["server_cpu_us_per_req"],
+            s["client_cpu_us_per_req"],
+        ]
         for name, s in phases.items()
         if name != "unique"
     ]
-    print(table(["phase", "requests", "per s", "p50 ms", "p90 ms", "p99 ms", "max ms"], rows))
+    headers = ["phase", "requests", "per s", "p50 ms", "p90 ms", "p99 ms", "max ms"]
+    print(table([*headers, "server CPU us/req", "client CPU us/req"], rows))
     if "unique" in phases:
         rows = [
             [b["resolved_fingerprints_before"], b["n"], b["p50_ms"], b["p99_ms"]]
