@@ -86,19 +86,20 @@ def test_tiny_kv_cache_under_load_raises_watermark_and_preempts(engine: EnginePr
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
+        # 8 blocks each (a 60-token prompt + 180): any two at once overflow the 9 usable.
         with ThreadPoolExecutor(8) as pool:
             futures = [
                 pool.submit(
-                    complete, engine, str(engine.spec.model), LONG_PROMPT, 120, ignore_eos=True
+                    complete, engine, str(engine.spec.model), LONG_PROMPT, 180, ignore_eos=True
                 )
-                for _ in range(8)
+                for _ in range(12)
             ]
             statuses = [f.result().status_code for f in futures]
     finally:
         stop.set()
         watcher.join()
     after = scrape(engine)
-    assert statuses == [200] * 8
+    assert statuses == [200] * 12
     preemptions = sample(after, catalog.VLLM_NUM_PREEMPTIONS.name) - sample(
         before, catalog.VLLM_NUM_PREEMPTIONS.name
     )
