@@ -9,18 +9,25 @@ concurrent completions (fixed prompt, ``max_tokens``, ``ignore_eos``, temperatur
 engine, which engine goes first rotating from round to round, then a single request to each.
 
 Per run: tokens/s = generated tokens / wall time; wall time / max_tokens (the engine's step
-time, prefill and HTTP included); and the CPU time of the API server, engine core and worker
-processes per generated token. Reported per engine: medians and quartiles; per round, the
-ratio of each engine's tokens/s to the first engine's (median, IQR, a bootstrap 95% interval
-of the median), and the ratio of the fast runs (90th percentile of tokens/s), which contention
-from other work on the machine disturbs least. A single request's step time difference is
-warden's per-step work on the critical path.
+time, prefill and HTTP included); the CPU time of the API server, engine core and worker
+processes per generated token; and how many cores everything else on the machine kept busy
+meanwhile. Reported per engine: medians and quartiles; per round, the ratio of each engine's
+tokens/s to the first engine's (median, IQR, a bootstrap 95% interval of the median), the
+same over the quiet rounds only (others kept under a quarter of a core busy during both
+runs), and the ratio of the fast runs (90th percentile of tokens/s).
+
+On a shared 2-core machine the A/B cannot resolve a few percent, so warden's per-step work is
+also timed in isolation first (in child processes, with and without multiprocess metrics):
+the logits processor at the engine's batch and vocabulary (and at realistic vocabularies), the
+stat logger with the reflex attached, and vLLM's own Prometheus logger, whose cost
+``PROMETHEUS_MULTIPROC_DIR`` changes. Set against the plain engine's step time, that bounds
+the loss from below.
 
 With ``--profile S`` each engine is then driven alone for S seconds while py-spy samples its
 three processes: busy samples per 1000 tokens per process, and the shares inside warden's own
 code and inside prometheus_client's value store (multiprocess metrics).
 
-Usage:  .venv/bin/python -m benchmarks.exporter_overhead [--rounds 60] [--max-tokens 128]
+Usage:  .venv/bin/python -m benchmarks.exporter_overhead [--rounds 80] [--max-tokens 128]
         [--variants plain,warden] [--profile 20] [--model DIR] [--budget-s 420]
 """
 
@@ -387,8 +394,9 @@ def micro(model: str, vocab: int, batch: int) -> dict[str, Any]:
     import torch
     from vllm import SamplingParams
     from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.engine import FinishReason
     from vllm.v1.metrics.loggers import PrometheusStatLogger
-    from vllm.v1.metrics.stats import IterationStats, SchedulerStats
+    from vllm.v1.metrics.stats import FinishedRequestStats, IterationStats, SchedulerStats
     from vllm.v1.sample.logits_processor import BatchUpdate
 
     from exporter.logits import NonFiniteLogitsProcessor
@@ -410,6 +418,17 @@ def micro(model: str, vocab: int, batch: int) -> dict[str, Any]:
     ).create_engine_config()
     vllm_logger = PrometheusStatLogger(config, engine_indexes=[0])
     out["vllm_prometheus_record_us"] = best_us(lambda: vllm_logger.record(stats, iteration), 5000)
+    # A step that finishes one request (its latency histograms are observed once).
+    done = IterationStats()
+    done.num_generation_tokens = 1
+    done.finished_requests = [
+        FinishedRequestStats(
+            FinishReason.LENGTH, "r", 0.2, 12, 0, 128, 128, 0.001, 0.002, 0.2, 0.19, 0.0015
+        )
+    ]
+    out["vllm_prometheus_record_finished_request_us"] = best_us(
+        lambda: vllm_logger.record(stats, done), 3000
+    )
 
     board = SignalBoard.create_for_process_tree()
     try:
@@ -480,7 +499,7 @@ def run_micro(model: str, batch: int) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--rounds", type=int, default=80)
     parser.add_argument("--warmup", type=int, default=3, help="unmeasured rounds first")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=128)
@@ -506,6 +525,9 @@ def main() -> int:
         help="VLLM_CPU_OMP_THREADS_BIND for every engine (e.g. 1: the worker on core 1)",
     )
     parser.add_argument("--no-micro", dest="micro", action="store_false")
+    parser.add_argument(
+        "--micro-only", action="store_true", help="only the per-step timings (no engines)"
+    )
     parser.add_argument("--micro-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--vocab", type=int, default=1024, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -523,6 +545,10 @@ def main() -> int:
     spy: dict[str, Any] | None = None
     env = {"VLLM_CPU_OMP_THREADS_BIND": args.omp_bind} if args.omp_bind else None
     micro_result = run_micro(model, args.concurrency) if args.micro else None
+    if args.micro_only:
+        print(json.dumps({"machine": before, "per_step_micro": micro_result}, indent=1))
+        cleanup(work, temporary)
+        return 0
     with running_engines(variants, model, work, extra_args=extra, env=env) as engines:
         started = time.monotonic()
         runs = asyncio.run(measure(engines, model, args))
