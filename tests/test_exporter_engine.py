@@ -85,24 +85,36 @@ def test_tiny_kv_cache_under_load_raises_watermark_and_preempts(engine: EnginePr
 
     watcher = threading.Thread(target=watch)
     watcher.start()
+    statuses: list[int] = []
+    preemptions = 0.0
     try:
-        # 8 blocks each (a 60-token prompt + 180): any two at once overflow the 9 usable.
-        with ThreadPoolExecutor(8) as pool:
-            futures = [
-                pool.submit(
-                    complete, engine, str(engine.spec.model), LONG_PROMPT, 180, ignore_eos=True
-                )
-                for _ in range(12)
-            ]
-            statuses = [f.result().status_code for f in futures]
+        # 8 blocks each (a 72-token prompt + 180): any two at once overflow the 9 usable. On a
+        # machine loaded by other work the API server can be slow enough to feed requests one
+        # at a time, so the flood is repeated (at most 3 times) until two overlap.
+        for _ in range(3):
+            with ThreadPoolExecutor(8) as pool:
+                futures = [
+                    pool.submit(
+                        complete,
+                        engine,
+                        str(engine.spec.model),
+                        LONG_PROMPT,
+                        180,
+                        ignore_eos=True,
+                    )
+                    for _ in range(12)
+                ]
+                statuses += [f.result().status_code for f in futures]
+            preemptions = sample(scrape(engine), catalog.VLLM_NUM_PREEMPTIONS.name) - sample(
+                before, catalog.VLLM_NUM_PREEMPTIONS.name
+            )
+            if preemptions > 0:
+                break
     finally:
         stop.set()
         watcher.join()
     after = scrape(engine)
-    assert statuses == [200] * 12
-    preemptions = sample(after, catalog.VLLM_NUM_PREEMPTIONS.name) - sample(
-        before, catalog.VLLM_NUM_PREEMPTIONS.name
-    )
+    assert set(statuses) == {200}
     assert preemptions > 0
     assert peak["kv"] >= 0.8, peak  # polled: the exact top may fall between two polls
     assert peak["level"] >= 1, peak
