@@ -463,8 +463,12 @@ def micro(model: str, vocab: int, batch: int) -> dict[str, Any]:
         out.setdefault("logits_processor_apply_us", {})[key] = best_us(
             lambda p=processor, x=logits: p.apply(x), count
         )
-        # One pass over the same logits, for scale: a row sum.
+        # For scale: one pass over the same logits (a row sum), and a one-reduction finiteness
+        # check read on the host (free on CPU), the common path a cheaper check could take.
         out.setdefault("row_sum_us", {})[key] = best_us(lambda x=logits: x.sum(dim=1), count)
+        out.setdefault("isfinite_of_sum_us", {})[key] = best_us(
+            lambda x=logits: bool(torch.isfinite(x.sum()).item()), count
+        )
     return out
 
 
