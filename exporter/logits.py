@@ -130,9 +130,17 @@ class NonFiniteLogitsProcessor(LogitsProcessor):
         if not self.rows:
             return logits
         num_rows = logits.shape[0]
-        for index, row in self.rows.items():
-            if row.inject is not None and index < num_rows:
-                logits[index, :] = float("nan") if row.inject == "nan" else float("inf")
+        injected = False
+        if self.inject_enabled:
+            for index, row in self.rows.items():
+                if row.inject is not None and index < num_rows:
+                    logits[index, :] = float("nan") if row.inject == "nan" else float("inf")
+                    injected = True
+        # Common path on CPU: one reduction, read without any device sync. Only a batch holding
+        # NaN/Inf (or overflowing the sum, harmlessly) pays for the per-row split below.
+        if logits.device.type == "cpu" and not injected and bool(torch.isfinite(logits.sum())):
+            self._drain()
+            return logits
         nan_rows = torch.isnan(logits).any(dim=1)
         inf_rows = torch.isinf(logits).any(dim=1)
         rows = [self.rows.get(i) for i in range(num_rows)]
