@@ -120,7 +120,6 @@ def test_tiny_kv_cache_under_load_raises_watermark_and_preempts(engine: EnginePr
     # which polling cannot miss) proves the utilisation rose past the high threshold (0.90);
     # the polled instantaneous ratio may miss the top on a loaded machine.
     assert peak["level"] >= 1, peak
-    assert peak["kv"] > 0 or peak["level"] >= 1, peak
     transitions_up = sum(
         sample(after, catalog.WATERMARK_TRANSITIONS.name, to=level)
         - sample(before, catalog.WATERMARK_TRANSITIONS.name, to=level)
