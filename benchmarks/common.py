@@ -17,6 +17,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import socket
 import statistics
 import sys
@@ -126,6 +127,16 @@ class VariantSpec(LaunchSpec):
                     env.pop(key)
         env.update(self.env)
         return env
+
+
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM (``timeout``, a CI cancel) into SystemExit, so ``running_engines`` still
+    stops every engine it started (they run in their own sessions and would outlive us)."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 def free_port() -> int:

@@ -28,7 +28,7 @@ three processes: busy samples per 1000 tokens per process, and the shares inside
 code and inside prometheus_client's value store (multiprocess metrics).
 
 Usage:  .venv/bin/python -m benchmarks.exporter_overhead [--rounds 80] [--max-tokens 128]
-        [--variants plain,warden] [--profile 20] [--model DIR] [--budget-s 420]
+        [--variants plain,warden] [--profile 20] [--model DIR] [--budget-s 360]
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from benchmarks.common import (
     EngineCpu,
     bootstrap_median_ci,
     cleanup,
+    exit_on_sigterm,
     log,
     machine,
     machine_busy_s,
@@ -520,7 +521,7 @@ def main() -> int:
     )
     parser.add_argument("--profile", type=float, default=0.0, help="py-spy seconds (0: none)")
     parser.add_argument("--model", help="model dir (default: build the tiny model)")
-    parser.add_argument("--budget-s", type=float, default=420.0, help="measurement time limit")
+    parser.add_argument("--budget-s", type=float, default=360.0, help="measurement time limit")
     parser.add_argument("--workdir", help="keep engine logs here")
     parser.add_argument("--out", help="write the JSON result here")
     parser.add_argument(
@@ -538,6 +539,7 @@ def main() -> int:
     if args.micro_child:
         print(json.dumps(micro(args.model, args.vocab, args.concurrency)))
         return 0
+    exit_on_sigterm()
 
     variants = [VARIANTS[name] for name in args.variants.split(",")]
     base = variants[0].name

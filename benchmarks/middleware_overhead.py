@@ -46,6 +46,7 @@ from benchmarks.common import (
     VARIANTS,
     EngineCpu,
     cleanup,
+    exit_on_sigterm,
     log,
     machine,
     quantile,
@@ -338,6 +339,7 @@ def main() -> int:
     if args.child:
         print(json.dumps(asyncio.run(inprocess(args.rounds, args.block))))
         return 0
+    exit_on_sigterm()
 
     result: dict[str, Any] = {"machine": machine(), "inprocess": {}}
     for registry in filter(None, args.registries.split(",")):

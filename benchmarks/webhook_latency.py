@@ -42,6 +42,7 @@ from benchmarks.common import (
     VARIANTS,
     EngineCpu,
     cleanup,
+    exit_on_sigterm,
     log,
     machine,
     own_cpu_s,
@@ -267,6 +268,7 @@ def main() -> int:
     parser.add_argument("--workdir", help="keep the engine log here")
     parser.add_argument("--out", help="write the JSON result here")
     args = parser.parse_args()
+    exit_on_sigterm()
 
     work, temporary = workdir(args.workdir, "warden-webhook-bench-")
     log(f"work folder (engine log): {work}")
