@@ -444,3 +444,14 @@ def test_backoff_grows_and_is_capped() -> None:
     samples = [backoff_s(retry, 5, rng) for _ in range(200)]
     assert max(samples) <= retry.backoff_max_s
     assert max(backoff_s(retry, 2, rng) for _ in range(200)) <= retry.backoff_base_s
+
+
+def test_resolved_alerts_are_remembered_for_the_tombstone_ttl_then_forgotten() -> None:
+    table = LeaseTable(tombstone_ttl_s=600)
+    request = ActionRequest("stop_admission")
+    table.renew("alertmanager", "fp", request, 300, now=0.0, started_at=10.0)
+    table.release("alertmanager", "fp", now=5.0, started_at=10.0)
+    table.expire(now=100.0)
+    assert table.renew("alertmanager", "fp", request, 300, 100.0, started_at=10.0) == "stale"
+    table.expire(now=700.0)  # past the TTL: the tombstone is pruned (once a minute at most)
+    assert table.renew("alertmanager", "fp", request, 300, 700.0, started_at=10.0) == "applied"

@@ -57,6 +57,7 @@ class LeaseTable:
         self._leases: dict[tuple[str, str], Lease] = {}
         self._resolved: dict[str, tuple[float, float]] = {}  # key -> (startsAt, recorded at)
         self._tombstone_ttl_s = tombstone_ttl_s
+        self._next_prune = 0.0  # tombstones are pruned once a minute, not on every request
         self._lock = threading.RLock()
         self.version = 0
 
@@ -121,9 +122,12 @@ class LeaseTable:
             gone = [lease for lease in self._leases.values() if lease.expires_at <= now]
             for lease in gone:
                 del self._leases[(lease.source, lease.key)]
-            old = [k for k, (_s, at) in self._resolved.items() if now - at > self._tombstone_ttl_s]
-            for k in old:
-                del self._resolved[k]
+            if now >= self._next_prune:
+                self._next_prune = now + 60.0
+                ttl = self._tombstone_ttl_s
+                old = [k for k, (_s, at) in self._resolved.items() if now - at > ttl]
+                for k in old:
+                    del self._resolved[k]
             if gone:
                 self.version += 1
             return gone
