@@ -16,7 +16,7 @@ Scenarios: a completion; a chat completion; a streamed completion (16 chunks); a
 under a max_tokens cap lease (the body is rewritten); GET /health (passes straight through);
 and, last, a completion while 1 000 and then 10 000 resolved alerts are remembered (the lease
 table keeps a tombstone per resolved fingerprint for ``webhook.tombstone_ttl_s``, 24 h by
-default, and scans them on every policy read).
+default; until commit ad0a25d every policy read scanned them all).
 
 (b) End to end (``--e2e``, on by default). Real engines on the tiny CPU model, side by side:
 ``plain`` vLLM, ``warden_no_middleware`` (every warden hook except the middleware) and
