@@ -456,7 +456,7 @@ def micro(model: str, vocab: int, batch: int) -> dict[str, Any]:
     shapes = {(1, vocab), (8, vocab), (batch, vocab), (8, 32000), (8, 128256), (64, 128256)}
     for rows, width in sorted(shapes):
         processor = NonFiniteLogitsProcessor(fake, torch.device("cpu"), False)
-        added = [(i, params, [1, 2, 3], []) for i in range(rows)]
+        added: list[Any] = [(i, params, [1, 2, 3], []) for i in range(rows)]
         processor.update_state(BatchUpdate(batch_size=rows, removed=[], added=added, moved=[]))
         logits = torch.randn(rows, width)
         count = max(20, int(2e7 / (rows * width)))

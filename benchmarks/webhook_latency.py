@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import functools
 import hashlib
 import json
 import time
@@ -305,13 +306,14 @@ def main() -> int:
         pool = alert_pool(args.fingerprints, "seq")
         bodies = (notification(g) for g in groups(pool, args.alerts))
         sent += timed("sequential", lambda: sequential(url, bodies, args.count, args.phase_s))
-        for clients in (int(c) for c in args.clients.split(",")):
-            sent += timed(
-                f"c{clients}",
-                lambda c=clients: asyncio.run(
-                    concurrent(url, args.alerts, args.fingerprints, c, args.count, args.phase_s)
-                ),
+
+        def concurrent_phase(clients: int) -> tuple[dict[str, float], int]:
+            return asyncio.run(
+                concurrent(url, args.alerts, args.fingerprints, clients, args.count, args.phase_s)
             )
+
+        for clients in (int(c) for c in args.clients.split(",")):
+            sent += timed(f"c{clients}", functools.partial(concurrent_phase, clients))
         if args.unique:
             phases["unique"], n = unique_phase(
                 url, args.unique, max(1, args.unique // 10), args.phase_s * 2
