@@ -15,7 +15,6 @@ import contextlib
 import datetime
 import os
 import platform
-import re
 import shutil
 import signal
 import socket
@@ -37,6 +36,7 @@ from warden.launch import (
     WORKER_EXTENSION,
     LaunchSpec,
 )
+from warden.metrics_text import parse_samples, sample  # noqa: F401 - re-exported
 
 # The tests' engine configuration (tests/support/engine.py BASE_ARGS), plus a 1 GiB KV cache.
 BASE_ARGS: tuple[str, ...] = (
@@ -333,27 +333,8 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-_SAMPLE_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
-
-
 def scrape(base_url: str) -> dict[str, float]:
     """All samples of the server's /metrics as {'name{labels}': value}."""
     import httpx
 
-    text = httpx.get(f"{base_url}/metrics", timeout=30).text
-    samples: dict[str, float] = {}
-    for line in text.splitlines():
-        match = _SAMPLE_LINE.match(line)
-        if match:
-            samples[match.group(1) + (match.group(2) or "")] = float(match.group(3))
-    return samples
-
-
-def sample(samples: dict[str, float], name: str, **labels: str) -> float:
-    """Sum of the samples of ``name`` whose labels include ``labels``."""
-    total = 0.0
-    for key, value in samples.items():
-        metric, _, rest = key.partition("{")
-        if metric == name and all(f'{k}="{v}"' in rest for k, v in labels.items()):
-            total += value
-    return total
+    return parse_samples(httpx.get(f"{base_url}/metrics", timeout=30).text)

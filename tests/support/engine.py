@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import re
 import socket
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -12,6 +11,7 @@ import httpx
 
 from warden.engine_process import EngineProcess
 from warden.launch import LaunchSpec
+from warden.metrics_text import parse_samples, sample  # noqa: F401 - re-exported for tests
 
 # Small and fast on 2 CPU cores; a test adds --num-gpu-blocks-override for a tiny KV cache.
 BASE_ARGS = (
@@ -52,30 +52,9 @@ def running_engine(
         yield engine
 
 
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
-
-
 def scrape(engine: EngineProcess) -> dict[str, float]:
     """All samples of /metrics as {'name{labels}': value}."""
-    text = httpx.get(engine.metrics_url, timeout=10).text
-    samples: dict[str, float] = {}
-    for line in text.splitlines():
-        match = _SAMPLE.match(line)
-        if match:
-            samples[match.group(1) + (match.group(2) or "")] = float(match.group(3))
-    return samples
-
-
-def sample(samples: Mapping[str, float], name: str, **labels: str) -> float:
-    """Sum of the samples of ``name`` whose labels include ``labels``."""
-    total = 0.0
-    for key, value in samples.items():
-        metric, _, rest = key.partition("{")
-        if metric != name:
-            continue
-        if all(f'{k}="{v}"' in rest for k, v in labels.items()):
-            total += value
-    return total
+    return parse_samples(httpx.get(engine.metrics_url, timeout=10).text)
 
 
 def complete(
