@@ -19,11 +19,13 @@ from typing import Any
 
 import httpx
 
+from alerts.model import AlertRule
+from alerts.rules import MEMORY
 from exporter import catalog
 from warden.stack.native import NativeStack
 
-MEMORY_ALERTS = ("WardenOOMImminent", "WardenMemoryWatermarkCritical", "WardenMemoryWatermarkHigh")
-PAGED_ALERT = "WardenOOMImminent"
+# The memory alerts, named by the rule definitions themselves (never retyped).
+MEMORY_ALERTS = tuple(rule.name for rule in MEMORY.rules if isinstance(rule, AlertRule))
 REFLEX_REASONS = ("stop_admission", "reject_all", "shed_low_priority", "kv_headroom")
 
 
