@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,7 +34,11 @@ from warden.supervisor_state import STATE_ENV_VAR, SupervisorState
 pytestmark = pytest.mark.engine
 
 TOKEN = "supervisor-test-token"
-ENGINE_ARGS = ("--dtype", "float32", "--max-model-len", "2048", "--block-size", "32")
+# 8192 positions (the module's copy of the tiny model has that many): the drain test needs
+# requests that run for several seconds even on a fast machine.
+ENGINE_ARGS = ("--dtype", "float32", "--max-model-len", "8192", "--block-size", "32")
+LONG_REQUESTS = 4
+LONG_MAX_TOKENS = 6000
 START_TIMEOUT_S = 600.0
 
 
@@ -93,6 +98,11 @@ class Supervised:
         payload = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, **body}
         return httpx.post(f"{self.url}/v1/completions", json=payload, timeout=300)
 
+    def running_requests(self) -> float:
+        """Requests in the engine's batch now (vLLM's own gauge, summed over its labels)."""
+        name = catalog.VLLM_NUM_REQUESTS_RUNNING.name
+        return sum(v for k, v in self.metrics().items() if k.split("{")[0] == name)
+
     def metrics(self) -> dict[str, float]:
         samples = {}
         for line in httpx.get(f"{self.url}/metrics", timeout=10).text.splitlines():
@@ -107,7 +117,20 @@ def _restarts(samples: dict[str, float], reason: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def supervised(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervised]:
+def long_tiny_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with 8192 positions instead of 2048 (RoPE has no weights to resize)."""
+    model = tmp_path_factory.mktemp("long-tiny-model")
+    shutil.copytree(tiny_model, model, dirs_exist_ok=True)
+    config = json.loads((model / "config.json").read_text())
+    config["max_position_embeddings"] = 8192
+    (model / "config.json").write_text(json.dumps(config))
+    return model
+
+
+@pytest.fixture(scope="module")
+def supervised(
+    long_tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Supervised]:
     run_dir = tmp_path_factory.mktemp("supervised")
     port, control_port = free_port(), free_port()
     argv = [
@@ -119,7 +142,7 @@ def supervised(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         "--max-restarts", "3",
         "--stall-grace-s", "1",
         "--backoff-base-s", "0.5",
-        str(tiny_model), *ENGINE_ARGS,
+        str(long_tiny_model), *ENGINE_ARGS,
     ]  # fmt: skip
     env = {
         **os.environ,
@@ -131,7 +154,7 @@ def supervised(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         process = subprocess.Popen(
             argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
-    handle = Supervised(process, run_dir, port, control_port, str(tiny_model))
+    handle = Supervised(process, run_dir, port, control_port, str(long_tiny_model))
     try:
         handle.wait_serving(1)
         yield handle
@@ -179,8 +202,14 @@ def test_live_engine_is_ready_and_reports_health(supervised: Supervised) -> None
 def test_enforce_eager_drains_in_flight_requests_and_restarts_eager(
     supervised: Supervised,
 ) -> None:
-    """Long requests keep arriving until the supervisor acts on the policy: those admitted
-    finish, new ones get 503 + Retry-After, and the next engine runs eager."""
+    """Long requests are running when the policy asks for eager mode: they finish during the
+    drain, new ones get 503 + Retry-After, and the next engine runs eager.
+
+    The long requests are all running before the lease is posted and last well past the
+    supervisor's policy poll, so the switch finds them in flight whatever the machine's speed
+    (pacing requests from the test process fails: on two cores a generating engine can starve
+    the test process for seconds).
+    """
     switching: list[str] = []
     # (started, ended, status or error, Retry-After, finish_reason); unix times, like the state
     outcomes: list[tuple[float, float, Any, str | None, str | None]] = []
@@ -207,6 +236,13 @@ def test_enforce_eager_drains_in_flight_requests_and_restarts_eager(
             time.sleep(0.05)
 
     with ThreadPoolExecutor(12) as pool:
+        for _ in range(LONG_REQUESTS):
+            pool.submit(send, LONG_MAX_TOKENS)
+        supervised.wait(
+            f"{LONG_REQUESTS} long requests running",
+            lambda: supervised.running_requests() >= LONG_REQUESTS,
+            60,
+        )
         watcher = pool.submit(watch_phase)
         lease = httpx.post(
             f"{supervised.url}/warden/degrade",
@@ -215,21 +251,18 @@ def test_enforce_eager_drains_in_flight_requests_and_restarts_eager(
             timeout=10,
         )
         assert lease.status_code == 200, lease.text
-        deadline = time.monotonic() + 60
-        while not switching and time.monotonic() < deadline:
-            pool.submit(send, 1500)  # admitted until the drain lease lands: in flight then
-            time.sleep(0.3)
+        watcher.result(timeout=120)
         for _ in range(5):  # new requests during the switch
             pool.submit(send, 2)
             time.sleep(0.2)
-        watcher.result()
         supervised.wait_serving(2)
     state = supervised.state()
     event = state.restarts[-1]
     assert state.eager and event.reason == "enforce_eager"
     switch_at = event.failed_at  # when the supervisor acted on the policy
     admitted = [o for o in outcomes if o[2] == 200]
-    assert admitted and all(o[4] == "length" for o in admitted), outcomes
+    assert len(admitted) == LONG_REQUESTS, outcomes
+    assert all(o[4] == "length" for o in admitted), outcomes
     assert any(end > switch_at for _, end, *_ in admitted), (switch_at, outcomes)
     refused = [o for o in outcomes if o[2] == 503]
     assert refused and all(o[3] for o in refused), outcomes
