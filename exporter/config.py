@@ -28,6 +28,9 @@ class ExporterConfig:
     collector_interval_s: float = 1.0
     peak_window_s: float = 15.0
     inject_nonfinite: bool = False
+    # Test-only: sleep this long in every step that has requests, so a test process on a
+    # loaded machine can observe a request while it holds its KV blocks. 0 in production.
+    test_step_delay_s: float = 0.0
 
     def __post_init__(self) -> None:
         levels = (self.watermark_high, self.watermark_critical, self.watermark_oom_imminent)
@@ -49,6 +52,8 @@ class ExporterConfig:
             raise ConfigError(f"WARDEN_STALL_TIMEOUT_S={self.stall_timeout_s}: 0.1 .. 86400")
         if not 1.0 <= self.peak_window_s <= 3600:
             raise ConfigError(f"WARDEN_WATERMARK_PEAK_WINDOW_S={self.peak_window_s}: 1 .. 3600")
+        if not 0.0 <= self.test_step_delay_s <= 1.0:
+            raise ConfigError(f"WARDEN_TEST_STEP_DELAY_S={self.test_step_delay_s}: 0 .. 1")
         if not 0.05 <= self.collector_interval_s <= 3600:
             raise ConfigError(
                 f"WARDEN_COLLECTOR_INTERVAL_S={self.collector_interval_s}: 0.05 .. 3600"
@@ -88,4 +93,5 @@ class ExporterConfig:
             ),
             peak_window_s=number("WARDEN_WATERMARK_PEAK_WINDOW_S", defaults.peak_window_s),
             inject_nonfinite=inject in ("1", "true"),
+            test_step_delay_s=number("WARDEN_TEST_STEP_DELAY_S", defaults.test_step_delay_s),
         )

@@ -14,6 +14,8 @@ step later, so a poisoned request may emit one token before it stops.
 Test switch: with ``WARDEN_TEST_INJECT_NONFINITE=1`` in the engine's environment, a request
 that carries ``vllm_xargs: {"warden_inject": "nan"|"inf"}`` gets its logits poisoned, so tests
 can prove exactly that request is counted. Without the variable the argument is ignored.
+``WARDEN_TEST_STEP_DELAY_S`` slows every step that has requests (tests that must catch a
+request in flight on a busy two-core machine).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any
@@ -74,7 +77,9 @@ class NonFiniteLogitsProcessor(LogitsProcessor):
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
         self.device = device
         self.pin = is_pin_memory
-        self.inject_enabled = ExporterConfig.from_env().inject_nonfinite
+        config = ExporterConfig.from_env()
+        self.inject_enabled = config.inject_nonfinite
+        self.step_delay_s = config.test_step_delay_s
         self.rows: dict[int, _Row] = {}
         self._keys = itertools.count(1)
         self._counted: OrderedDict[int, None] = OrderedDict()
@@ -87,6 +92,10 @@ class NonFiniteLogitsProcessor(LogitsProcessor):
         self.eos_token_id = _eos_token_id(vllm_config)
         if self.inject_enabled:
             log.warning("warden: WARDEN_TEST_INJECT_NONFINITE is on: test-only logits poisoning")
+        if self.step_delay_s:
+            log.warning(
+                "warden: WARDEN_TEST_STEP_DELAY_S=%s: test-only slow steps", self.step_delay_s
+            )
 
     def is_argmax_invariant(self) -> bool:
         # It must see every batch, greedy ones included.
@@ -129,6 +138,8 @@ class NonFiniteLogitsProcessor(LogitsProcessor):
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         if not self.rows:
             return logits
+        if self.step_delay_s:
+            time.sleep(self.step_delay_s)
         num_rows = logits.shape[0]
         injected = False
         if self.inject_enabled:

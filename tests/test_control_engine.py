@@ -580,15 +580,18 @@ def test_kv_forecast_refuses_what_can_never_fit_and_caps_or_defers_the_rest(
     tiny_model: Path, tmp_path: Path
 ) -> None:
     """Forecast admission (on by default) on its own engine: 10 blocks of 32 tokens."""
-    with running_engine(tiny_model, extra_args=TINY_KV_ARGS, run_dir=tmp_path) as eng:
+    slow_steps = {"WARDEN_TEST_STEP_DELAY_S": "0.03"}  # a 180-token request lasts >= 5 s
+    with running_engine(
+        tiny_model, extra_args=TINY_KV_ARGS, env=slow_steps, run_dir=tmp_path
+    ) as eng:
         never = complete(eng, str(tiny_model), " ".join(["memory"] * 300), max_tokens=4)
         assert never.status_code == 400
         assert never.json()["error"]["warden_reason"] == "kv_never_fits"
         assert "never fit" in never.json()["error"]["message"]
-        # One long request holds blocks; a second long one cannot fit whole. The tiny model
-        # finishes a request in well under a second, so the engine core is paused (SIGSTOP)
-        # as soon as the engine reports the first request's blocks: the forecast then judges
-        # the second request against that frozen, known usage.
+        # One long request holds blocks; a second long one cannot fit whole. Steps are slowed
+        # (test switch) so that even a starved test process sees the first request in flight;
+        # the engine core is then paused (SIGSTOP) so the forecast judges the second request
+        # against that frozen, known usage.
         core = find_engine_core(psutil.Process(eng.process.pid))
         second = None
         for _ in range(5):

@@ -96,6 +96,7 @@ def test_watermark_steps_down_only_as_far_as_the_signal_allows() -> None:
         ({"WARDEN_COLLECTOR_INTERVAL_S": "0"}, "WARDEN_COLLECTOR_INTERVAL_S"),
         ({"WARDEN_WATERMARK_HYSTERESIS": "0.95"}, "WARDEN_WATERMARK_HYSTERESIS"),
         ({"WARDEN_TEST_INJECT_NONFINITE": "maybe"}, "WARDEN_TEST_INJECT_NONFINITE"),
+        ({"WARDEN_TEST_STEP_DELAY_S": "5"}, "WARDEN_TEST_STEP_DELAY_S"),
     ],
 )
 def test_absurd_config_is_refused_naming_the_variable(env: dict[str, str], named: str) -> None:
@@ -109,6 +110,7 @@ def test_config_defaults_and_overrides() -> None:
         {"WARDEN_WATERMARK_HIGH": "0.8", "WARDEN_STALL_TIMEOUT_S": "5"}
     )
     assert config.watermark_high == 0.8 and config.stall_timeout_s == 5
+    assert config.test_step_delay_s == 0.0  # production steps are never slowed
 
 
 # --- error classes --------------------------------------------------------------------------
