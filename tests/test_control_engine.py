@@ -105,9 +105,15 @@ def engine(
 
 @pytest.fixture(autouse=True)
 def clean_policy(engine: EngineProcess) -> Iterator[None]:
-    """Each test starts and ends with no manual lease and nothing pending."""
+    """Each test starts and ends with no manual lease and nothing pending; a reflex lease a
+    failed test left behind is waited out, so one failure does not fail the next test too."""
     yield
     httpx.delete(f"{engine.base_url}/warden/degrade?all=1", headers=AUTH, timeout=10)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if not any(lease["source"] == "reflex" for lease in state(engine)["leases"]):
+            break
+        time.sleep(0.2)
 
 
 def notification(status: str, fingerprint: str, starts: str, **labels: str) -> dict:
@@ -326,16 +332,27 @@ def test_local_reflex_rejects_within_a_step_of_the_watermark_crossing(
         pytest.skip(f"the flood never overlapped enough to cross the watermark: {state(engine)}")
     assert any(reason in ("stop_admission", "reject_all") for _, reason in rejections)
     # Measured where it happens, in the server: client-side timing on two busy cores would
-    # mostly measure the test's own scheduling.
-    reflex = sorted(
+    # mostly measure the test's own scheduling. The policy change is the reflex's own act; the
+    # first refusal also waits for a request to arrive, which a starved test process may delay.
+    engine_state = state(engine)
+    refusing = sorted(
+        change["at"]
+        for change in engine_state["policy_changes"]
+        if change["at"] >= crossings[0] and {"stop_admission", "reject_all"} & set(change["active"])
+    )
+    assert refusing, f"the reflex never changed the policy: {engine_state}"
+    reaction = refusing[0] - crossings[0]
+    refusals = sorted(
         r["at"]
-        for r in state(engine)["recent_rejections"]
+        for r in engine_state["recent_rejections"]
         if r["at"] >= crossings[0] and r["reason"] in ("stop_admission", "reject_all")
     )
-    assert reflex, "the reflex never rejected a request"
-    reaction = reflex[0] - crossings[0]
-    print(f"\nwatermark crossing -> first reflex rejection: {reaction * 1000:.0f} ms")
-    assert reaction < 2.0
+    assert refusals, "the reflex never rejected a request"
+    print(
+        f"\nwatermark crossing -> reflex policy in force: {reaction * 1000:.1f} ms, "
+        f"-> first refusal: {(refusals[0] - crossings[0]) * 1000:.0f} ms"
+    )
+    assert reaction < 0.5  # the same engine step, not the next scrape or evaluation
     # Pressure gone: the reflex lets go by itself (after its release delay), engine idle or not.
     deadline = time.monotonic() + 15
     while state(engine)["leases"] and time.monotonic() < deadline:

@@ -417,6 +417,24 @@ def test_reflex_runs_as_a_step_listener(
     assert controller.policy() == EffectivePolicy()
 
 
+def test_policy_changes_record_when_the_reflex_acted_not_when_a_request_came(
+    controller: Controller, clock: Clock
+) -> None:
+    """The state's policy_changes say when a lease took effect: the step that took it, even
+    with no request arriving then to be refused."""
+    reflex = Reflex(controller.config.reflex, controller, clock=clock)
+    clock.now = 1000.0
+    reflex(StepSnapshot(watermark=1, waiting=0))  # high: stop admission, nothing else called
+    clock.now = 1003.0
+    controller.policy()  # a request arrives later
+    changes = controller.state_json()["policy_changes"]
+    assert changes[-1] == {"at": 1000.0, "active": ["stop_admission"]}
+    reflex(StepSnapshot(watermark=0, waiting=0))  # pressure gone: the release delay starts
+    clock.now += controller.config.reflex.release_delay_s
+    reflex(StepSnapshot(watermark=0, waiting=0))
+    assert controller.state_json()["policy_changes"][-1] == {"at": clock.now, "active": []}
+
+
 def test_reflex_leases_lapse_if_steps_stop(controller: Controller, clock: Clock) -> None:
     Reflex(controller.config.reflex, controller)(StepSnapshot(watermark=1))
     clock.now += controller.config.reflex.lease_ttl_s + 1

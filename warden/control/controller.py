@@ -48,6 +48,9 @@ class Controller:
         self.last_policy_change: float = clock()
         # (time, reason) of recent refusals: operators and tests read reaction times here.
         self.recent_rejections: deque[tuple[float, str]] = deque(maxlen=64)
+        # (time, actions in force) at each policy change: when a lease took effect, even if no
+        # request arrived to be refused then.
+        self.policy_changes: deque[tuple[float, list[str]]] = deque(maxlen=64)
         self._active = metrics.get(catalog.DEGRADATION_ACTIVE)
         self._lease_count = metrics.get(catalog.DEGRADATION_LEASES)
         self._circuit = metrics.get(catalog.CIRCUIT_BREAKER_STATE)
@@ -82,6 +85,7 @@ class Controller:
             )
             if self._cached is None or self._cached[1] != policy:
                 self.last_policy_change = now
+                self.policy_changes.append((now, policy.active_actions()))
             self._cached = (version, policy)
             self._publish(policy, live)
             return policy
@@ -195,11 +199,13 @@ class Controller:
         if self.leases.renew(REFLEX, key, request, ttl, now) == Outcome.APPLIED:
             self._reflex_actions.labels(request.action).inc()
             self._span("warden.lease.applied", self.leases.get(REFLEX, key))
+            self.policy()  # in force from this step on, and recorded as such
 
     def drop_reflex(self, key: str) -> None:
         lease = self.leases.get(REFLEX, key)
         if self.leases.release(REFLEX, key, self.clock()) == Outcome.RELEASED:
             self._span("warden.lease.released", lease)
+            self.policy()
 
     # --- preemption ---------------------------------------------------------------------
 
@@ -245,5 +251,8 @@ class Controller:
             "last_policy_change": self.last_policy_change,
             "recent_rejections": [
                 {"at": at, "reason": reason} for at, reason in list(self.recent_rejections)
+            ],
+            "policy_changes": [
+                {"at": at, "active": active} for at, active in list(self.policy_changes)
             ],
         }

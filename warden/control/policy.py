@@ -29,6 +29,18 @@ class EffectivePolicy:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
+    def active_actions(self) -> list[str]:
+        """The degradation actions in force, by name (empty when not degraded)."""
+        flags = {
+            "stop_admission": self.stop_admission,
+            "reject_all": self.reject_all,
+            "cap_max_tokens": self.cap_max_tokens is not None,
+            "shed_low_priority": self.shed_priority_above is not None,
+            "circuit_breaker": self.circuit != "closed",
+            "enforce_eager": self.enforce_eager,
+        }
+        return [action for action, on in flags.items() if on]
+
 
 def combine(
     leases: Iterable[Lease],
