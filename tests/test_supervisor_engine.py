@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -34,11 +33,12 @@ from warden.supervisor_state import STATE_ENV_VAR, SupervisorState
 pytestmark = pytest.mark.engine
 
 TOKEN = "supervisor-test-token"
-# 8192 positions (the module's copy of the tiny model has that many): the drain test needs
-# requests that run for several seconds even on a fast machine.
-ENGINE_ARGS = ("--dtype", "float32", "--max-model-len", "8192", "--block-size", "32")
+ENGINE_ARGS = ("--dtype", "float32", "--max-model-len", "2048", "--block-size", "32")
+# Steps are slowed (test switch): a long request then runs for at least 15 s, so a test
+# process and a supervisor starved by the engine for seconds still see it in flight.
+STEP_DELAY_S = "0.01"
 LONG_REQUESTS = 4
-LONG_MAX_TOKENS = 6000
+LONG_MAX_TOKENS = 1500
 START_TIMEOUT_S = 600.0
 
 
@@ -117,20 +117,7 @@ def _restarts(samples: dict[str, float], reason: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def long_tiny_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny model with 8192 positions instead of 2048 (RoPE has no weights to resize)."""
-    model = tmp_path_factory.mktemp("long-tiny-model")
-    shutil.copytree(tiny_model, model, dirs_exist_ok=True)
-    config = json.loads((model / "config.json").read_text())
-    config["max_position_embeddings"] = 8192
-    (model / "config.json").write_text(json.dumps(config))
-    return model
-
-
-@pytest.fixture(scope="module")
-def supervised(
-    long_tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Supervised]:
+def supervised(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervised]:
     run_dir = tmp_path_factory.mktemp("supervised")
     port, control_port = free_port(), free_port()
     argv = [
@@ -142,19 +129,20 @@ def supervised(
         "--max-restarts", "3",
         "--stall-grace-s", "1",
         "--backoff-base-s", "0.5",
-        str(long_tiny_model), *ENGINE_ARGS,
+        str(tiny_model), *ENGINE_ARGS,
     ]  # fmt: skip
     env = {
         **os.environ,
         "WARDEN_WEBHOOK_TOKEN": TOKEN,
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "WARDEN_STALL_TIMEOUT_S": "3",
+        "WARDEN_TEST_STEP_DELAY_S": STEP_DELAY_S,
     }
     with open(run_dir / "supervisor.log", "wb") as log:
         process = subprocess.Popen(
             argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
-    handle = Supervised(process, run_dir, port, control_port, str(long_tiny_model))
+    handle = Supervised(process, run_dir, port, control_port, str(tiny_model))
     try:
         handle.wait_serving(1)
         yield handle
