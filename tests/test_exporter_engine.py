@@ -34,6 +34,9 @@ def engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         "WARDEN_TEST_INJECT_NONFINITE": "1",
         "WARDEN_TEST_FAILING_COLLECTOR": "1",
         "WARDEN_CONFIG": str(config),
+        # Slow steps (test switch): a flood request lasts >= 1.8 s, so requests overlap even
+        # when the engine starves the test process that sends them.
+        "WARDEN_TEST_STEP_DELAY_S": "0.01",
     }
     with running_engine(tiny_model, extra_args=TINY_KV_ARGS, env=env, run_dir=run_dir) as eng:
         yield eng
@@ -88,9 +91,9 @@ def test_tiny_kv_cache_under_load_raises_watermark_and_preempts(engine: EnginePr
     statuses: list[int] = []
     preemptions = 0.0
     try:
-        # 8 blocks each (a 72-token prompt + 180): any two at once overflow the 9 usable. On a
-        # machine loaded by other work the API server can be slow enough to feed requests one
-        # at a time, so the flood is repeated (at most 3 times) until two overlap.
+        # 8 blocks each (a 72-token prompt + 180): any two at once overflow the 9 usable. On two
+        # busy cores the sender can be starved into sending one request at a time; slow steps
+        # make that unlikely, and the flood is repeated (at most 3 times) until two overlap.
         for _ in range(3):
             with ThreadPoolExecutor(8) as pool:
                 futures = [

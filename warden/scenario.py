@@ -109,7 +109,12 @@ class Pressure:
     def _client(self) -> None:
         prompt = " ".join(["memory watermark cache block engine request"] * 10)
         deadline = time.monotonic() + self.max_duration_s
-        with httpx.Client(base_url=self.engine_url, timeout=60) as client:
+        # A new connection per request: a kept-alive one that sat idle past the server's
+        # keep-alive timeout (a client thread starved by the engine for seconds) can be closed
+        # by the server just as the next request goes out. That is a client pooling race, not a
+        # request the server dropped, and must not count as lost.
+        fresh = httpx.Limits(max_keepalive_connections=0)
+        with httpx.Client(base_url=self.engine_url, timeout=60, limits=fresh) as client:
             while not self._stop.is_set() and time.monotonic() < deadline:
                 body = {
                     "model": self.model,
