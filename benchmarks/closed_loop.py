@@ -1,6 +1,6 @@
 """Closed-loop reaction times: pressure -> local reflex, and pressure -> webhook lease.
 
-Runs the same scenario as ``warden demo`` (warden/scenario.py) on the native stack with the
+Runs the same scenario as ``warden demo`` (warden/cli/scenario.py) on the native stack with the
 tiny model, ``--runs`` times, and reports per run: pressure to the first watermark crossing, to
 the reflex's first refusal, to the alert firing, to the Alertmanager-driven lease, and the
 intervals used. Bounded: each run stops its stack; a step that never happens fails the run.
@@ -15,8 +15,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from warden.demo import demo_settings
-from warden.scenario import ClosedLoopScenario
+from warden.cli.demo import demo_settings
+from warden.cli.scenario import ClosedLoopScenario
 from warden.stack.native import NativeStack
 
 STEPS = ("watermark high", "local reflex", "alert firing", "webhook lease active", "resolved")

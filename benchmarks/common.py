@@ -29,14 +29,14 @@ from typing import Any
 
 import psutil
 
-from warden.engine_process import EngineProcess
-from warden.launch import (
+from warden.common.metrics_text import parse_samples, sample  # noqa: F401 - re-exported
+from warden.engine.launch import (
     LOGITS_PROCESSOR,
     MIDDLEWARE,
     WORKER_EXTENSION,
     LaunchSpec,
 )
-from warden.metrics_text import parse_samples, sample  # noqa: F401 - re-exported
+from warden.supervisor.engine import EngineProcess
 
 # The tests' engine configuration (tests/support/engine.py BASE_ARGS), plus a 1 GiB KV cache.
 BASE_ARGS: tuple[str, ...] = (
@@ -149,7 +149,7 @@ def tiny_model(workdir: Path, model: str | None = None) -> str:
     """``model`` if given, else the tiny random-weight Llama built under ``workdir``."""
     if model:
         return model
-    from warden.tinymodel import build_tiny_model
+    from warden.cli.tinymodel import build_tiny_model
 
     return str(build_tiny_model(workdir / "tiny-model"))
 

@@ -63,7 +63,7 @@ from benchmarks.common import (
     tiny_model,
     workdir,
 )
-from warden.engine_process import EngineProcess
+from warden.supervisor.engine import EngineProcess
 
 PROMPT = "memory watermark cache block engine request token prompt graph device"
 METRICS = (
@@ -403,8 +403,8 @@ def micro(model: str, vocab: int, batch: int) -> dict[str, Any]:
     from exporter.logits import NonFiniteLogitsProcessor
     from exporter.signals import SignalBoard
     from exporter.stat_logger import WardenStatLogger
-    from warden.control import runtime
     from warden.control.reflex import Reflex
+    from warden.engine import runtime
 
     # One engine step at batch 8: scheduler numbers, 8 tokens, their inter-token latencies.
     stats = SchedulerStats(num_running_reqs=8, num_waiting_reqs=0, kv_cache_usage=0.3)

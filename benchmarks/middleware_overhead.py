@@ -4,7 +4,7 @@
 request body and answers a fixed completion JSON (or, streaming, 16 SSE chunks), against the
 trivial app alone, both called directly as ASGI callables (no server, no sockets): blocks of
 requests alternate between the two, and the per-request time difference is the middleware's
-own cost. The middleware builds its Controller through ``warden.control.runtime.controller()``
+own cost. The middleware builds its Controller through ``warden.engine.runtime.controller()``
 from ``WARDEN_CONFIG`` (unset here: the defaults, forecast on). No engine client is attached,
 so the KV forecast is skipped (no tokenizer call, no KV arithmetic): on a real server a
 completion's prompt is also tokenized once per request when the forecast is on. Each registry
@@ -219,7 +219,7 @@ def teardown_scenario(name: str, middleware: Any) -> None:
 
 
 async def inprocess(rounds: int, block: int) -> dict[str, Any]:
-    from warden.middleware import WardenMiddleware
+    from warden.engine.middleware import WardenMiddleware
 
     warden = WardenMiddleware(trivial_app)
     assert warden.control.engine_client is None  # hence: no KV forecast

@@ -33,11 +33,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from warden.launch import LaunchSpec
-from warden.supervisor import Supervisor, SupervisorConfig
-from warden.supervisor_engine import engine_children
-from warden.supervisor_policy import Backoff
-from warden.supervisor_state import SupervisorState
+from exporter.supervisor_state import SupervisorState
+from warden.engine.launch import LaunchSpec
+from warden.supervisor.config import SupervisorConfig
+from warden.supervisor.engine import engine_children
+from warden.supervisor.loop import Supervisor
 
 MILESTONES: tuple[tuple[str, str], ...] = (
     ("api_import", "non-default args"),
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="warden-restart-bench-"))
     model = args.model
     if model is None:
-        from warden.tinymodel import build_tiny_model
+        from warden.cli.tinymodel import build_tiny_model
 
         model = str(build_tiny_model(work / "tiny-model"))
     engine_args = ["--dtype", "float32", "--max-model-len", "512", "--block-size", "32"]
@@ -112,7 +112,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     spec = LaunchSpec(model, port=_free_port(), extra_args=engine_args)
     config = SupervisorConfig(
         max_restarts=args.runs + 1,
-        backoff=Backoff(base_s=1.0, max_s=1.0, stable_s=0.0),
+        backoff_base_s=1.0,
+        backoff_max_s=1.0,
+        backoff_reset_s=0.0,
+        control_port=None,
         poll_s=0.1,
         log_dir=work / "logs",
         eager_fallback=False,

@@ -46,6 +46,17 @@ WEBHOOK_OUTCOMES: tuple[str, ...] = (
     "unknown_action",
 )
 RETRY_REASONS: tuple[str, ...] = ("warden_preemption", "engine_oom", "nonfinite_logits", "timeout")
+# Why the supervisor restarted the engine (warden_engine_restarts_total{reason}): the server
+# exited on its own; a vLLM process was killed or vanished; stalled with requests pending; vLLM
+# says dead/poisoned or does not answer; switched to --enforce-eager; a person asked for it.
+RESTART_REASONS: tuple[str, ...] = (
+    "exit",
+    "crash",
+    "stalled",
+    "unhealthy",
+    "enforce_eager",
+    "manual",
+)
 # warden_circuit_breaker_state values.
 CIRCUIT_STATES: tuple[str, ...] = ("closed", "half_open", "open")
 

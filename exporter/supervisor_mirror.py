@@ -2,7 +2,7 @@
 
 Each engine start gets a fresh multiprocess metrics folder, so a restart counter kept in the
 engine would fall back to zero on every restart. The supervisor owns the numbers and writes
-them to a JSON file (schema: ``warden.supervisor_state``); this collector, on the API process's
+them to a JSON file (schema: ``exporter.supervisor_state``); this collector, on the API process's
 collector thread, brings this process's metric objects up to date: counters are increased by
 the difference to what it already mirrored, each restart duration is observed once (by its
 sequence number), the circuit and eager-mode gauges are set. Its first run happens when the
@@ -11,15 +11,12 @@ stat logger starts, before the server answers its first scrape.
 
 from __future__ import annotations
 
-import json
 import os
-from typing import Any
+from pathlib import Path
 
 from exporter import catalog
 from exporter.metrics import WardenMetrics
-
-# Environment variable with the state file's path, set by the supervisor for each engine.
-STATE_ENV_VAR = "WARDEN_SUPERVISOR_STATE"
+from exporter.supervisor_state import STATE_ENV_VAR, SupervisorState
 
 
 class SupervisorMirror:
@@ -48,27 +45,25 @@ class SupervisorMirror:
             return
         if mtime_ns == self._last_mtime_ns:
             return
-        with open(self.path) as handle:
-            state = json.load(handle)
+        state = SupervisorState.read(Path(self.path))
+        if state is None:
+            raise ValueError(f"supervisor state file {self.path} is unreadable")
         self.apply(state)
         self._last_mtime_ns = mtime_ns
 
-    def apply(self, state: dict[str, Any]) -> None:
-        for reason, total in (state.get("restart_totals") or {}).items():
-            total = float(total)
+    def apply(self, state: SupervisorState) -> None:
+        for reason, count in state.all_restart_totals().items():
+            total = float(count)
             delta = total - self._mirrored.get(reason, 0.0)
             if delta > 0:
                 self._restarts.labels(reason).inc(delta)
             else:
                 self._restarts.labels(reason)  # export the reason at its current value
             self._mirrored[reason] = total
-        pending = [
-            e
-            for e in state.get("restarts") or []
-            if e.get("duration_s") is not None and int(e.get("seq", 0)) > self._last_seq
-        ]
-        for event in sorted(pending, key=lambda e: int(e["seq"])):
-            self._duration.observe(float(event["duration_s"]))
-            self._last_seq = int(event["seq"])
-        self._circuit.set(1 if state.get("circuit_open") else 0)
-        self._eager.set(1 if state.get("eager") else 0)
+        pending = [e for e in state.restarts if e.duration_s is not None and e.seq > self._last_seq]
+        for event in sorted(pending, key=lambda e: e.seq):
+            assert event.duration_s is not None
+            self._duration.observe(event.duration_s)
+            self._last_seq = event.seq
+        self._circuit.set(1 if state.circuit_open else 0)
+        self._eager.set(1 if state.eager else 0)

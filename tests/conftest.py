@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from warden.tinymodel import build_tiny_model
+from warden.cli.tinymodel import build_tiny_model
 
 
 @pytest.fixture(scope="session")

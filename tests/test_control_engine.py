@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 
 from exporter import catalog
 from tests.support.engine import complete, running_engine, sample, scrape
-from warden.engine_process import EngineProcess
 from warden.stack.chaos import find_engine_core
+from warden.supervisor.engine import EngineProcess
 
 pytestmark = pytest.mark.engine
 
@@ -561,7 +561,12 @@ def test_spans_are_exported_over_otlp(engine: EngineProcess, otlp: OtlpReceiver)
         engine,
         notification("resolved", "fp-span", "2026-11-21T10:00:00Z", warden_action="stop_admission"),
     )
-    wanted = {"warden.webhook", "warden.lease.applied", "warden.lease.released", "warden.reject"}
+    wanted = {
+        "warden.webhook",
+        "warden.lease.applied",
+        "warden.lease.released",
+        "warden.reject",
+    }
 
     def applied() -> list[dict]:
         return [

@@ -25,7 +25,7 @@ from exporter import catalog
 from tests.support.engine import complete, running_engine
 from tests.support.prometheus import PrometheusServer, prometheus_available, running_prometheus
 from tests.test_dashboards_render import assert_drawn
-from warden.engine_process import EngineProcess
+from warden.supervisor.engine import EngineProcess
 
 pytestmark = [
     pytest.mark.engine,

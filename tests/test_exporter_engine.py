@@ -13,7 +13,7 @@ import pytest
 
 from exporter import catalog
 from tests.support.engine import complete, running_engine, sample, scrape
-from warden.engine_process import EngineProcess
+from warden.supervisor.engine import EngineProcess
 
 pytestmark = pytest.mark.engine
 

@@ -13,9 +13,8 @@ from fastapi.testclient import TestClient
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
 from exporter import catalog
-from exporter.supervisor_mirror import STATE_ENV_VAR
-from warden import health
-from warden.supervisor_state import SupervisorState
+from exporter.supervisor_state import STATE_ENV_VAR, SupervisorState
+from warden.engine import health
 
 
 def test_quantile_interpolates_like_histogram_quantile() -> None:
@@ -96,10 +95,10 @@ def test_error_rate_check_needs_enough_requests_and_a_high_rate() -> None:
 
 def test_supervisor_checks_read_the_circuit_and_drain_flags() -> None:
     assert health.check_supervisor(None) == []
-    closed = {c.name: c.ok for c in health.check_supervisor({"circuit_open": False})}
+    closed = {c.name: c.ok for c in health.check_supervisor(SupervisorState())}
     assert closed == {"supervisor_circuit": True, "draining": True}
     opened = health.check_supervisor(
-        {"circuit_open": True, "circuit_reason": "3 restarts", "draining": True}
+        SupervisorState(circuit_open=True, circuit_reason="3 restarts", draining=True)
     )
     assert [(c.name, c.ok, c.detail) for c in opened] == [
         ("supervisor_circuit", False, "3 restarts"),

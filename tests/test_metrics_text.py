@@ -1,5 +1,5 @@
 from exporter import catalog
-from warden.metrics_text import parse_samples, sample
+from warden.common.metrics_text import parse_samples, sample
 
 
 def test_samples_are_parsed_and_summed_by_label() -> None:

@@ -230,8 +230,7 @@ def test_summary_says_why_grafana_did_not_start(
 
 
 def test_an_open_restart_circuit_from_an_earlier_run_is_reported(tmp_path: Path) -> None:
-    from warden.supervisor import STATE_FILE
-    from warden.supervisor_state import SupervisorState
+    from exporter.supervisor_state import STATE_FILE, SupervisorState
 
     state = SupervisorState()
     state.open_circuit("crash loop", 0.0)

@@ -26,9 +26,9 @@ import psutil
 import pytest
 
 from exporter import catalog
+from exporter.supervisor_state import STATE_ENV_VAR, SupervisorState
 from tests.support.engine import free_port
-from warden.supervisor_engine import engine_children
-from warden.supervisor_state import STATE_ENV_VAR, SupervisorState
+from warden.supervisor.engine import engine_children
 
 pytestmark = pytest.mark.engine
 

@@ -141,12 +141,12 @@ if __name__ == "__main__":
 # --- tests ----------------------------------------------------------------------------------
 
 from exporter import catalog  # noqa: E402
+from exporter.supervisor_state import SupervisorState  # noqa: E402
 from tests.support.engine import free_port  # noqa: E402
-from warden.launch import LaunchSpec  # noqa: E402
-from warden.supervisor import Supervisor, SupervisorConfig  # noqa: E402
-from warden.supervisor_engine import SupervisedEngine, engine_children  # noqa: E402
-from warden.supervisor_policy import Backoff  # noqa: E402
-from warden.supervisor_state import SupervisorState  # noqa: E402
+from warden.engine.launch import LaunchSpec  # noqa: E402
+from warden.supervisor.config import SupervisorConfig  # noqa: E402
+from warden.supervisor.engine import EngineProcess, engine_children  # noqa: E402
+from warden.supervisor.loop import Supervisor  # noqa: E402
 
 TOKEN = "test-token"
 
@@ -212,7 +212,8 @@ def supervised(tmp_path: Path) -> Iterator[Callable[..., Harness]]:
         control.mkdir(exist_ok=True)
         settings: dict[str, Any] = {
             "max_restarts": 5,
-            "backoff": Backoff(base_s=0.2, max_s=1.0),
+            "backoff_base_s": 0.2,
+            "backoff_max_s": 1.0,
             "poll_s": 0.05,
             "probe_s": 0.1,
             "children_poll_s": 0.1,
@@ -275,7 +276,7 @@ def test_killed_engine_core_is_restarted_and_counted_as_crash(
 
 
 def test_exit_codes_restart_with_growing_backoff(supervised: Callable[..., Harness]) -> None:
-    h = supervised(backoff=Backoff(base_s=0.5, max_s=5.0))
+    h = supervised(backoff_base_s=0.5, backoff_max_s=5.0)
     h.wait_running(1)
     (h.control / "exit_code").write_text("3")
     (h.control / "exit_now").touch()
@@ -461,7 +462,7 @@ def test_engine_that_never_starts_ends_in_an_open_circuit(
 ) -> None:
     (tmp_path / "control").mkdir()
     (tmp_path / "control" / "fail_start").write_text("2")
-    h = supervised(max_restarts=2, backoff=Backoff(base_s=0.1, max_s=0.2))
+    h = supervised(max_restarts=2, backoff_base_s=0.1, backoff_max_s=0.2)
     h.wait("circuit open", lambda: h.state().circuit_open)
     state = h.state()
     assert state.restart_totals == {"exit": 2}
@@ -471,7 +472,7 @@ def test_engine_that_never_starts_ends_in_an_open_circuit(
 def test_failed_starts_after_a_long_healthy_run_still_back_off(
     supervised: Callable[..., Harness],
 ) -> None:
-    h = supervised(max_restarts=4, backoff=Backoff(base_s=0.4, max_s=5.0, stable_s=0.5))
+    h = supervised(max_restarts=4, backoff_base_s=0.4, backoff_max_s=5.0, backoff_reset_s=0.5)
     h.wait_running(1)
     time.sleep(0.8)  # served longer than stable_s: the next crash starts a new episode
     (h.control / "fail_start").write_text("1")
@@ -489,7 +490,7 @@ def test_supervisor_stop_leaves_no_process_behind(supervised: Callable[..., Harn
     core = h.engine_core_pid()
     os.kill(core, signal.SIGSTOP)
     engine = h.supervisor.engine
-    assert isinstance(engine, SupervisedEngine) and engine.pid is not None
+    assert isinstance(engine, EngineProcess) and engine.pid is not None
     server = engine.pid
     h.supervisor.stop()
     h.thread.join(20)

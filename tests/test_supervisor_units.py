@@ -13,11 +13,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter import catalog
 from exporter.metrics import WardenMetrics
-from exporter.supervisor_mirror import STATE_ENV_VAR, SupervisorMirror
-from warden.supervisor_drain import sum_samples, webhook_token
-from warden.supervisor_ft import fault_tolerance_enabled
-from warden.supervisor_metrics import render
-from warden.supervisor_policy import (
+from exporter.supervisor_mirror import SupervisorMirror
+from exporter.supervisor_state import STATE_ENV_VAR, SupervisorState, read_state_from_env
+from warden.supervisor.drain import sum_samples, webhook_token
+from warden.supervisor.fault_tolerance import fault_tolerance_enabled
+from warden.supervisor.metrics import render
+from warden.supervisor.policy import (
     CRASH,
     EXIT,
     RESTART_REASONS,
@@ -27,7 +28,6 @@ from warden.supervisor_policy import (
     classify_exit,
     describe_returncode,
 )
-from warden.supervisor_state import SupervisorState, read_state_from_env
 
 
 def test_first_restart_is_immediate_then_doubles_to_the_cap() -> None:
@@ -103,7 +103,8 @@ def test_state_is_read_from_the_environment_only_when_supervised(
     path = tmp_path / "state.json"
     SupervisorState(circuit_open=True).save(path)
     monkeypatch.setenv(STATE_ENV_VAR, str(path))
-    assert (read_state_from_env() or {})["circuit_open"] is True
+    read = read_state_from_env()
+    assert read is not None and read.circuit_open is True
 
 
 def _values(registry: CollectorRegistry) -> dict[str, float]:
@@ -165,7 +166,7 @@ def test_supervisor_metrics_page_uses_catalog_names() -> None:
     event = state.record_restart(CRASH, 0.0, 1.0, "")
     state.record_ready(event, 0.0, 33.0)
     state.open_circuit("limit", 40.0)
-    text = render(state.to_json(), ready=False).decode()
+    text = render(state, ready=False).decode()
     samples = {
         s.name + json.dumps(s.labels, sort_keys=True): s.value
         for family in text_string_to_metric_families(text)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import httpx
 
-from warden.engine_process import EngineProcess
-from warden.launch import LaunchSpec
-from warden.metrics_text import parse_samples, sample  # noqa: F401 - re-exported for tests
+from warden.common.metrics_text import parse_samples, sample  # noqa: F401 - re-exported for tests
+from warden.engine.launch import LaunchSpec
+from warden.supervisor.engine import EngineProcess
 
 # Small and fast on 2 CPU cores; a test adds --num-gpu-blocks-override for a tiny KV cache.
 BASE_ARGS = (

@@ -14,7 +14,7 @@ import shlex
 from collections.abc import Mapping
 from pathlib import Path
 
-from warden.launch import LaunchSpec
+from warden.engine.launch import LaunchSpec
 from warden.stack.traces import otlp_traces_endpoint
 
 TINY = "tiny"
@@ -28,7 +28,7 @@ def engine_spec(env: Mapping[str, str]) -> tuple[LaunchSpec, Path | None]:
     args = shlex.split(env.get("WARDEN_VLLM_ARGS", ""))
     tiny_dir = None
     if model == TINY:
-        from warden.tinymodel import TINY_ENGINE_ARGS
+        from warden.cli.tinymodel import TINY_ENGINE_ARGS
 
         tiny_dir = data_dir / "tiny-model"
         model = str(tiny_dir)
@@ -49,7 +49,7 @@ def engine_spec(env: Mapping[str, str]) -> tuple[LaunchSpec, Path | None]:
 def main() -> None:
     spec, tiny_dir = engine_spec(os.environ)
     if tiny_dir is not None and not (tiny_dir / "config.json").exists():
-        from warden.tinymodel import build_tiny_model
+        from warden.cli.tinymodel import build_tiny_model
 
         print(f"building the tiny model in {tiny_dir}", flush=True)
         build_tiny_model(tiny_dir)

@@ -38,7 +38,7 @@ from alerts.alertmanager import (
     render_alertmanager_config,
 )
 from alerts.rules_file import render_rules
-from warden.stack.children import ChildProcess, ChildStartError, descendants, wait_http_ok
+from warden.common.processes import ChildProcess, ChildStartError, descendants, wait_http_ok
 from warden.stack.config import (
     DEFAULT_WORKDIR,
     ENGINE_WEBHOOK_PATH,
@@ -54,7 +54,7 @@ from warden.stack.webhook_token import TOKEN_FILE_ENV, write_token
 PROMETHEUS_BINARIES = ("prometheus",)
 # Debian names it prometheus-alertmanager; upstream tarballs call it alertmanager.
 ALERTMANAGER_BINARIES = ("prometheus-alertmanager", "alertmanager")
-# Small KV cache and short context for the tiny model (see warden/demo.py): pressure is easy
+# Small KV cache and short context for the tiny model (see warden/cli/demo.py): pressure is easy
 # to produce, and the engine starts in about 25 s on two cores.
 TINY_ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 INJECT_ENV = "WARDEN_TEST_INJECT_NONFINITE"
@@ -328,7 +328,7 @@ class NativeStack:
         s = self.settings
         if s.model is not None:
             return s.model, list(s.engine_args or []), {}
-        from warden.tinymodel import TINY_ENGINE_ARGS, build_tiny_model
+        from warden.cli.tinymodel import TINY_ENGINE_ARGS, build_tiny_model
 
         model_dir = self.workdir / "tiny-model"
         if not (model_dir / "config.json").exists():
@@ -354,8 +354,7 @@ class NativeStack:
     def _check_restart_circuit(self) -> None:
         """The supervisor keeps an open circuit across runs and then never starts vLLM: say so
         now rather than wait out the start timeout."""
-        from warden.supervisor import STATE_FILE
-        from warden.supervisor_state import SupervisorState
+        from exporter.supervisor_state import STATE_FILE, SupervisorState
 
         state = SupervisorState.load(self.workdir / "engine" / STATE_FILE)
         if state.circuit_open and not self.settings.reset_circuit:

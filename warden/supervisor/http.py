@@ -23,7 +23,8 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
-from warden.supervisor_metrics import render
+from exporter.supervisor_state import SupervisorState
+from warden.supervisor.metrics import render
 
 STAND_IN_RETRY_AFTER_S = 60
 
@@ -32,6 +33,8 @@ class SupervisorControl(Protocol):
     token: str | None
 
     def status(self) -> dict[str, Any]: ...
+
+    def state_snapshot(self) -> SupervisorState: ...
 
     def engine_ready(self) -> bool: ...
 
@@ -67,7 +70,7 @@ def _handler(control: SupervisorControl, stand_in: bool) -> type[BaseHTTPRequest
             path = self.path.split("?", 1)[0]
             status = control.status()
             if path == "/metrics":
-                self._send(200, render(status, control.engine_ready()))
+                self._send(200, render(control.state_snapshot(), control.engine_ready()))
             elif path in ("/supervisor/live", "/warden/live"):
                 self._send(200, {"live": True, "phase": status.get("phase")})
             elif path == "/supervisor/state":

@@ -5,18 +5,16 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import signal
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 GENERATORS = ("alerts.generate", "dashboards.generate", "warden.stack.generate")
 
 
 def cmd_model_tiny(args: argparse.Namespace) -> int:
-    from warden.tinymodel import build_tiny_model
+    from warden.cli.tinymodel import build_tiny_model
 
     out = build_tiny_model(args.dir, seed=args.seed)
     print(out)
@@ -24,54 +22,9 @@ def cmd_model_tiny(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import logging
-    import tempfile
+    from warden.cli.serve import serve
 
-    from warden.launch import LaunchSpec
-    from warden.supervisor import Supervisor, SupervisorConfig
-    from warden.supervisor_policy import Backoff
-
-    extra = list(args.vllm_args)
-    if extra and extra[0] == "--":
-        extra = extra[1:]
-    spec = LaunchSpec(args.model, host=args.host, port=args.port, extra_args=extra)
-    if args.print_command:
-        print(" ".join(spec.argv()))
-        return 0
-    if args.no_supervise:
-        process = subprocess.Popen(spec.argv(), env=spec.environment())
-
-        def forward(signum: int, _frame: object) -> None:
-            process.send_signal(signum)
-
-        signal.signal(signal.SIGTERM, forward)
-        signal.signal(signal.SIGINT, forward)
-        return process.wait()
-    if not logging.getLogger().handlers:
-        logging.basicConfig(
-            level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s"
-        )
-        logging.getLogger("httpx").setLevel(logging.WARNING)
-    run_dir = Path(args.run_dir) if args.run_dir else Path(tempfile.mkdtemp(prefix="warden-"))
-    control_port = None if args.supervisor_port < 0 else args.supervisor_port
-    config = SupervisorConfig(
-        max_restarts=args.max_restarts,
-        window_s=args.restart_window_s,
-        backoff=Backoff(args.backoff_base_s, args.backoff_max_s, args.backoff_reset_s),
-        stall_grace_s=args.stall_grace_s,
-        unhealthy_grace_s=args.unhealthy_grace_s,
-        start_timeout_s=args.start_timeout_s,
-        drain_timeout_s=args.drain_timeout_s,
-        eager_fallback=not args.no_eager_fallback,
-        reset_circuit=args.reset_circuit,
-        clear_eager=args.clear_eager,
-        control_host=args.supervisor_host,
-        control_port=control_port,
-        log_dir=Path(args.engine_log_dir) if args.engine_log_dir else None,
-    )
-    supervisor = Supervisor(spec, run_dir, config)
-    supervisor.install_signal_handlers()
-    return supervisor.run()
+    return serve(args)
 
 
 def render_generated() -> dict[str, str]:
@@ -115,7 +68,7 @@ def cmd_dashboards_render(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from warden.demo import run_demo
+    from warden.cli.demo import run_demo
 
     return run_demo(args)
 
@@ -154,43 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="run vLLM's OpenAI server with every warden hook, supervised",
         description="Warden options go before MODEL; everything after MODEL goes to vLLM.",
     )
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--print-command", action="store_true", help="print the vLLM command")
-    serve.add_argument("--no-supervise", action="store_true", help="run vLLM once, no restarts")
-    serve.add_argument("--run-dir", help="state file, metrics folder, caches (default: temp dir)")
-    serve.add_argument("--engine-log-dir", help="write each vLLM start's output to a file here")
-    serve.add_argument("--max-restarts", type=int, default=5, help="per window, then circuit")
-    serve.add_argument("--restart-window-s", type=float, default=3600.0)
-    serve.add_argument("--backoff-base-s", type=float, default=1.0)
-    serve.add_argument("--backoff-max-s", type=float, default=60.0)
-    serve.add_argument(
-        "--backoff-reset-s", type=float, default=600.0, help="ready this long: backoff resets"
-    )
-    serve.add_argument(
-        "--stall-grace-s", type=float, default=10.0, help="stalled this long: restart"
-    )
-    serve.add_argument(
-        "--unhealthy-grace-s", type=float, default=15.0, help="engine dead this long: restart"
-    )
-    serve.add_argument("--start-timeout-s", type=float, default=900.0)
-    serve.add_argument("--drain-timeout-s", type=float, default=120.0)
-    serve.add_argument(
-        "--no-eager-fallback",
-        action="store_true",
-        help="never restart with --enforce-eager (and leave eager mode kept from before)",
-    )
-    serve.add_argument("--clear-eager", action="store_true", help="leave kept eager mode")
-    serve.add_argument("--reset-circuit", action="store_true", help="close an open circuit")
-    serve.add_argument("--supervisor-host", default="127.0.0.1")
-    serve.add_argument(
-        "--supervisor-port",
-        type=int,
-        default=8001,
-        help="supervisor control/liveness port (0: any free port, -1: none)",
-    )
-    serve.add_argument("model")
-    serve.add_argument("vllm_args", nargs=argparse.REMAINDER, help="vLLM arguments")
+    from warden.cli.serve import add_arguments as add_serve_arguments
+
+    add_serve_arguments(serve)
     serve.set_defaults(func=cmd_serve)
 
     generate = sub.add_parser("generate", help="write rules, Alertmanager config, dashboards")
@@ -209,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     render.set_defaults(func=cmd_dashboards_render)
 
     degrade = sub.add_parser("degrade", help="manual degradation overrides on a running engine")
-    from warden import degrade_cli
+    from warden.cli import degrade as degrade_cli
 
     degrade_cli.add_arguments(degrade)
 

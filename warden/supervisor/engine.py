@@ -1,17 +1,14 @@
-"""One supervised vLLM server: its process tree, a hard stop, and what it says over HTTP.
+"""One vLLM server child: started with every warden hook, its process tree, its HTTP answers.
 
-The supervisor needs more than ``EngineProcess`` offers: the pids of the engine core and
-workers (a child that vanishes under a live server is a crash), a stop that works on stopped
-(SIGSTOP) processes, and short-timeout probes of the server's own endpoints.
+Used by the supervisor, ``warden demo``, the tests and the benchmarks, so all of them start,
+probe and stop an engine the same way. On top of the shared ``ChildProcess`` it knows vLLM's
+shape: the pids of the engine core and workers (a child that vanishes under a live server is a
+crash), readiness on ``/health``, and short-timeout probes of the server's own endpoints.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import signal
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,11 +16,15 @@ from typing import Any
 import httpx
 import psutil
 
-from warden.engine_process import EngineProcess
-from warden.launch import LaunchSpec
+from warden.common.processes import ChildProcess, ChildStartError
+from warden.engine.launch import LaunchSpec
 
 # Process titles vLLM sets (setproctitle): VLLM::EngineCore, VLLM::EngineCore_DP0, VLLM::Worker.
 _ROLE = re.compile(r"VLLM::(EngineCore|Worker)")
+
+
+class EngineStartError(ChildStartError):
+    """vLLM exited, or did not answer /health, before it was ready."""
 
 
 def process_role(proc: psutil.Process) -> str | None:
@@ -69,27 +70,39 @@ class Probe:
         return self.status is not None
 
 
-class SupervisedEngine(EngineProcess):
+class EngineProcess(ChildProcess):
+    """A vLLM server with warden's hooks; ``with`` starts it, waits until ready, stops it."""
+
     def __init__(self, spec: LaunchSpec, log_path: Path | None = None) -> None:
-        super().__init__(spec, log_path)
+        super().__init__(
+            "vllm",
+            spec.argv(),
+            log_path,
+            f"http://{spec.host}:{spec.port}/health",
+            env=spec.environment(),
+        )
+        self.spec = spec
         self.children: dict[int, str] = {}
         self._client = httpx.Client(timeout=2.0)
 
-    def start(self) -> None:
-        """Like ``EngineProcess.start``, but without a log file vLLM's output goes to ours."""
-        if self.log_path is not None:
-            super().start()
-            return
-        self.process = subprocess.Popen(
-            self.spec.argv(), env=self.spec.environment(), start_new_session=True
-        )
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.spec.host}:{self.spec.port}"
 
     @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process is not None else None
+    def metrics_url(self) -> str:
+        return f"{self.base_url}/metrics"
 
-    def returncode(self) -> int | None:
-        return self.process.poll() if self.process is not None else None
+    def wait_ready(self, timeout_s: float = 300.0) -> float:
+        """Block until /health answers 200; return the seconds it took."""
+        try:
+            return super().wait_ready(timeout_s)
+        except ChildStartError as exc:
+            code = self.returncode()
+            head = f"vLLM exited with {code} before it was ready" if code is not None else ""
+            raise EngineStartError(f"{head}{'; ' if head else ''}{exc}") from None
+
+    # --- the process tree -------------------------------------------------------------
 
     def refresh_children(self) -> None:
         """Remember the engine core and workers (they appear during start-up)."""
@@ -100,27 +113,29 @@ class SupervisedEngine(EngineProcess):
         """Roles of remembered engine processes that no longer run."""
         return [f"{role} (pid {pid})" for pid, role in self.children.items() if is_gone(pid)]
 
-    def kill(self) -> None:
-        """SIGKILL the whole process group at once: works on stopped (SIGSTOP) processes too,
-        and never waits on a hung engine's graceful shutdown."""
-        if self.process is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(10)
-        for pid in self.children:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        self.stop()
-
     def close(self) -> None:
         self._client.close()
 
+    def __enter__(self) -> EngineProcess:
+        self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop(30.0)
+        self.close()
+
     # --- HTTP probes ------------------------------------------------------------------
 
-    def get(self, path: str, timeout: float = 2.0) -> Probe:
+    def _probe(self, method: str, path: str, timeout: float = 2.0, **kwargs: Any) -> Probe:
         try:
-            response = self._client.get(f"{self.base_url}{path}", timeout=timeout)
+            response = self._client.request(
+                method, f"{self.base_url}{path}", timeout=timeout, **kwargs
+            )
         except httpx.HTTPError:
             return Probe(None)
         try:
@@ -128,24 +143,15 @@ class SupervisedEngine(EngineProcess):
         except ValueError:
             body = response.text
         return Probe(response.status_code, body)
+
+    def get(self, path: str, timeout: float = 2.0) -> Probe:
+        return self._probe("GET", path, timeout)
 
     def post(self, path: str, json: Any, headers: dict[str, str] | None = None) -> Probe:
-        try:
-            response = self._client.post(f"{self.base_url}{path}", json=json, headers=headers)
-        except httpx.HTTPError:
-            return Probe(None)
-        try:
-            body = response.json()
-        except ValueError:
-            body = response.text
-        return Probe(response.status_code, body)
+        return self._probe("POST", path, json=json, headers=headers)
 
     def delete(self, path: str, headers: dict[str, str] | None = None) -> Probe:
-        try:
-            response = self._client.delete(f"{self.base_url}{path}", headers=headers)
-        except httpx.HTTPError:
-            return Probe(None)
-        return Probe(response.status_code)
+        return self._probe("DELETE", path, headers=headers)
 
     def metrics_text(self) -> str | None:
         probe = self.get("/metrics", timeout=5.0)

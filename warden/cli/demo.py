@@ -12,7 +12,7 @@ import argparse
 from pathlib import Path
 
 from alerts.alertmanager import RouteTiming
-from warden.scenario import ClosedLoopScenario, metric_names_seen
+from warden.cli.scenario import ClosedLoopScenario, metric_names_seen
 from warden.stack.config import Intervals
 from warden.stack.native import NativeStack, StackSettings
 

@@ -2,10 +2,11 @@
 
 The engine's metrics live and die with its processes (a fresh multiprocess folder per start),
 so the supervisor keeps the restart history in a JSON file in the run dir and hands its path to
-each engine in ``WARDEN_SUPERVISOR_STATE``. Inside the engine, ``exporter.supervisor_mirror``
-replays it into the catalog metrics and ``warden.health`` reads the circuit and drain flags for
-readiness. Written atomically (temp file + rename): readers see the old or the new file, never
-half of one.
+each engine in ``WARDEN_SUPERVISOR_STATE``. The supervisor writes it; inside the engine,
+``exporter.supervisor_mirror`` replays it into the catalog metrics and the readiness checks read
+the circuit and drain flags; the supervisor's own /metrics page renders it. This module is the
+schema all of them share, at the bottom layer they can all import. Written atomically (temp
+file + rename): readers see the old or the new file, never half of one.
 """
 
 from __future__ import annotations
@@ -16,18 +17,33 @@ import os
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from exporter.supervisor_mirror import STATE_ENV_VAR
-from warden.supervisor_policy import RESTART_REASONS
+from exporter.catalog import RESTART_REASONS
 
 SCHEMA_VERSION = 1
+# Environment variable with the state file's path, set by the supervisor for each engine.
+STATE_ENV_VAR = "WARDEN_SUPERVISOR_STATE"
+# The file's name inside the supervisor's run directory.
+STATE_FILE = "supervisor-state.json"
 # Restart events kept in the file (totals are kept exactly, separately); a fresh engine
 # replays the durations of these into its histogram.
 MAX_EVENTS = 1000
 
-__all__ = ["STATE_ENV_VAR", "RestartEvent", "SupervisorState"]
+
+class Phase(StrEnum):
+    """What the supervisor is doing with its engine right now."""
+
+    STARTING = "starting"  # vLLM launched, not yet answering /health
+    RUNNING = "running"  # ready (or kept running with the circuit open)
+    BACKOFF = "backoff"  # waiting before the next restart
+    DRAINING = "draining"  # admission stopped, in-flight requests finishing
+    RESTARTING = "restarting"  # the engine is down, a new one is about to start
+    CIRCUIT_OPEN = "circuit_open"  # too many restarts: down until an operator resets it
+    FAILED_TO_START = "failed_to_start"  # the first start failed: the supervisor exits
+    STOPPED = "stopped"  # the supervisor has shut down
 
 
 @dataclass
@@ -42,7 +58,7 @@ class RestartEvent:
 
 @dataclass
 class SupervisorState:
-    phase: str = "starting"
+    phase: Phase = Phase.STARTING
     generation: int = 0
     engine_pid: int | None = None
     eager: bool = False
@@ -88,19 +104,44 @@ class SupervisorState:
         self.eager_reason = reason if on else ""
         self.eager_since = now if on else None
 
+    # --- what readers want ------------------------------------------------------------
+
+    def all_restart_totals(self) -> dict[str, int]:
+        """Totals for every known reason (0 where none happened), plus any newer reason."""
+        totals = {reason: 0 for reason in RESTART_REASONS}
+        totals.update(self.restart_totals)
+        return totals
+
+    def restart_durations(self) -> list[float]:
+        """Failure-to-ready seconds of the remembered restarts that completed."""
+        return [e.duration_s for e in self.restarts if e.duration_s is not None]
+
+    def restarts_within(self, seconds: float, now: float) -> dict[str, int]:
+        """Restarts per reason in the last ``seconds``."""
+        counts: dict[str, int] = {}
+        for event in self.restarts:
+            if now - event.restarted_at <= seconds:
+                counts[event.reason] = counts.get(event.reason, 0) + 1
+        return counts
+
     # --- file -------------------------------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
+        data["phase"] = str(self.phase)
         data["version"] = SCHEMA_VERSION
-        data["restart_totals"] = {r: self.restart_totals.get(r, 0) for r in RESTART_REASONS}
-        data["restart_totals"].update(self.restart_totals)
+        data["restart_totals"] = self.all_restart_totals()
         return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SupervisorState:
+        """Parse a saved state; unknown keys (a newer writer) are ignored."""
         known = {f for f in cls.__dataclass_fields__ if f != "restarts"}
         state = cls(**{k: v for k, v in data.items() if k in known})
+        try:
+            state.phase = Phase(state.phase)
+        except ValueError:
+            state.phase = Phase.STARTING
         state.restart_totals = {str(k): int(v) for k, v in state.restart_totals.items() if v}
         state.restarts = [
             RestartEvent(**{k: v for k, v in e.items() if k in RestartEvent.__dataclass_fields__})
@@ -122,21 +163,21 @@ class SupervisorState:
             raise
 
     @classmethod
+    def read(cls, path: Path) -> SupervisorState | None:
+        """The saved state, or None when the file is missing or unreadable."""
+        try:
+            data = json.loads(path.read_text())
+            return cls.from_json(data) if isinstance(data, dict) else None
+        except (OSError, ValueError, TypeError):
+            return None
+
+    @classmethod
     def load(cls, path: Path) -> SupervisorState:
         """The saved state, or a fresh one if the file is missing or unreadable."""
-        try:
-            return cls.from_json(json.loads(path.read_text()))
-        except (OSError, ValueError, TypeError):
-            return cls()
+        return cls.read(path) or cls()
 
 
-def read_state_from_env() -> dict[str, Any] | None:
-    """The raw state for readers inside the engine; None when not supervised or unreadable."""
+def read_state_from_env() -> SupervisorState | None:
+    """The state for readers inside the engine; None when not supervised or unreadable."""
     path = os.environ.get(STATE_ENV_VAR)
-    if not path:
-        return None
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    return SupervisorState.read(Path(path)) if path else None

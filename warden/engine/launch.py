@@ -16,8 +16,8 @@ from pathlib import Path
 # Every warden plugin must be named: VLLM_PLUGINS is an allow-list for every plugin group.
 VLLM_PLUGINS = "warden,warden_stats,warden_endpoints"
 LOGITS_PROCESSOR = "exporter.logits:NonFiniteLogitsProcessor"
-WORKER_EXTENSION = "warden.worker_extension.WardenWorkerExtension"
-MIDDLEWARE = "warden.middleware.WardenMiddleware"
+WORKER_EXTENSION = "warden.engine.worker_extension.WardenWorkerExtension"
+MIDDLEWARE = "warden.engine.middleware.WardenMiddleware"
 
 
 @dataclass

@@ -7,7 +7,7 @@ vLLM's fault tolerance status. A failure is answered with a restart after a back
 restarts (eager switch, manual) drain first. More restarts than the limit within the window open
 a circuit: no more restarts, readiness false, a log line and a metric, so a person is paged
 instead of a restart loop running. Restart history and the circuit live in a state file that
-every engine mirrors into its metrics (see ``warden.supervisor_state``).
+every engine mirrors into its metrics (see ``exporter.supervisor_state``).
 """
 
 from __future__ import annotations
@@ -20,75 +20,39 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from warden import supervisor_ft as ft
-from warden.launch import LaunchSpec
-from warden.supervisor_drain import Drainer, webhook_token
-from warden.supervisor_engine import SupervisedEngine
-from warden.supervisor_http import HttpServer
-from warden.supervisor_policy import (
+from exporter.supervisor_state import (
+    STATE_ENV_VAR,
+    STATE_FILE,
+    Phase,
+    RestartEvent,
+    SupervisorState,
+)
+from warden.engine.launch import LaunchSpec
+from warden.supervisor import fault_tolerance as ft
+from warden.supervisor.config import SupervisorConfig
+from warden.supervisor.drain import Drainer, webhook_token
+from warden.supervisor.engine import EngineProcess
+from warden.supervisor.http import HttpServer
+from warden.supervisor.policy import (
     ENFORCE_EAGER,
     MANUAL,
-    STALLED,
     UNCOUNTED_REASONS,
     UNHEALTHY,
-    Backoff,
     RestartWindow,
     classify_exit,
     describe_returncode,
 )
-from warden.supervisor_state import STATE_ENV_VAR, RestartEvent, SupervisorState
+from warden.supervisor.probes import Failure, ProbeTimers, evaluate, policy_wants_eager
 
 log = logging.getLogger("warden.supervisor")
 EAGER_FLAG = "--enforce-eager"
-STATE_FILE = "supervisor-state.json"
 
 
-@dataclass
-class SupervisorConfig:
-    max_restarts: int = 5
-    window_s: float = 3600.0
-    backoff: Backoff = field(default_factory=Backoff)
-    poll_s: float = 0.5
-    probe_s: float = 1.0
-    children_poll_s: float = 1.0
-    policy_poll_s: float = 2.0
-    stall_grace_s: float = 10.0
-    unhealthy_grace_s: float = 15.0
-    start_timeout_s: float = 900.0
-    stop_timeout_s: float = 30.0
-    drain_timeout_s: float = 120.0
-    ft_recovery_timeout_s: float = 60.0
-    eager_fallback: bool = True
-    reset_circuit: bool = False
-    clear_eager: bool = False
-    control_host: str = "127.0.0.1"
-    control_port: int | None = None  # None: no control server; 0: any free port
-    log_dir: Path | None = None  # None: vLLM writes to the supervisor's stdout
-
-
-@dataclass
-class Failure:
-    reason: str
-    detail: str
-    at: float
-    planned: bool = False  # the engine still works: drain it and stop it gracefully
-
-
-@dataclass
-class _Timers:
-    """Since when a condition has held, per running engine (None: it does not hold)."""
-
-    silent: float | None = None
-    stalled: float | None = None
-    sick: float | None = None
-
-
-EngineFactory = Callable[[LaunchSpec, Path | None], SupervisedEngine]
+EngineFactory = Callable[[LaunchSpec, Path | None], EngineProcess]
 
 
 class Supervisor:
@@ -97,7 +61,7 @@ class Supervisor:
         spec: LaunchSpec,
         run_dir: Path,
         config: SupervisorConfig | None = None,
-        engine_factory: EngineFactory = SupervisedEngine,
+        engine_factory: EngineFactory = EngineProcess,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config or SupervisorConfig()
@@ -109,12 +73,12 @@ class Supervisor:
         self.clock = clock
         self.state = SupervisorState.load(self.state_path)
         self.window = RestartWindow(
-            self.config.max_restarts, self.config.window_s, list(self.state.window)
+            self.config.max_restarts, self.config.restart_window_s, list(self.state.window)
         )
         self.token = webhook_token({**os.environ, **spec.env})
         self.drainer = Drainer(self.token, self.config.drain_timeout_s)
         self.fault_tolerance = ft.fault_tolerance_enabled(spec.extra_args)
-        self.engine: SupervisedEngine | None = None
+        self.engine: EngineProcess | None = None
         self.control: HttpServer | None = None
         self._ready = False
         self._lock = threading.RLock()
@@ -135,6 +99,10 @@ class Supervisor:
             "window_s": self.window.window_s,
         }
         return data
+
+    def state_snapshot(self) -> SupervisorState:
+        with self._lock:
+            return SupervisorState.from_json(self.state.to_json())
 
     def engine_ready(self) -> bool:
         return self._ready
@@ -183,7 +151,7 @@ class Supervisor:
                 self.engine.stop(self.config.stop_timeout_s)
                 self.engine.close()
             with self._lock:
-                self.state.phase = "stopped"
+                self.state.phase = Phase.STOPPED
                 self.state.engine_pid = None
                 self._save()
             if self.control is not None:
@@ -253,7 +221,7 @@ class Supervisor:
             if delay > 0:
                 log.warning("supervisor: waiting %.1fs before restart (attempt %d)", delay, attempt)
                 with self._lock:
-                    self.state.phase = "backoff"
+                    self.state.phase = Phase.BACKOFF
                     self._save()
                 self._sleep(delay)
             next_start = failure
@@ -275,7 +243,7 @@ class Supervisor:
         )
         return event
 
-    def _start_engine(self) -> SupervisedEngine:
+    def _start_engine(self) -> EngineProcess:
         args = list(self.spec.extra_args)
         if self.state.eager and EAGER_FLAG not in args:
             args.append(EAGER_FLAG)
@@ -291,7 +259,7 @@ class Supervisor:
             engine.start()
             self.engine = engine
             self.state.engine_pid = engine.pid
-            self.state.phase = "starting"
+            self.state.phase = Phase.STARTING
             self._save()
         log.info(
             "supervisor: started vLLM generation %d (pid %s%s%s)",
@@ -302,7 +270,7 @@ class Supervisor:
         )
         return engine
 
-    def _wait_ready(self, engine: SupervisedEngine) -> Failure | None:
+    def _wait_ready(self, engine: EngineProcess) -> Failure | None:
         started = self.clock()
         while not self._stop.is_set():
             self._handle_requests(engine_running=False)
@@ -328,7 +296,7 @@ class Supervisor:
 
     def _on_ready(
         self,
-        engine: SupervisedEngine,
+        engine: EngineProcess,
         event: RestartEvent | None,
         down_since: float | None,
         now: float,
@@ -337,7 +305,7 @@ class Supervisor:
         with self._lock:
             if event is not None and down_since is not None:
                 self.state.record_ready(event, down_since, now)
-            self.state.phase = "running"
+            self.state.phase = Phase.RUNNING
             self._save()
         self._ready = True
         took = f" {event.duration_s:.1f}s after the failure" if event and event.duration_s else ""
@@ -349,7 +317,7 @@ class Supervisor:
             took,
         )
 
-    def _watch_until_restart(self, engine: SupervisedEngine) -> Failure | None:
+    def _watch_until_restart(self, engine: EngineProcess) -> Failure | None:
         """Watch a ready engine; a planned restart the circuit forbids keeps it running."""
         while True:
             failure = self._watch(engine)
@@ -361,8 +329,8 @@ class Supervisor:
                 continue
             return failure
 
-    def _watch(self, engine: SupervisedEngine) -> Failure | None:
-        timers = _Timers()
+    def _watch(self, engine: EngineProcess) -> Failure | None:
+        timers = ProbeTimers()
         next_probe = next_policy = next_children = 0.0
         while not self._stop.is_set():
             now = self.clock()
@@ -388,7 +356,7 @@ class Supervisor:
                     return failure
             if now >= next_policy and self._may_switch_to_eager():
                 next_policy = now + self.config.policy_poll_s
-                if self._policy_wants_eager(engine):
+                if policy_wants_eager(engine):
                     return Failure(ENFORCE_EAGER, "engine policy enforce_eager", now, planned=True)
             self._wake.wait(self.config.poll_s)
             self._wake.clear()
@@ -402,15 +370,7 @@ class Supervisor:
             and EAGER_FLAG not in self.spec.extra_args
         )
 
-    def _policy_wants_eager(self, engine: SupervisedEngine) -> bool:
-        probe = engine.get("/warden/state")
-        if probe.status != 200 or not isinstance(probe.body, dict):
-            return False
-        policy = probe.body.get("policy")
-        return isinstance(policy, dict) and policy.get("enforce_eager") is True
-
-    def _probe(self, engine: SupervisedEngine, timers: _Timers, now: float) -> Failure | None:
-        grace = self.config.unhealthy_grace_s
+    def _probe(self, engine: EngineProcess, timers: ProbeTimers, now: float) -> Failure | None:
         if self.fault_tolerance:
             status = ft.engine_status(engine)
             if status == ft.DEAD:
@@ -420,35 +380,11 @@ class Supervisor:
                 if not recovered:
                     return Failure(UNHEALTHY, f"fault tolerance: {detail}", self.clock())
                 return None
-        probe = engine.get("/warden/ready")
-        if not probe.answered:
-            timers.silent = timers.silent or now
-            if now - timers.silent >= grace:
-                return Failure(UNHEALTHY, f"no answer on /warden/ready for {grace:.0f}s", now)
-            return None
-        timers.silent = None
-        checks = probe.body.get("checks") if isinstance(probe.body, dict) else None
-        if not isinstance(checks, dict):
-            ok = engine.get("/health").status == 200
-            checks = {"engine": {"ok": ok, "detail": "vLLM /health"}}
-        failing = {name: c.get("detail", "") for name, c in checks.items() if not c.get("ok", True)}
-        if "stalled" in failing:
-            timers.stalled = timers.stalled or now
-            if now - timers.stalled >= self.config.stall_grace_s:
-                return Failure(STALLED, f"engine stalled: {failing['stalled']}", now)
-        else:
-            timers.stalled = None
-        if "driver_error" in failing:
-            return Failure(UNHEALTHY, failing["driver_error"], now)
-        if "engine" in failing:
-            timers.sick = timers.sick or now
-            if now - timers.sick >= grace:
-                return Failure(UNHEALTHY, str(failing["engine"]), now)
-        else:
-            timers.sick = None
-        return None
+        return evaluate(
+            engine, timers, now, self.config.stall_grace_s, self.config.unhealthy_grace_s
+        )
 
-    def _recover_in_place(self, engine: SupervisedEngine) -> tuple[bool, str]:
+    def _recover_in_place(self, engine: EngineProcess) -> tuple[bool, str]:
         """vLLM fault tolerance: a retry instruction, under the same restart circuit."""
         failed_at = self.clock()
         if self.state.circuit_open:
@@ -488,7 +424,7 @@ class Supervisor:
             elif action == "eager" and engine_running and not self.state.eager:
                 planned = Failure(ENFORCE_EAGER, "operator request", now, planned=True)
 
-    def _take_down(self, engine: SupervisedEngine, failure: Failure) -> None:
+    def _take_down(self, engine: EngineProcess, failure: Failure) -> None:
         log.error(
             "supervisor: vLLM generation %d down, reason=%s: %s",
             self.state.generation,
@@ -505,14 +441,14 @@ class Supervisor:
             if failure.reason == ENFORCE_EAGER:
                 self.state.set_eager(True, failure.detail, self.clock())
             self.state.draining = False
-            self.state.phase = "restarting"
+            self.state.phase = Phase.RESTARTING
             self.state.engine_pid = None
             self._save()
 
-    def _drain(self, engine: SupervisedEngine, failure: Failure) -> None:
+    def _drain(self, engine: EngineProcess, failure: Failure) -> None:
         with self._lock:
             self.state.draining = True
-            self.state.phase = "draining"
+            self.state.phase = Phase.DRAINING
             self._save()
         result = self.drainer.drain(engine, self._stop.is_set)
         log.warning(
@@ -531,7 +467,7 @@ class Supervisor:
             already = self.state.circuit_open
             if not already:
                 self.state.open_circuit(reason, now)
-            self.state.phase = "running" if engine_kept else "circuit_open"
+            self.state.phase = Phase.RUNNING if engine_kept else Phase.CIRCUIT_OPEN
             self._save()
         if not already:
             log.critical(
@@ -549,7 +485,7 @@ class Supervisor:
             self.state.close_circuit()
             self.window.history = []
             if self._ready:
-                self.state.phase = "running"
+                self.state.phase = Phase.RUNNING
             self._save()
         log.warning("supervisor: restart circuit closed (%s)", why)
 
@@ -561,7 +497,7 @@ class Supervisor:
             self.state.circuit_reason,
         )
         with self._lock:
-            self.state.phase = "circuit_open"
+            self.state.phase = Phase.CIRCUIT_OPEN
             self.state.engine_pid = None
             self._save()
         stand_in: HttpServer | None = None

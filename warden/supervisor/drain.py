@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from exporter import catalog
-from warden.supervisor_engine import SupervisedEngine
+from warden.supervisor.engine import EngineProcess
 
 LEASE_KEY = "supervisor-drain"
 
@@ -46,7 +46,7 @@ def sum_samples(text: str, name: str) -> float | None:
     return total
 
 
-def inflight(engine: SupervisedEngine) -> int | None:
+def inflight(engine: EngineProcess) -> int | None:
     """Requests vLLM is running or queueing, from its /metrics (None if it does not answer)."""
     text = engine.metrics_text()
     if text is None:
@@ -83,7 +83,7 @@ class Drainer:
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
-    def stop_admission(self, engine: SupervisedEngine) -> tuple[bool, str]:
+    def stop_admission(self, engine: EngineProcess) -> tuple[bool, str]:
         body = {
             "action": "stop_admission",
             "params": {},
@@ -95,12 +95,12 @@ class Drainer:
             return True, "stop_admission lease taken"
         return False, f"POST /warden/degrade answered {probe.status}: {probe.body!r}"[:300]
 
-    def release(self, engine: SupervisedEngine) -> None:
+    def release(self, engine: EngineProcess) -> None:
         """Drop the drain lease (when the restart is called off and the engine stays)."""
         engine.delete(f"/warden/degrade?key={LEASE_KEY}", self._headers())
 
     def drain(
-        self, engine: SupervisedEngine, cancelled: Callable[[], bool] = lambda: False
+        self, engine: EngineProcess, cancelled: Callable[[], bool] = lambda: False
     ) -> DrainResult:
         """Stop admission, then wait for in-flight requests (until ``cancelled`` says stop)."""
         started = self.clock()

@@ -31,7 +31,7 @@ from fastapi.responses import JSONResponse
 from exporter import catalog
 from exporter.metrics import process_metrics
 from exporter.step_monitor import process_monitor
-from warden.supervisor_state import read_state_from_env
+from exporter.supervisor_state import SupervisorState, read_state_from_env
 
 router = APIRouter()
 
@@ -276,15 +276,15 @@ def check_driver_errors(windows: MetricWindows) -> Check:
     return Check("driver_error", True)
 
 
-def check_supervisor(state: dict[str, Any] | None) -> list[Check]:
+def check_supervisor(state: SupervisorState | None) -> list[Check]:
     if state is None:
         return []
-    checks = [Check("supervisor_circuit", not state.get("circuit_open"))]
-    if state.get("circuit_open"):
-        checks[0] = Check("supervisor_circuit", False, str(state.get("circuit_reason", "")))
-    draining = bool(state.get("draining"))
-    checks.append(Check("draining", not draining, "draining for a restart" if draining else ""))
-    return checks
+    circuit = Check("supervisor_circuit", not state.circuit_open, state.circuit_reason)
+    draining = state.draining
+    return [
+        circuit,
+        Check("draining", not draining, "draining for a restart" if draining else ""),
+    ]
 
 
 async def readiness(engine_client: Any) -> list[Check]:
@@ -343,16 +343,7 @@ async def device_memory(engine_client: Any) -> Any:
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
-def restarts_in(state: dict[str, Any] | None, seconds: float, now: float) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for event in (state or {}).get("restarts") or []:
-        if now - float(event.get("restarted_at", 0)) <= seconds:
-            reason = str(event.get("reason"))
-            counts[reason] = counts.get(reason, 0) + 1
-    return counts
-
-
-def window_view(w: WindowDelta, state: dict[str, Any] | None, now: float) -> dict[str, Any]:
+def window_view(w: WindowDelta, state: SupervisorState | None, now: float) -> dict[str, Any]:
     outcomes = w.by_label(catalog.REQUESTS.name)
     finished = w.get(catalog.VLLM_REQUEST_SUCCESS.name)
     per_s = (lambda n: round(n / w.covered_s, 3)) if w.covered_s > 0 else (lambda n: None)
@@ -369,7 +360,7 @@ def window_view(w: WindowDelta, state: dict[str, Any] | None, now: float) -> dic
             "engine": w.by_label(catalog.ENGINE_ERRORS.name),
         },
         "preemptions": w.get(catalog.VLLM_NUM_PREEMPTIONS.name),
-        "restarts": restarts_in(state, w.seconds, now),
+        "restarts": state.restarts_within(w.seconds, now) if state else {},
     }
 
 
@@ -400,12 +391,12 @@ async def health(request: Request) -> JSONResponse:
         "supervisor": None
         if state is None
         else {
-            "phase": state.get("phase"),
-            "generation": state.get("generation"),
-            "circuit_open": state.get("circuit_open"),
-            "circuit_reason": state.get("circuit_reason"),
-            "eager": state.get("eager"),
-            "restart_totals": state.get("restart_totals"),
+            "phase": str(state.phase),
+            "generation": state.generation,
+            "circuit_open": state.circuit_open,
+            "circuit_reason": state.circuit_reason,
+            "eager": state.eager,
+            "restart_totals": state.all_restart_totals(),
         },
     }
     return JSONResponse(body)

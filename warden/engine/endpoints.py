@@ -15,8 +15,8 @@ from typing import Any
 from fastapi import FastAPI
 
 from exporter.step_monitor import process_monitor
-from warden.control import runtime
 from warden.control.reflex import Reflex
+from warden.engine import runtime
 
 # Background tasks live here so they are not garbage-collected while the server runs.
 _tasks: set[asyncio.Task[None]] = set()
@@ -50,7 +50,7 @@ class WardenEndpoints:
     required_tasks = None
 
     def attach_router(self, app: FastAPI) -> None:
-        from warden import health, webhook
+        from warden.engine import health, webhook
 
         app.include_router(webhook.router)
         app.include_router(health.router)

@@ -29,9 +29,10 @@ from exporter.metrics import process_metrics
 from exporter.request_args import ATTEMPT_ARG, RID_ARG
 from exporter.signals import ENV_VAR, SignalBoard
 from exporter.step_monitor import process_monitor
-from warden.control import runtime, telemetry
+from warden.control import telemetry
 from warden.control.admission import Decision, HalfOpenGate, KvState, RequestFacts, decide
 from warden.control.retry import TRANSIENT_REASONS, backoff_s, classify_failure
+from warden.engine import runtime
 
 log = logging.getLogger("warden.control")
 INFERENCE_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/responses")

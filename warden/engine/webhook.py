@@ -17,9 +17,10 @@ from fastapi.responses import JSONResponse
 from exporter import vllm_compat
 from exporter.catalog import WATERMARK_LEVELS
 from exporter.step_monitor import process_monitor
-from warden.control import auth, runtime, telemetry
+from warden.control import auth, telemetry
 from warden.control.actions import ActionError, parse_action
 from warden.control.alertmanager import PayloadError, parse_payload
+from warden.engine import runtime
 
 log = logging.getLogger("warden.control")
 router = APIRouter()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from warden.supervisor_engine import SupervisedEngine
+from warden.supervisor.engine import EngineProcess
 
 FT_FLAG = "--enable-fault-tolerance"
 HEALTHY, UNHEALTHY, DEAD = "healthy", "unhealthy", "dead"
@@ -25,7 +25,7 @@ def fault_tolerance_enabled(vllm_args: list[str]) -> bool:
     return FT_FLAG in vllm_args
 
 
-def engine_status(engine: SupervisedEngine) -> str | None:
+def engine_status(engine: EngineProcess) -> str | None:
     """The worst status over the server's engines: dead > unhealthy > healthy (None: no
     answer or no fault tolerance endpoint)."""
     probe = engine.get("/fault_tolerance/status")
@@ -39,7 +39,7 @@ def engine_status(engine: SupervisedEngine) -> str | None:
 
 
 def retry(
-    engine: SupervisedEngine,
+    engine: EngineProcess,
     timeout_s: float,
     poll_s: float = 0.5,
     clock: Callable[[], float] = time.monotonic,

@@ -1,8 +1,10 @@
-"""Child processes of the native stack, each in its own process group, all stoppable.
+"""The one wrapper around a child server process: the engine, Prometheus, Alertmanager, Grafana.
 
-A child gets a new session, so a Ctrl-C in the terminal reaches only ``warden up``, which then
-stops the children in order; stopping signals the whole group (a process and anything it
-forked), escalates to SIGKILL, and finally kills any descendant that left the group.
+A child gets a new session, so a Ctrl-C in the terminal reaches only its parent (``warden up``,
+the supervisor), which then stops the children in order; stopping signals the whole group (a
+process and anything it forked), escalates to SIGKILL, and finally kills any descendant that
+left the group. ``kill`` skips the graceful part: it works on stopped (SIGSTOP) processes and
+never waits on a hung server's shutdown.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from typing import IO
 
 import httpx
 import psutil
+
+from warden.common.waiting import WaitAborted, wait_until
 
 
 class ChildStartError(RuntimeError):
@@ -48,19 +52,39 @@ def terminate_tree(
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
     if popen is not None:
-        popen.wait(10)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            popen.wait(10)
     _kill_all(survivors, max(0.0, deadline - time.monotonic()))
+
+
+def kill_tree(pid: int, popen: subprocess.Popen[bytes] | None = None) -> None:
+    """SIGKILL the group led by ``pid`` and every descendant at once, no grace."""
+    survivors = descendants(pid)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    if popen is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            popen.wait(10)
+    _kill_all(survivors, 0.0)
 
 
 def _kill_all(processes: Sequence[psutil.Process], grace_s: float) -> None:
     alive = [p for p in processes if p.is_running()]
-    if alive:
+    if alive and grace_s > 0:
         _, alive = psutil.wait_procs(alive, timeout=min(grace_s, 5.0))
     for process in alive:
         with contextlib.suppress(psutil.Error):
             process.kill()
     if alive:
         psutil.wait_procs(alive, timeout=5.0)
+
+
+def http_ok(url: str, timeout_s: float = 2.0) -> bool:
+    """Whether ``url`` answers 200 right now."""
+    try:
+        return httpx.get(url, timeout=timeout_s).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def wait_http_ok(
@@ -71,24 +95,29 @@ def wait_http_ok(
 ) -> float:
     """Poll ``url`` until it answers 200; seconds taken. Fails early when ``alive()`` is false."""
     started = time.monotonic()
-    while time.monotonic() - started < timeout_s:
-        if not alive():
-            raise ChildStartError(f"{what or url} exited before it was ready")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=2.0).status_code == 200:
-                return time.monotonic() - started
-        time.sleep(0.2)
-    raise ChildStartError(f"{what or url} not ready after {timeout_s:.0f}s")
+    try:
+        wait_until(
+            lambda: http_ok(url),
+            timeout_s,
+            interval_s=0.2,
+            what=f"{what or url} ready",
+            abort=lambda: not alive(),
+        )
+    except WaitAborted:
+        raise ChildStartError(f"{what or url} exited before it was ready") from None
+    except TimeoutError:
+        raise ChildStartError(f"{what or url} not ready after {timeout_s:.0f}s") from None
+    return time.monotonic() - started
 
 
 class ChildProcess:
-    """One server binary of the stack: started in its own session, output to a log file."""
+    """One server: started in its own session, output to a log file (or to ours when None)."""
 
     def __init__(
         self,
         name: str,
         argv: Sequence[str],
-        log_path: Path,
+        log_path: Path | None,
         ready_url: str,
         env: Mapping[str, str] | None = None,
     ) -> None:
@@ -104,36 +133,56 @@ class ChildProcess:
     def pid(self) -> int | None:
         return None if self.process is None else self.process.pid
 
+    def returncode(self) -> int | None:
+        """None while it runs (or before it started), else its exit status."""
+        return None if self.process is None else self.process.poll()
+
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
     def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        output: IO[bytes] | None = None
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log = output = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
             self.argv,
             env=self.env,
             stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
+            stdout=output,
+            stderr=subprocess.STDOUT if output is not None else None,
             start_new_session=True,
         )
 
     def wait_ready(self, timeout_s: float = 60.0) -> float:
+        """Block until the ready URL answers 200; the seconds it took."""
         try:
             return wait_http_ok(self.ready_url, timeout_s, self.running, self.name)
         except ChildStartError as exc:
-            raise ChildStartError(f"{exc}; log: {self.log_path}\n{self.log_tail()}") from None
+            where = f"; log: {self.log_path}\n{self.log_tail()}" if self.log_path else ""
+            raise ChildStartError(f"{exc}{where}") from None
 
     def log_tail(self, lines: int = 20) -> str:
+        if self.log_path is None:
+            return ""
         with contextlib.suppress(OSError):
             text = self.log_path.read_text(errors="replace")
             return "\n".join(text.splitlines()[-lines:])
         return ""
 
     def stop(self, timeout_s: float = 15.0) -> None:
+        """SIGTERM, wait up to ``timeout_s``, then SIGKILL the group and its descendants."""
         if self.process is not None:
             terminate_tree(self.process.pid, self.process, timeout_s)
+        self._close_log()
+
+    def kill(self) -> None:
+        """SIGKILL at once: the group and every descendant."""
+        if self.process is not None:
+            kill_tree(self.process.pid, self.process)
+        self._close_log()
+
+    def _close_log(self) -> None:
         if self._log is not None:
             self._log.close()
             self._log = None

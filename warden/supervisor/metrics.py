@@ -8,7 +8,6 @@ from its state, so the circuit-open metric that pages a person can actually be s
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -19,7 +18,7 @@ from prometheus_client.core import (
 )
 
 from exporter import catalog
-from warden.supervisor_policy import RESTART_REASONS
+from exporter.supervisor_state import SupervisorState
 
 
 def histogram_buckets(durations: list[float], bounds: tuple[float, ...]) -> list[tuple[str, float]]:
@@ -28,25 +27,19 @@ def histogram_buckets(durations: list[float], bounds: tuple[float, ...]) -> list
 
 
 class _StateCollector:
-    def __init__(self, state: dict[str, Any], ready: bool) -> None:
+    def __init__(self, state: SupervisorState, ready: bool) -> None:
         self.state = state
         self.ready = ready
 
     def collect(self) -> Iterator[Metric]:
         state = self.state
-        totals = {reason: 0 for reason in RESTART_REASONS}
-        totals.update(state.get("restart_totals") or {})
         restarts = CounterMetricFamily(
             catalog.ENGINE_RESTARTS.base, catalog.ENGINE_RESTARTS.help, labels=["reason"]
         )
-        for reason, total in sorted(totals.items()):
+        for reason, total in sorted(state.all_restart_totals().items()):
             restarts.add_metric([reason], float(total))
         yield restarts
-        durations = [
-            float(e["duration_s"])
-            for e in state.get("restarts") or []
-            if e.get("duration_s") is not None
-        ]
+        durations = state.restart_durations()
         spec = catalog.ENGINE_RESTART_DURATION
         yield HistogramMetricFamily(
             spec.name,
@@ -55,14 +48,14 @@ class _StateCollector:
             sum_value=sum(durations),
         )
         for gauge, value in (
-            (catalog.SUPERVISOR_CIRCUIT_OPEN, bool(state.get("circuit_open"))),
-            (catalog.ENGINE_EAGER_MODE, bool(state.get("eager"))),
+            (catalog.SUPERVISOR_CIRCUIT_OPEN, state.circuit_open),
+            (catalog.ENGINE_EAGER_MODE, state.eager),
             (catalog.ENGINE_READY, self.ready),
         ):
             yield GaugeMetricFamily(gauge.name, gauge.help, value=1.0 if value else 0.0)
 
 
-def render(state: dict[str, Any], ready: bool) -> bytes:
+def render(state: SupervisorState, ready: bool) -> bytes:
     registry = CollectorRegistry()
     registry.register(_StateCollector(state, ready))  # type: ignore[arg-type]
     return generate_latest(registry)

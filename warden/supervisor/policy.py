@@ -11,14 +11,10 @@ import signal
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from exporter.catalog import RESTART_REASONS
+
 # Why an engine was restarted: the label values of warden_engine_restarts_total{reason}.
-EXIT = "exit"  # the vLLM server exited on its own (exit code)
-CRASH = "crash"  # a vLLM process was killed by a signal or vanished under a live server
-STALLED = "stalled"  # requests pending and no engine step for longer than the stall grace
-UNHEALTHY = "unhealthy"  # vLLM says the engine is dead or poisoned (driver error), or no answer
-ENFORCE_EAGER = "enforce_eager"  # switched to --enforce-eager (CUDA graphs off)
-MANUAL = "manual"  # a person asked for it
-RESTART_REASONS: tuple[str, ...] = (EXIT, CRASH, STALLED, UNHEALTHY, ENFORCE_EAGER, MANUAL)
+EXIT, CRASH, STALLED, UNHEALTHY, ENFORCE_EAGER, MANUAL = RESTART_REASONS
 # Restarts a person asked for do not count toward the restart-loop circuit.
 UNCOUNTED_REASONS: frozenset[str] = frozenset({MANUAL})
 

@@ -1,0 +1,90 @@
+"""What the supervisor asks a running engine, and when an answer becomes a restart.
+
+``ProbeTimers`` remembers since when each bad condition has held for the current engine;
+``evaluate`` turns one ``/warden/ready`` answer into a ``Failure`` once a condition outlasts its
+grace (no answer, stalled, engine dead) or at once (a CUDA driver error poisons the context).
+``policy_wants_eager`` reads the engine's effective policy for the ``enforce_eager`` action.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from warden.supervisor.engine import EngineProcess, Probe
+from warden.supervisor.policy import STALLED, UNHEALTHY
+
+
+@dataclass
+class Failure:
+    reason: str
+    detail: str
+    at: float
+    planned: bool = False  # the engine still works: drain it and stop it gracefully
+
+
+@dataclass
+class ProbeTimers:
+    """Since when a condition has held, per running engine (None: it does not hold)."""
+
+    silent: float | None = None
+    stalled: float | None = None
+    sick: float | None = None
+
+
+def failing_checks(probe: Probe, engine: EngineProcess) -> dict[str, str]:
+    """Failing readiness checks by name -> detail. Without warden's readiness endpoint (an
+    older engine), vLLM's own /health stands in as the one ``engine`` check."""
+    checks: Any = probe.body.get("checks") if isinstance(probe.body, dict) else None
+    if not isinstance(checks, dict):
+        ok = engine.get("/health").status == 200
+        checks = {"engine": {"ok": ok, "detail": "vLLM /health"}}
+    return {
+        name: str(check.get("detail", ""))
+        for name, check in checks.items()
+        if isinstance(check, dict) and not check.get("ok", True)
+    }
+
+
+def evaluate(
+    engine: EngineProcess,
+    timers: ProbeTimers,
+    now: float,
+    stall_grace_s: float,
+    unhealthy_grace_s: float,
+) -> Failure | None:
+    """Probe ``/warden/ready`` once; a Failure when a bad condition has outlasted its grace."""
+    probe = engine.get("/warden/ready")
+    if not probe.answered:
+        timers.silent = timers.silent or now
+        if now - timers.silent >= unhealthy_grace_s:
+            return Failure(
+                UNHEALTHY, f"no answer on /warden/ready for {unhealthy_grace_s:.0f}s", now
+            )
+        return None
+    timers.silent = None
+    failing = failing_checks(probe, engine)
+    if "stalled" in failing:
+        timers.stalled = timers.stalled or now
+        if now - timers.stalled >= stall_grace_s:
+            return Failure(STALLED, f"engine stalled: {failing['stalled']}", now)
+    else:
+        timers.stalled = None
+    if "driver_error" in failing:
+        return Failure(UNHEALTHY, failing["driver_error"], now)
+    if "engine" in failing:
+        timers.sick = timers.sick or now
+        if now - timers.sick >= unhealthy_grace_s:
+            return Failure(UNHEALTHY, failing["engine"], now)
+    else:
+        timers.sick = None
+    return None
+
+
+def policy_wants_eager(engine: EngineProcess) -> bool:
+    """Whether the engine's effective policy holds the ``enforce_eager`` action."""
+    probe = engine.get("/warden/state")
+    if probe.status != 200 or not isinstance(probe.body, dict):
+        return False
+    policy = probe.body.get("policy")
+    return isinstance(policy, dict) and policy.get("enforce_eager") is True
