@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass
@@ -33,10 +32,10 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 from vllm.v1.sample.logits_processor.interface import MoveDirectionality
 
 from exporter import catalog
-from exporter.config import ExporterConfig
 from exporter.metrics import process_metrics
 from exporter.request_args import ATTEMPT_ARG, INJECT_ARG, INJECT_ATTEMPTS_ARG, RID_ARG
-from exporter.signals import ENV_VAR, SignalBoard
+from exporter.settings import load_settings
+from exporter.signals import SignalBoard
 
 log = logging.getLogger("warden.exporter")
 # A request re-sent by warden's retry carries its attempt number; injection hits attempt 1 only
@@ -77,8 +76,8 @@ class NonFiniteLogitsProcessor(LogitsProcessor):
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
         self.device = device
         self.pin = is_pin_memory
-        config = ExporterConfig.from_env()
-        self.inject_enabled = config.inject_nonfinite
+        config = load_settings()
+        self.inject_enabled = config.test_inject_nonfinite
         self.step_delay_s = config.test_step_delay_s
         self.rows: dict[int, _Row] = {}
         self._keys = itertools.count(1)
@@ -87,8 +86,8 @@ class NonFiniteLogitsProcessor(LogitsProcessor):
         metrics = process_metrics()
         self._counter = metrics.get(catalog.NONFINITE_LOGITS)
         self._dropped = metrics.get(catalog.COLLECTOR_ERRORS).labels("nonfinite_logits")
-        path = os.environ.get(ENV_VAR)
-        self.board = SignalBoard(path) if path and os.path.exists(path) else None
+        path = config.signal_board
+        self.board = SignalBoard(str(path)) if path and path.exists() else None
         self.eos_token_id = _eos_token_id(vllm_config)
         if self.inject_enabled:
             log.warning("warden: WARDEN_TEST_INJECT_NONFINITE is on: test-only logits poisoning")

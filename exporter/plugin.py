@@ -18,7 +18,6 @@ from typing import Any
 from exporter import __version__, catalog, engine_errors, vllm_compat
 from exporter.adapters import NvmlDevices, TorchCudaAllocator, VllmCudaGraphs
 from exporter.collectors import Collector, CollectorRunner
-from exporter.config import ExporterConfig
 from exporter.device_collectors import (
     AllocatorCollector,
     CudaGraphCollector,
@@ -26,7 +25,8 @@ from exporter.device_collectors import (
     SignalPublisher,
 )
 from exporter.metrics import WardenMetrics, process_metrics
-from exporter.signals import ENV_VAR, SignalBoard
+from exporter.settings import WardenSettings, load_settings
+from exporter.signals import SignalBoard
 
 log = logging.getLogger("warden.exporter")
 _state: dict[str, Any] = {}
@@ -35,10 +35,9 @@ _state: dict[str, Any] = {}
 def register() -> None:
     if _state.get("registered"):
         return
-    config = ExporterConfig.from_env()
+    config = load_settings()
     metrics = process_metrics()
-    path = os.environ.get(ENV_VAR)
-    if not path:
+    if config.signal_board is None:
         board = SignalBoard.create_for_process_tree()
         atexit.register(board.unlink)
         _state["board"] = board
@@ -53,7 +52,7 @@ def register() -> None:
     _state["registered"] = True
 
 
-def _patch_worker_init(config: ExporterConfig, metrics: WardenMetrics) -> None:
+def _patch_worker_init(config: WardenSettings, metrics: WardenMetrics) -> None:
     from vllm.v1.worker.worker_base import WorkerWrapperBase
 
     original = WorkerWrapperBase.init_device
@@ -71,7 +70,7 @@ def _patch_worker_init(config: ExporterConfig, metrics: WardenMetrics) -> None:
     WorkerWrapperBase.init_device = init_device  # type: ignore[method-assign]
 
 
-def start_device_collectors(wrapper: Any, config: ExporterConfig, metrics: WardenMetrics) -> None:
+def start_device_collectors(wrapper: Any, config: WardenSettings, metrics: WardenMetrics) -> None:
     worker = getattr(wrapper, "worker", None)
     rank = int(getattr(worker, "local_rank", 0) or 0)
     device = getattr(worker, "device", None)
@@ -114,9 +113,10 @@ def start_device_collectors(wrapper: Any, config: ExporterConfig, metrics: Warde
             "warden: sources unavailable in this process (exporting the rest): %s",
             "; ".join(f"{name}: {why}" for name, why in unavailable.items()),
         )
-    path = os.environ.get(ENV_VAR)
-    if collectors and path and os.path.exists(path):
-        collectors.append(SignalPublisher(SignalBoard(path), rank, allocator, nvml))
+    # Read again: the API process publishes the board's path after this process's settings.
+    path = load_settings().signal_board
+    if collectors and path and path.exists():
+        collectors.append(SignalPublisher(SignalBoard(str(path)), rank, allocator, nvml))
     if collectors:
         runner = CollectorRunner(collectors, metrics, config.collector_interval_s)
         runner.start()

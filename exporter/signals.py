@@ -19,7 +19,9 @@ import os
 import struct
 import tempfile
 
-ENV_VAR = "WARDEN_SIGNAL_BOARD"
+from exporter.settings import env_name
+
+ENV_VAR = env_name("signal_board")  # set for the process tree by the API process
 MAX_RANKS = 16
 # Per rank: device used ratio, torch reserved ratio, unix time of the sample.
 FIELDS = ("device", "torch_reserved", "timestamp")

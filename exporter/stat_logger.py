@@ -8,16 +8,15 @@ process's collector thread (stall detection) on first construction.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 from vllm.v1.metrics.loggers import StatLoggerBase
 
 from exporter import catalog, vllm_compat
 from exporter.collectors import CollectorRunner, FailingCollector
-from exporter.config import ExporterConfig
 from exporter.metrics import process_metrics
-from exporter.signals import ENV_VAR, SignalBoard
+from exporter.settings import load_settings
+from exporter.signals import SignalBoard
 from exporter.stall import StallCollector, WatermarkPeakCollector
 from exporter.step_monitor import StepMonitor, process_monitor
 from exporter.supervisor_mirror import SupervisorMirror
@@ -28,10 +27,10 @@ _runner: CollectorRunner | None = None
 
 def _make_monitor() -> StepMonitor:
     global _runner
-    config = ExporterConfig.from_env()
+    config = load_settings()
     metrics = process_metrics()
-    path = os.environ.get(ENV_VAR)
-    board = SignalBoard(path) if path and os.path.exists(path) else None
+    path = config.signal_board
+    board = SignalBoard(str(path)) if path and path.exists() else None
     monitor = StepMonitor(config, metrics, board)
     collectors: list[Any] = [
         StallCollector(monitor, metrics, config.stall_timeout_s),
@@ -40,7 +39,7 @@ def _make_monitor() -> StepMonitor:
     mirror = SupervisorMirror.from_env(metrics)
     if mirror is not None:
         collectors.append(mirror)
-    if os.environ.get("WARDEN_TEST_FAILING_COLLECTOR") == "1":
+    if config.test_failing_collector:
         collectors.append(FailingCollector())
     _runner = CollectorRunner(collectors, metrics, min(config.collector_interval_s, 1.0))
     _runner.start()

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from exporter import catalog
-from exporter.config import ExporterConfig
 from exporter.metrics import WardenMetrics
+from exporter.settings import WardenSettings
 from exporter.signals import SignalBoard
 from exporter.watermark import Watermark
 
@@ -40,7 +40,7 @@ StepListener = Callable[[StepSnapshot], None]
 class StepMonitor:
     def __init__(
         self,
-        config: ExporterConfig,
+        config: WardenSettings,
         metrics: WardenMetrics,
         board: SignalBoard | None,
         clock: Callable[[], float] = time.time,
@@ -108,7 +108,7 @@ class StepMonitor:
     def peak_level(self, now: float) -> int:
         """Highest level held at any moment of the last peak window. Prometheus scrapes every
         few seconds; a spike the reflex absorbs faster than that must not fall between two."""
-        since = now - self.config.peak_window_s
+        since = now - self.config.watermark_peak_window_s
         peak = self.watermark.level
         in_force_at_start = 0
         for at, level in list(self.transitions):  # a copy: the step path appends meanwhile

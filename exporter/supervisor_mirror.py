@@ -16,7 +16,8 @@ from pathlib import Path
 
 from exporter import catalog
 from exporter.metrics import WardenMetrics
-from exporter.supervisor_state import STATE_ENV_VAR, SupervisorState
+from exporter.settings import load_settings
+from exporter.supervisor_state import SupervisorState
 
 
 class SupervisorMirror:
@@ -35,8 +36,8 @@ class SupervisorMirror:
     @classmethod
     def from_env(cls, metrics: WardenMetrics) -> SupervisorMirror | None:
         """A mirror when this engine runs under ``warden serve``; None otherwise."""
-        path = os.environ.get(STATE_ENV_VAR)
-        return cls(path, metrics) if path else None
+        path = load_settings().supervisor_state
+        return cls(str(path), metrics) if path else None
 
     def collect(self) -> None:
         try:

@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from exporter.catalog import RESTART_REASONS
+from exporter.settings import env_name, load_settings
 
 SCHEMA_VERSION = 1
 # Environment variable with the state file's path, set by the supervisor for each engine.
-STATE_ENV_VAR = "WARDEN_SUPERVISOR_STATE"
+STATE_ENV_VAR = env_name("supervisor_state")
 # The file's name inside the supervisor's run directory.
 STATE_FILE = "supervisor-state.json"
 # Restart events kept in the file (totals are kept exactly, separately); a fresh engine
@@ -179,5 +180,5 @@ class SupervisorState:
 
 def read_state_from_env() -> SupervisorState | None:
     """The state for readers inside the engine; None when not supervised or unreadable."""
-    path = os.environ.get(STATE_ENV_VAR)
-    return SupervisorState.read(Path(path)) if path else None
+    path = load_settings().supervisor_state
+    return SupervisorState.read(path) if path else None

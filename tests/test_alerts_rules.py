@@ -399,13 +399,13 @@ def test_memory_alerts_outlast_the_peak_window() -> None:
     """The watermark alerts read the exporter's peak gauge (a spike between scrapes still shows)
     over a window that spans several scrapes, and wait longer than that window plus the gauge's
     own, so one spike (which holds the record up for both) never fires."""
-    from exporter.config import ExporterConfig
+    from exporter.settings import WardenSettings
     from warden.stack.config import Intervals
 
     window_text = rec.WATERMARK_PEAK_WINDOW
     window = _to_seconds(window_text)
     scrape = _to_seconds(Intervals().scrape)
-    gauge_window = ExporterConfig().peak_window_s
+    gauge_window = WardenSettings().watermark_peak_window_s
     assert window >= 3 * scrape
     assert gauge_window >= scrape, "a spike between two scrapes would fall out of the peak gauge"
     peak_over_window = f"max_over_time({catalog.MEMORY_WATERMARK_PEAK.name}[{window_text}])"

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from exporter import catalog
-from exporter.config import ExporterConfig
 from exporter.metrics import WardenMetrics
+from exporter.settings import WardenSettings
 from exporter.step_monitor import StepMonitor, StepSnapshot
 from warden.control.actions import ActionError, ActionRequest, parse_action
 from warden.control.admission import HalfOpenGate, KvState, RequestFacts, decide
@@ -406,7 +406,7 @@ def test_reflex_takes_leases_within_the_step_and_releases_with_hysteresis(
 def test_reflex_runs_as_a_step_listener(
     controller: Controller, registry: CollectorRegistry, clock: Clock
 ) -> None:
-    monitor = StepMonitor(ExporterConfig(), WardenMetrics(registry), None, clock=clock)
+    monitor = StepMonitor(WardenSettings(), WardenMetrics(registry), None, clock=clock)
     monitor.add_listener(Reflex(controller.config.reflex, controller, clock=clock))
     monitor.on_step(running=8, waiting=0, kv_usage=0.99)
     policy = controller.policy()

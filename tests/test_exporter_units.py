@@ -17,7 +17,6 @@ from vllm.v1.sample.logits_processor.interface import MoveDirectionality
 from exporter import catalog
 from exporter.adapters import AllocatorStats, DeviceMemory, NvmlDevices, TorchCudaAllocator
 from exporter.collectors import CollectorRunner, FailingCollector
-from exporter.config import ConfigError, ExporterConfig
 from exporter.device_collectors import (
     AllocatorCollector,
     CudaGraphCollector,
@@ -27,6 +26,7 @@ from exporter.device_collectors import (
 from exporter.errors import classify_exception
 from exporter.logits import NonFiniteLogitsProcessor
 from exporter.metrics import WardenMetrics
+from exporter.settings import SettingsError, WardenSettings, load_settings
 from exporter.signals import SignalBoard
 from exporter.stall import StallCollector
 from exporter.step_monitor import StepMonitor
@@ -97,18 +97,37 @@ def test_watermark_steps_down_only_as_far_as_the_signal_allows() -> None:
         ({"WARDEN_WATERMARK_HYSTERESIS": "0.95"}, "WARDEN_WATERMARK_HYSTERESIS"),
         ({"WARDEN_TEST_INJECT_NONFINITE": "maybe"}, "WARDEN_TEST_INJECT_NONFINITE"),
         ({"WARDEN_TEST_STEP_DELAY_S": "5"}, "WARDEN_TEST_STEP_DELAY_S"),
+        # read by the readiness checks: a bad value used to fall back silently
+        ({"WARDEN_READY_MAX_ERROR_RATE": "half"}, "WARDEN_READY_MAX_ERROR_RATE"),
+        ({"WARDEN_READY_MIN_REQUESTS": "0"}, "WARDEN_READY_MIN_REQUESTS"),
+        ({"WARDEN_HEALTH_SAMPLE_S": "0"}, "WARDEN_HEALTH_SAMPLE_S"),
+        ({"WARDEN_WEBHOOK_INSECURE": "perhaps"}, "WARDEN_WEBHOOK_INSECURE"),
+        ({"WARDEN_PORT": "99999"}, "WARDEN_PORT"),
     ],
 )
 def test_absurd_config_is_refused_naming_the_variable(env: dict[str, str], named: str) -> None:
-    with pytest.raises(ConfigError, match=named):
-        ExporterConfig.from_env(env)
+    with pytest.raises(SettingsError, match=named):
+        load_settings(env)
+
+
+def test_settings_error_shows_the_value_given() -> None:
+    with pytest.raises(SettingsError, match="WARDEN_WATERMARK_HIGH='abc'"):
+        load_settings({"WARDEN_WATERMARK_HIGH": "abc"})
+
+
+def test_settings_come_from_the_process_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WARDEN_STALL_TIMEOUT_S", "7")
+    monkeypatch.setenv("WARDEN_WATERMARK_HIGH", "")  # empty counts as unset
+    settings = load_settings()
+    assert settings.stall_timeout_s == 7 and settings.watermark_high == 0.90
+    monkeypatch.setenv("WARDEN_STALL_TIMEOUT_S", "soon")
+    with pytest.raises(SettingsError, match="WARDEN_STALL_TIMEOUT_S='soon'"):
+        load_settings()
 
 
 def test_config_defaults_and_overrides() -> None:
-    assert ExporterConfig.from_env({}).thresholds == (0.90, 0.95, 0.98)
-    config = ExporterConfig.from_env(
-        {"WARDEN_WATERMARK_HIGH": "0.8", "WARDEN_STALL_TIMEOUT_S": "5"}
-    )
+    assert load_settings({}).thresholds == (0.90, 0.95, 0.98)
+    config = load_settings({"WARDEN_WATERMARK_HIGH": "0.8", "WARDEN_STALL_TIMEOUT_S": "5"})
     assert config.watermark_high == 0.8 and config.stall_timeout_s == 5
     assert config.test_step_delay_s == 0.0  # production steps are never slowed
 
@@ -273,7 +292,7 @@ def test_device_ratios_reach_the_api_side_watermark(
         [allocator, nvml, SignalPublisher(writer_board, 0, allocator, nvml)], metrics, 1.0
     )
     runner.run_once()
-    monitor = StepMonitor(ExporterConfig(), metrics, SignalBoard(path))
+    monitor = StepMonitor(WardenSettings(), metrics, SignalBoard(path))
     snap = monitor.on_step(running=2, waiting=0, kv_usage=0.3)
     assert snap.signals == {"kv_cache": 0.3, "device": 7 / 8, "torch_reserved": 0.75}
     assert snap.watermark == NORMAL
@@ -318,7 +337,7 @@ def test_stall_needs_pending_work_and_no_step(
     metrics: WardenMetrics, registry: CollectorRegistry
 ) -> None:
     clock = Clock()
-    monitor = StepMonitor(ExporterConfig(), metrics, None, clock=clock)
+    monitor = StepMonitor(WardenSettings(), metrics, None, clock=clock)
     stall = StallCollector(monitor, metrics, timeout_s=30, clock=clock)
     clock.now += 100
     stall.collect()  # idle engine for 100 s: not a stall
@@ -339,7 +358,7 @@ def test_requests_arriving_on_an_idle_engine_that_never_steps_is_a_stall(
     metrics: WardenMetrics, registry: CollectorRegistry
 ) -> None:
     clock = Clock()
-    monitor = StepMonitor(ExporterConfig(), metrics, None, clock=clock)
+    monitor = StepMonitor(WardenSettings(), metrics, None, clock=clock)
     inflight = {"n": 0}
     monitor.inflight = lambda: inflight["n"]
     stall = StallCollector(monitor, metrics, timeout_s=10, clock=clock)
@@ -357,7 +376,7 @@ def test_requests_arriving_on_an_idle_engine_that_never_steps_is_a_stall(
 def test_failing_step_listener_is_counted_not_raised(
     metrics: WardenMetrics, registry: CollectorRegistry
 ) -> None:
-    monitor = StepMonitor(ExporterConfig(), metrics, None)
+    monitor = StepMonitor(WardenSettings(), metrics, None)
 
     class Broken:
         name = "broken_listener"
@@ -417,7 +436,7 @@ def test_watermark_peak_holds_a_short_spike_for_the_window(
     metrics: WardenMetrics, registry: CollectorRegistry
 ) -> None:
     clock = Clock()
-    monitor = StepMonitor(ExporterConfig(peak_window_s=15), metrics, None, clock=clock)
+    monitor = StepMonitor(WardenSettings(watermark_peak_window_s=15), metrics, None, clock=clock)
     monitor.on_step(running=8, waiting=0, kv_usage=0.99)  # spike to oom_imminent
     clock.now += 1
     monitor.on_step(running=1, waiting=0, kv_usage=0.1)  # the reflex relieved it at once

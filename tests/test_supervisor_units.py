@@ -13,9 +13,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter import catalog
 from exporter.metrics import WardenMetrics
+from exporter.settings import load_settings
 from exporter.supervisor_mirror import SupervisorMirror
 from exporter.supervisor_state import STATE_ENV_VAR, SupervisorState, read_state_from_env
-from warden.supervisor.drain import sum_samples, webhook_token
+from warden.common.tokens import TokenError, bearer_matches, load_token
+from warden.supervisor.drain import sum_samples
 from warden.supervisor.fault_tolerance import fault_tolerance_enabled
 from warden.supervisor.metrics import render
 from warden.supervisor.policy import (
@@ -196,12 +198,33 @@ def test_inflight_is_read_from_prometheus_text() -> None:
 
 
 def test_override_token_prefers_the_file(tmp_path: Path) -> None:
+    def token(env: dict[str, str]) -> str | None:
+        return load_token(load_settings(env))
+
     token_file = tmp_path / "token"
     token_file.write_text("from-file\n")
-    assert webhook_token({"WARDEN_WEBHOOK_TOKEN": "plain"}) == "plain"
+    assert token({"WARDEN_WEBHOOK_TOKEN": "plain"}) == "plain"
     env = {"WARDEN_WEBHOOK_TOKEN_FILE": str(token_file), "WARDEN_WEBHOOK_TOKEN": "plain"}
-    assert webhook_token(env) == "from-file"
-    assert webhook_token({}) is None
+    assert token(env) == "from-file"
+    assert token({}) is None
+
+
+@pytest.mark.parametrize("content", [None, "", "  \n"])
+def test_an_unreadable_or_empty_token_file_fails_closed(
+    tmp_path: Path, content: str | None
+) -> None:
+    path = tmp_path / "token"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(TokenError, match="WARDEN_WEBHOOK_TOKEN_FILE"):
+        load_token(load_settings({"WARDEN_WEBHOOK_TOKEN_FILE": str(path)}))
+
+
+def test_bearer_comparison_needs_the_exact_token() -> None:
+    assert bearer_matches("Bearer s3cret", "s3cret")
+    assert bearer_matches("bearer s3cret", "s3cret")
+    for header in (None, "", "s3cret", "Bearer s3cre", "Bearer s3cret2", "Basic s3cret"):
+        assert not bearer_matches(header, "s3cret")
 
 
 def test_fault_tolerance_is_recognised_from_vllm_arguments() -> None:

@@ -8,27 +8,36 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
+from pathlib import Path
 
 import httpx
 
 from exporter import catalog
-from warden.control.auth import TOKEN_ENV, TOKEN_FILE_ENV, TokenError, load_token
+from exporter.settings import SettingsError, load_settings
+from warden.common.tokens import (
+    TOKEN_ENV,
+    TOKEN_FILE_ENV,
+    TokenError,
+    bearer_header,
+    load_token,
+    read_token_file,
+)
 
 
 def _headers(args: argparse.Namespace) -> dict[str, str]:
-    if args.token_file:
-        os.environ[TOKEN_FILE_ENV] = args.token_file
     try:
-        token = load_token()
-    except TokenError as exc:
+        if args.token_file:
+            token: str | None = read_token_file(Path(args.token_file))
+        else:
+            token = load_token(load_settings())
+    except (TokenError, SettingsError) as exc:
         raise SystemExit(f"warden degrade: {exc}") from None
     if token is None:
         raise SystemExit(
             f"warden degrade: no token: pass --token-file or set {TOKEN_FILE_ENV} / {TOKEN_ENV}"
         )
-    return {"Authorization": f"Bearer {token}"}
+    return bearer_header(token)
 
 
 def _params(pairs: list[str]) -> dict[str, str]:
@@ -78,9 +87,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--engine-url", default=os.environ.get("WARDEN_ENGINE_URL", "http://127.0.0.1:8000")
-    )
+    parser.add_argument("--engine-url", default=load_settings().engine_url)
     parser.add_argument("--token-file", help=f"bearer token file (default ${TOKEN_FILE_ENV})")
     sub = parser.add_subparsers(dest="degrade_command", required=True)
     sub.add_parser("list", help="live leases and the effective policy")

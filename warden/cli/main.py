@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+
+from exporter.settings import SettingsError, load_settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GENERATORS = ("alerts.generate", "dashboards.generate", "warden.stack.generate")
@@ -120,9 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     dashboards = sub.add_parser("dashboards", help="dashboard tools")
     dash_sub = dashboards.add_subparsers(dest="dashboards_command", required=True)
     render = dash_sub.add_parser("render", help="draw dashboards to PNG from a live Prometheus")
-    render.add_argument(
-        "--prometheus", default=os.environ.get("WARDEN_PROMETHEUS_URL", "http://127.0.0.1:9090")
-    )
+    render.add_argument("--prometheus", default=load_settings().prometheus_url)
     render.add_argument("--out", default="dashboards/png")
     render.add_argument("--minutes", type=int, default=15)
     render.set_defaults(func=cmd_dashboards_render)
@@ -154,8 +153,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    try:
+        args = build_parser().parse_args(argv)
+        return int(args.func(args))
+    except SettingsError as exc:  # a bad WARDEN_* variable: say which, no traceback
+        print(f"warden: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

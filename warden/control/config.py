@@ -8,14 +8,15 @@ typo in a safety setting must not silently fall back to a default.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-CONFIG_ENV = "WARDEN_CONFIG"
+from exporter.settings import env_name, load_settings
+
+CONFIG_ENV = env_name("config")
 
 
 class ControlConfigError(ValueError):
@@ -137,7 +138,7 @@ def parse_config(data: object, source: str = "") -> ControlConfig:
 
 def load_config(path: str | Path | None = None) -> ControlConfig:
     """The file named by ``path`` or $WARDEN_CONFIG; defaults when neither is given."""
-    path = path or os.environ.get(CONFIG_ENV)
+    path = path or load_settings().config
     if not path:
         return ControlConfig()
     try:

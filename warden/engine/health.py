@@ -30,6 +30,7 @@ from fastapi.responses import JSONResponse
 
 from exporter import catalog
 from exporter.metrics import process_metrics
+from exporter.settings import load_settings
 from exporter.step_monitor import process_monitor
 from exporter.supervisor_state import SupervisorState, read_state_from_env
 
@@ -38,13 +39,6 @@ router = APIRouter()
 OOM_IMMINENT = catalog.WATERMARK_LEVELS.index("oom_imminent")
 WINDOWS_S: tuple[int, ...] = (60, 300, 900)
 RPC_TIMEOUT_S = 3.0
-
-
-def _env_float(name: str, default: float) -> float:
-    try:
-        return float(os.environ.get(name, "") or default)
-    except ValueError:
-        return default
 
 
 # --- Metric windows -----------------------------------------------------------------------
@@ -184,10 +178,14 @@ class MetricWindows:
         return WindowDelta(seconds, now - base_t, delta)
 
 
-_windows = MetricWindows(interval_s=_env_float("WARDEN_HEALTH_SAMPLE_S", 2.0))
+_windows: MetricWindows | None = None
 
 
 def metric_windows() -> MetricWindows:
+    """The API process's windows, sampled at ``WARDEN_HEALTH_SAMPLE_S`` from first use."""
+    global _windows
+    if _windows is None:
+        _windows = MetricWindows(interval_s=load_settings().health_sample_s)
     _windows.ensure_started()
     return _windows
 
@@ -258,8 +256,8 @@ def check_error_rate(windows: MetricWindows) -> Check:
     breaker (issue 5's policy, published as a catalog gauge) not open."""
     if _gauge_value(catalog.CIRCUIT_BREAKER_STATE) >= catalog.CIRCUIT_STATES.index("open"):
         return Check("error_rate", False, "admission circuit breaker open")
-    max_rate = _env_float("WARDEN_READY_MAX_ERROR_RATE", 0.5)
-    min_requests = _env_float("WARDEN_READY_MIN_REQUESTS", 10)
+    settings = load_settings()
+    max_rate, min_requests = settings.ready_max_error_rate, settings.ready_min_requests
     outcomes = windows.window(60).by_label(catalog.REQUESTS.name)
     answered = sum(v for k, v in outcomes.items() if k != "rejected")
     errors = outcomes.get("server_error", 0.0)

@@ -13,6 +13,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from exporter.signals import ENV_VAR as SIGNAL_BOARD_ENV
+
 # Every warden plugin must be named: VLLM_PLUGINS is an allow-list for every plugin group.
 VLLM_PLUGINS = "warden,warden_stats,warden_endpoints"
 LOGITS_PROCESSOR = "exporter.logits:NonFiniteLogitsProcessor"
@@ -64,6 +66,6 @@ class LaunchSpec:
                 "PYTHONUNBUFFERED": "1",
             }
         )
-        env.pop("WARDEN_SIGNAL_BOARD", None)
+        env.pop(SIGNAL_BOARD_ENV, None)  # each engine tree makes its own board
         env.update(self.env)
         return env

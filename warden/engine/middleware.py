@@ -18,7 +18,6 @@ import asyncio
 import inspect
 import json
 import logging
-import os
 import random
 import uuid
 from collections.abc import Awaitable, Callable
@@ -27,7 +26,8 @@ from typing import Any
 from exporter import catalog, vllm_compat
 from exporter.metrics import process_metrics
 from exporter.request_args import ATTEMPT_ARG, RID_ARG
-from exporter.signals import ENV_VAR, SignalBoard
+from exporter.settings import load_settings
+from exporter.signals import SignalBoard
 from exporter.step_monitor import process_monitor
 from warden.control import telemetry
 from warden.control.admission import Decision, HalfOpenGate, KvState, RequestFacts, decide
@@ -129,9 +129,9 @@ class WardenMiddleware:
     @property
     def board(self) -> SignalBoard | None:
         if self._board is None:
-            path = os.environ.get(ENV_VAR)
-            if path and os.path.exists(path):
-                self._board = SignalBoard(path)
+            path = load_settings().signal_board
+            if path and path.exists():
+                self._board = SignalBoard(str(path))
         return self._board
 
     async def _reply(

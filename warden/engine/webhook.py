@@ -16,8 +16,10 @@ from fastapi.responses import JSONResponse
 
 from exporter import vllm_compat
 from exporter.catalog import WATERMARK_LEVELS
+from exporter.settings import SettingsError, load_settings
 from exporter.step_monitor import process_monitor
-from warden.control import auth, telemetry
+from warden.common import tokens
+from warden.control import telemetry
 from warden.control.actions import ActionError, parse_action
 from warden.control.alertmanager import PayloadError, parse_payload
 from warden.engine import runtime
@@ -37,23 +39,29 @@ class _Guard:
     loaded = False
     problem: str | None = None
 
+    insecure = False
+
     @classmethod
     def check(cls, request: Request) -> JSONResponse | None:
         if not cls.loaded:
             try:
-                cls.token = auth.load_token()
-            except auth.TokenError as exc:
+                settings = load_settings()
+                cls.token = tokens.load_token(settings)
+                cls.insecure = settings.webhook_insecure
+            except (tokens.TokenError, SettingsError) as exc:
                 cls.problem = str(exc)
             cls.loaded = True
         if cls.token is None:
-            if auth.insecure_requested() or runtime.controller().config.webhook.allow_insecure:
+            if cls.problem is None and (
+                cls.insecure or runtime.controller().config.webhook.allow_insecure
+            ):
                 return None
             reason = cls.problem or (
-                f"no token configured: set {auth.TOKEN_FILE_ENV} or {auth.TOKEN_ENV} "
-                f"(or {auth.INSECURE_ENV}=1 to run without one)"
+                f"no token configured: set {tokens.TOKEN_FILE_ENV} or {tokens.TOKEN_ENV} "
+                f"(or {tokens.INSECURE_ENV}=1 to run without one)"
             )
             return _error(403, f"warden webhook disabled: {reason}")
-        if not auth.authorized(request.headers.get("authorization"), cls.token):
+        if not tokens.bearer_matches(request.headers.get("authorization"), cls.token):
             return _error(401, "missing or wrong bearer token", **{"WWW-Authenticate": "Bearer"})
         return None
 

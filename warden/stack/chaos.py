@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ipaddress
-import os
 import signal
 import threading
 import time
@@ -32,8 +31,9 @@ import httpx
 import psutil
 
 from exporter.catalog import NONFINITE_LOGITS
+from exporter.settings import load_settings
 
-DEFAULT_ENGINE_URL = os.environ.get("WARDEN_ENGINE_URL", "http://127.0.0.1:8000")
+DEFAULT_ENGINE_URL = load_settings().engine_url
 ENGINE_CORE_MARK = "EngineCore"
 PROMPT_WORDS = ("memory", "watermark", "cache", "block", "engine", "request", "token", "prompt")
 

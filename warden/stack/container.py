@@ -14,6 +14,7 @@ import shlex
 from collections.abc import Mapping
 from pathlib import Path
 
+from exporter.settings import load_settings
 from warden.engine.launch import LaunchSpec
 from warden.stack.traces import otlp_traces_endpoint
 
@@ -23,9 +24,10 @@ TINY = "tiny"
 def engine_spec(env: Mapping[str, str]) -> tuple[LaunchSpec, Path | None]:
     """The LaunchSpec the container runs, from its environment (a pure function for tests),
     and the tiny model's folder when that is the model (built on first start)."""
-    data_dir = Path(env.get("WARDEN_DATA_DIR", "/data"))
-    model = env.get("WARDEN_MODEL", "").strip() or TINY
-    args = shlex.split(env.get("WARDEN_VLLM_ARGS", ""))
+    settings = load_settings(env)
+    data_dir = settings.data_dir
+    model = settings.model.strip() or TINY
+    args = shlex.split(settings.vllm_args)
     tiny_dir = None
     if model == TINY:
         from warden.cli.tinymodel import TINY_ENGINE_ARGS
@@ -38,8 +40,8 @@ def engine_spec(env: Mapping[str, str]) -> tuple[LaunchSpec, Path | None]:
         args += ["--otlp-traces-endpoint", otlp_traces_endpoint(otlp)]
     spec = LaunchSpec(
         model,
-        host=env.get("WARDEN_HOST", "0.0.0.0"),
-        port=int(env.get("WARDEN_PORT", "8000")),
+        host=settings.host,
+        port=settings.port,
         extra_args=args,
         run_dir=data_dir / "run",
     )

@@ -38,6 +38,7 @@ from alerts.alertmanager import (
     render_alertmanager_config,
 )
 from alerts.rules_file import render_rules
+from exporter.settings import env_name
 from warden.common.processes import ChildProcess, ChildStartError, descendants, wait_http_ok
 from warden.stack.config import (
     DEFAULT_WORKDIR,
@@ -57,7 +58,7 @@ ALERTMANAGER_BINARIES = ("prometheus-alertmanager", "alertmanager")
 # Small KV cache and short context for the tiny model (see warden/cli/demo.py): pressure is easy
 # to produce, and the engine starts in about 25 s on two cores.
 TINY_ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
-INJECT_ENV = "WARDEN_TEST_INJECT_NONFINITE"
+INJECT_ENV = env_name("test_inject_nonfinite")
 
 
 class StackError(RuntimeError):

@@ -9,28 +9,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-# The engine reads the token from the file this variable names.
-TOKEN_FILE_ENV = "WARDEN_WEBHOOK_TOKEN_FILE"
+from warden.common.tokens import TOKEN_FILE_ENV, read_token_file, write_token
 
-
-def write_token(path: Path, mode: int = 0o600) -> Path:
-    """Write a fresh 256-bit token to ``path`` (created with ``mode``) and return the path."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    with os.fdopen(fd, "w") as out:
-        out.write(secrets.token_hex(32) + "\n")
-    os.chmod(path, mode)  # the umask may have narrowed it
-    return path
-
-
-def read_token(path: Path) -> str:
-    return path.read_text(encoding="utf-8").strip()
+__all__ = ["TOKEN_FILE_ENV", "read_token", "write_compose_token", "write_token"]
+read_token = read_token_file
 
 
 def write_compose_token(path: Path) -> Path:

@@ -9,28 +9,15 @@ the result says so.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from exporter import catalog
+from warden.common.tokens import bearer_header
 from warden.supervisor.engine import EngineProcess
 
 LEASE_KEY = "supervisor-drain"
-
-
-def webhook_token(env: dict[str, str] | None = None) -> str | None:
-    """The engine's override token: ``WARDEN_WEBHOOK_TOKEN_FILE``, else ``WARDEN_WEBHOOK_TOKEN``."""
-    env = dict(os.environ) if env is None else env
-    path = env.get("WARDEN_WEBHOOK_TOKEN_FILE")
-    if path:
-        try:
-            return Path(path).read_text().strip() or None
-        except OSError:
-            return None
-    return env.get("WARDEN_WEBHOOK_TOKEN") or None
 
 
 def sum_samples(text: str, name: str) -> float | None:
@@ -81,7 +68,7 @@ class Drainer:
         self.sleep = sleep
 
     def _headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        return bearer_header(self.token) if self.token else {}
 
     def stop_admission(self, engine: EngineProcess) -> tuple[bool, str]:
         body = {

@@ -24,6 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
 from exporter.supervisor_state import SupervisorState
+from warden.common.tokens import bearer_matches
 from warden.supervisor.metrics import render
 
 STAND_IN_RETRY_AFTER_S = 60
@@ -64,7 +65,7 @@ def _handler(control: SupervisorControl, stand_in: bool) -> type[BaseHTTPRequest
         def _authorized(self) -> bool:
             if not control.token:
                 return True
-            return self.headers.get("Authorization", "") == f"Bearer {control.token}"
+            return bearer_matches(self.headers.get("Authorization"), control.token)
 
         def do_GET(self) -> None:  # noqa: N802 - stdlib name
             path = self.path.split("?", 1)[0]

@@ -24,6 +24,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from exporter.settings import load_settings
 from exporter.supervisor_state import (
     STATE_ENV_VAR,
     STATE_FILE,
@@ -31,10 +32,11 @@ from exporter.supervisor_state import (
     RestartEvent,
     SupervisorState,
 )
+from warden.common import tokens
 from warden.engine.launch import LaunchSpec
 from warden.supervisor import fault_tolerance as ft
 from warden.supervisor.config import SupervisorConfig
-from warden.supervisor.drain import Drainer, webhook_token
+from warden.supervisor.drain import Drainer
 from warden.supervisor.engine import EngineProcess
 from warden.supervisor.http import HttpServer
 from warden.supervisor.policy import (
@@ -75,7 +77,9 @@ class Supervisor:
         self.window = RestartWindow(
             self.config.max_restarts, self.config.restart_window_s, list(self.state.window)
         )
-        self.token = webhook_token({**os.environ, **spec.env})
+        # The engine's token guards the drain lease and this supervisor's control port alike;
+        # an unreadable token file stops the supervisor here (TokenError), never opens it.
+        self.token = tokens.load_token(load_settings({**os.environ, **spec.env}))
         self.drainer = Drainer(self.token, self.config.drain_timeout_s)
         self.fault_tolerance = ft.fault_tolerance_enabled(spec.extra_args)
         self.engine: EngineProcess | None = None

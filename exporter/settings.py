@@ -1,0 +1,153 @@
+"""Every ``WARDEN_*`` environment variable, read and validated in one place.
+
+vLLM starts the processes warden runs in, so the environment is how warden is configured
+there; the supervisor, the CLI and the engine container read the same variables. Each field
+below is one variable: ``WARDEN_`` + the field name in capitals (``watermark_high`` is
+``WARDEN_WATERMARK_HIGH``). An empty value counts as unset. A bad value raises
+``SettingsError`` naming the variable and the value, so a process refuses to start instead of
+running on a silent default. This module is at the bottom layer (the exporter imports nothing
+else), so every room of warden can import it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, SecretStr, ValidationError, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+PREFIX = "WARDEN_"
+
+# While set, settings are read from this mapping instead of os.environ (``load_settings(env)``).
+_mapping: ContextVar[Mapping[str, str] | None] = ContextVar("warden_settings_env", default=None)
+
+
+class SettingsError(ValueError):
+    """A WARDEN_* variable is malformed or out of range; the message names it."""
+
+
+def env_name(field: str) -> str:
+    return PREFIX + field.upper()
+
+
+class WardenSettings(BaseSettings):
+    """The environment of warden's processes. Grouped by who reads them."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=PREFIX,
+        env_ignore_empty=True,
+        extra="ignore",
+        frozen=True,
+        case_sensitive=False,
+    )
+
+    # --- memory watermark (exporter, API process) -----------------------------------------
+    watermark_high: float = Field(0.90, gt=0, le=1, description="risk fraction: high")
+    watermark_critical: float = Field(0.95, gt=0, le=1, description="risk fraction: critical")
+    watermark_oom: float = Field(0.98, gt=0, le=1, description="risk fraction: oom_imminent")
+    watermark_hysteresis: float = Field(0.02, ge=0, lt=1, description="step-down margin")
+    watermark_peak_window_s: float = Field(15.0, ge=1, le=3600, description="peak gauge window")
+    # --- exporter cadences ----------------------------------------------------------------
+    stall_timeout_s: float = Field(30.0, ge=0.1, le=86400, description="no step this long")
+    collector_interval_s: float = Field(1.0, ge=0.05, le=3600, description="device collectors")
+    # --- engine-side control (API process) ------------------------------------------------
+    config: Path | None = Field(None, description="control config file (YAML)")
+    webhook_token_file: Path | None = Field(None, description="bearer token file")
+    webhook_token: SecretStr | None = Field(None, description="bearer token (prefer the file)")
+    webhook_insecure: bool = Field(False, description="accept control calls without a token")
+    ready_max_error_rate: float = Field(0.5, ge=0, le=1, description="readiness: 5xx share")
+    ready_min_requests: int = Field(10, ge=1, le=1_000_000, description="readiness: sample")
+    health_sample_s: float = Field(2.0, ge=0.1, le=300, description="health window sampling")
+    # --- wiring between warden's own processes (set by warden, not by people) -------------
+    signal_board: Path | None = Field(None, description="shared-memory signal board")
+    supervisor_state: Path | None = Field(None, description="the supervisor's state file")
+    # --- command-line defaults ------------------------------------------------------------
+    engine_url: str = Field("http://127.0.0.1:8000", description="engine for warden CLIs")
+    prometheus_url: str = Field("http://127.0.0.1:9090", description="Prometheus for CLIs")
+    # --- the engine container (compose, Kubernetes) ---------------------------------------
+    model: str = Field("tiny", description="model name or path; tiny = built on first start")
+    vllm_args: str = Field("", description="extra vLLM flags, shell-quoted")
+    host: str = Field("0.0.0.0", description="container: address vLLM binds")
+    port: int = Field(8000, ge=1, le=65535, description="container: vLLM's port")
+    data_dir: Path = Field(Path("/data"), description="container: model and run folder")
+    # --- test switches (off in production) ------------------------------------------------
+    test_inject_nonfinite: bool = Field(False, description="poison marked requests' logits")
+    test_failing_collector: bool = Field(False, description="add a collector that raises")
+    test_step_delay_s: float = Field(0.0, ge=0, le=1, description="sleep in busy steps")
+
+    @model_validator(mode="after")
+    def _thresholds_ascend(self) -> WardenSettings:
+        levels = (self.watermark_high, self.watermark_critical, self.watermark_oom)
+        if not levels[0] < levels[1] < levels[2]:
+            names = ", ".join(env_name(f) for f in ("watermark_high", "watermark_critical"))
+            raise ValueError(
+                f"{names} < {env_name('watermark_oom')} must hold, got {levels[0]}, "
+                f"{levels[1]}, {levels[2]}"
+            )
+        if self.watermark_hysteresis >= self.watermark_high:
+            raise ValueError(
+                f"{env_name('watermark_hysteresis')}={self.watermark_hysteresis}: must be below "
+                f"{env_name('watermark_high')}"
+            )
+        return self
+
+    @property
+    def thresholds(self) -> tuple[float, float, float]:
+        return (self.watermark_high, self.watermark_critical, self.watermark_oom)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The process environment only: no .env files or secret folders behind people's backs;
+        # ``load_settings(mapping)`` passes its values as init arguments instead.
+        if _mapping.get() is not None:
+            return (init_settings,)
+        return (init_settings, env_settings)
+
+
+def _describe(error: ValidationError, env: Mapping[str, str] | None) -> str:
+    problems = []
+    for item in error.errors():
+        field = str(item["loc"][0]) if item["loc"] else ""
+        if field:
+            name = env_name(field)
+            raw = (env if env is not None else os.environ).get(name)
+            shown = f"{name}={raw!r}" if raw is not None else name
+            problems.append(f"{shown}: {item['msg']}")
+        else:
+            problems.append(str(item["msg"]).removeprefix("Value error, "))
+    return "invalid warden settings: " + "; ".join(problems)
+
+
+def load_settings(env: Mapping[str, str] | None = None) -> WardenSettings:
+    """Parse the settings from ``env`` (default: this process's environment).
+
+    Raises SettingsError naming each bad variable. Parsed fresh on each call: long-lived
+    objects call it once when they are built.
+    """
+    try:
+        if env is None:
+            return WardenSettings()
+        values: dict[str, Any] = {
+            key[len(PREFIX) :].lower(): value
+            for key, value in env.items()
+            if key.upper().startswith(PREFIX) and value != ""
+        }
+        known = {k: v for k, v in values.items() if k in WardenSettings.model_fields}
+        token = _mapping.set(env)
+        try:
+            return WardenSettings(**known)
+        finally:
+            _mapping.reset(token)
+    except ValidationError as exc:
+        raise SettingsError(_describe(exc, env)) from None
