@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -473,3 +474,33 @@ def test_resolved_alerts_are_remembered_for_the_tombstone_ttl_then_forgotten() -
     assert table.renew("alertmanager", "fp", request, 300, 100.0, started_at=10.0) == "stale"
     table.expire(now=700.0)  # past the TTL: the tombstone is pruned (once a minute at most)
     assert table.renew("alertmanager", "fp", request, 300, 700.0, started_at=10.0) == "applied"
+
+
+# --- the action registry ----------------------------------------------------------------------
+
+
+def test_every_catalog_action_is_defined_once_in_the_registry() -> None:
+    from warden.control.actions import ACTIONS, REGISTRY
+
+    assert [a.name for a in REGISTRY] == list(ACTIONS)
+    assert set(ACTIONS) == set(catalog.DEGRADATION_ACTIONS)
+    minimal = {"cap_max_tokens": {"max_tokens": "64"}}
+    for name in ACTIONS:
+        policy = combine([_lease(parse_action(name, minimal.get(name, {})))])
+        # In force once held: published, listed, and no longer the default policy.
+        assert name in policy.active_actions(), name
+        assert policy.degraded
+
+
+def _lease(request: ActionRequest) -> Any:
+    from warden.control.leases import Lease
+
+    return Lease("manual", request.action, request.action, request.params, expires_at=1e12)
+
+
+def test_the_reflex_may_only_take_actions_the_registry_allows() -> None:
+    with pytest.raises(ControlConfigError, match="not an action the reflex can take"):
+        parse_config({"reflex": {"queue_levels": [{"depth": 5, "action": "enforce_eager"}]}})
+    with pytest.raises(ControlConfigError, match="not an action the reflex can take"):
+        parse_config({"reflex": {"high": {"actions": ["circuit_breaker"]}}})
+    parse_config({"reflex": {"high": {"actions": ["reject_all"]}}})

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from warden.control.actions import REGISTRY
 from warden.control.config import AdmissionSettings
 from warden.control.policy import EffectivePolicy
 
@@ -71,31 +72,17 @@ def decide(
     kv: KvState | None = None,
 ) -> Decision:
     retry = policy.retry_after_s
-    if policy.circuit == "open":
-        return _refuse(
-            503, "circuit_open", "circuit breaker open: engine error rate too high", retry
-        )
-    if policy.reject_all:
-        return _refuse(503, "reject_all", "server is rejecting all new requests (memory)", retry)
-    if policy.stop_admission:
-        return _refuse(503, "stop_admission", "server is not admitting new requests", retry)
-    if policy.shed_priority_above is not None and facts.priority > policy.shed_priority_above:
-        return _refuse(
-            503,
-            "shed_low_priority",
-            f"low-priority requests (priority > {policy.shed_priority_above}) are being shed",
-            retry,
-        )
-    if policy.circuit == "half_open" and not gate.admit(policy.admit_fraction):
-        return _refuse(
-            503, "circuit_half_open", "circuit breaker half-open: request not let through", retry
-        )
+    checks = [a.refuse for a in REGISTRY] + [a.refuse_last for a in REGISTRY]
+    for check in checks:
+        refusal = check(policy, facts.priority, gate.admit) if check is not None else None
+        if refusal is not None:
+            return _refuse(refusal.status, refusal.reason, refusal.message, retry)
     cap = None
     max_tokens = facts.max_tokens
-    if policy.cap_max_tokens is not None and (
-        max_tokens is None or max_tokens > policy.cap_max_tokens
-    ):
-        cap = max_tokens = policy.cap_max_tokens
+    for action in REGISTRY:
+        limit = action.cap(policy) if action.cap is not None else None
+        if limit is not None and (max_tokens is None or max_tokens > limit):
+            cap = max_tokens = limit
     forecast = settings.forecast
     if kv is not None and forecast.enabled and facts.prompt_tokens is not None:
         capacity = (kv.total_blocks - forecast.safety_margin_blocks) * kv.block_size

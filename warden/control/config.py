@@ -9,12 +9,13 @@ typo in a safety setting must not silently fall back to a default.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from exporter.settings import env_name, load_settings
+from warden.control.actions import REFLEX_ACTIONS
 
 CONFIG_ENV = env_name("config")
 
@@ -51,7 +52,16 @@ class AdmissionSettings(_Strict):
     forecast: ForecastSettings = ForecastSettings()
 
 
-ReflexAction = Literal["stop_admission", "reject_all", "shed_low_priority", "cap_max_tokens"]
+def _reflex_action(name: str) -> str:
+    if name not in REFLEX_ACTIONS:
+        raise ValueError(
+            f"{name!r} is not an action the reflex can take: {', '.join(REFLEX_ACTIONS)}"
+        )
+    return name
+
+
+# An action the local reflex may take (the registry's ``reflex`` flag).
+ReflexAction = Annotated[str, AfterValidator(_reflex_action)]
 
 
 class QueueLevel(_Strict):

@@ -24,7 +24,7 @@ from warden.control.actions import ActionRequest
 from warden.control.alertmanager import AlertEvent
 from warden.control.config import ControlConfig
 from warden.control.leases import Lease, LeaseTable, Outcome
-from warden.control.policy import CIRCUIT_ORDER, EffectivePolicy, combine
+from warden.control.policy import CIRCUIT_ORDER, EffectivePolicy, combine, gauge_values
 
 log = logging.getLogger("warden.control")
 WARDEN_RID = re.compile(r"warden-[0-9a-f]{32}")
@@ -91,15 +91,7 @@ class Controller:
             return policy
 
     def _publish(self, policy: EffectivePolicy, live: list[Lease]) -> None:
-        values = {
-            "stop_admission": float(policy.stop_admission),
-            "reject_all": float(policy.reject_all),
-            "cap_max_tokens": float(policy.cap_max_tokens or 0),
-            "shed_low_priority": float(policy.shed_priority_above is not None),
-            "circuit_breaker": float(CIRCUIT_ORDER[policy.circuit]),
-            "enforce_eager": float(policy.enforce_eager),
-        }
-        for action, value in values.items():
+        for action, value in gauge_values(policy).items():
             self._active.labels(action).set(value)
         for source in catalog.LEASE_SOURCES:
             self._lease_count.labels(source).set(sum(1 for x in live if x.source == source))

@@ -1,14 +1,19 @@
-"""The effective policy: the most restrictive combination of the live leases."""
+"""The effective policy: the most restrictive combination of the live leases.
+
+Each action's merge rule lives in the registry (``warden.control.actions``); this module only
+holds the result and folds leases into it.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from warden.control.actions import ACTIONS, CIRCUIT_ORDER, PolicyDefaults
 from warden.control.leases import Lease
 
-CIRCUIT_ORDER = {"closed": 0, "half_open": 1, "open": 2}
+__all__ = ["CIRCUIT_ORDER", "EffectivePolicy", "active_actions", "combine", "gauge_values"]
 
 
 @dataclass(frozen=True)
@@ -24,22 +29,23 @@ class EffectivePolicy:
 
     @property
     def degraded(self) -> bool:
-        return self != EffectivePolicy(retry_after_s=self.retry_after_s)
+        return bool(self.active_actions())
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     def active_actions(self) -> list[str]:
         """The degradation actions in force, by name (empty when not degraded)."""
-        flags = {
-            "stop_admission": self.stop_admission,
-            "reject_all": self.reject_all,
-            "cap_max_tokens": self.cap_max_tokens is not None,
-            "shed_low_priority": self.shed_priority_above is not None,
-            "circuit_breaker": self.circuit != "closed",
-            "enforce_eager": self.enforce_eager,
-        }
-        return [action for action, on in flags.items() if on]
+        return active_actions(self)
+
+
+def gauge_values(policy: EffectivePolicy) -> dict[str, float]:
+    """``warden_degradation_active{action}`` for every action (0 = not in force)."""
+    return {name: action.gauge(policy) for name, action in ACTIONS.items()}
+
+
+def active_actions(policy: EffectivePolicy) -> list[str]:
+    return [name for name, value in gauge_values(policy).items() if value]
 
 
 def combine(
@@ -48,36 +54,16 @@ def combine(
     default_shed_threshold: int = 0,
     default_admit_fraction: float = 0.5,
 ) -> EffectivePolicy:
-    stop = reject = eager = False
-    cap: int | None = None
-    shed: int | None = None
-    circuit = "closed"
-    fraction = 1.0
-    retry_after = default_retry_after_s
+    defaults = PolicyDefaults(default_retry_after_s, default_shed_threshold, default_admit_fraction)
+    folded: dict[str, Any] = {f.name: f.default for f in fields(EffectivePolicy)}
+    folded["retry_after_s"] = default_retry_after_s
     for lease in leases:
-        params = lease.params
-        if "retry_after" in params:
-            retry_after = max(retry_after, int(params["retry_after"]))
-        if lease.action == "stop_admission":
-            stop = True
-        elif lease.action == "reject_all":
-            reject = True
-        elif lease.action == "enforce_eager":
-            eager = True
-        elif lease.action == "cap_max_tokens":
-            value = int(params["max_tokens"])
-            cap = value if cap is None else min(cap, value)
-        elif lease.action == "shed_low_priority":
-            value = int(params.get("priority_threshold", default_shed_threshold))
-            shed = value if shed is None else min(shed, value)
-        elif lease.action == "circuit_breaker":
-            mode = params.get("circuit", "open")
-            if CIRCUIT_ORDER[mode] > CIRCUIT_ORDER[circuit]:
-                circuit = mode
-            if mode == "half_open":
-                fraction = min(
-                    fraction, float(params.get("admit_fraction", default_admit_fraction))
-                )
-    if circuit != "half_open":
-        fraction = 0.0 if circuit == "open" else 1.0
-    return EffectivePolicy(stop, reject, cap, shed, circuit, fraction, eager, retry_after)
+        action = ACTIONS.get(lease.action)
+        if action is None:  # a lease from a newer registry: nothing to enforce here
+            continue
+        if "retry_after" in lease.params:
+            folded["retry_after_s"] = max(folded["retry_after_s"], int(lease.params["retry_after"]))
+        action.merge(folded, lease.params, defaults)
+    if folded["circuit"] != "half_open":
+        folded["admit_fraction"] = 0.0 if folded["circuit"] == "open" else 1.0
+    return EffectivePolicy(**folded)
