@@ -28,6 +28,7 @@ import pytest
 from exporter import catalog
 from exporter.supervisor_state import STATE_ENV_VAR, SupervisorState
 from tests.support.engine import free_port
+from warden.common.metrics_text import parse_samples, sample
 from warden.supervisor.engine import engine_children
 
 pytestmark = pytest.mark.engine
@@ -100,16 +101,10 @@ class Supervised:
 
     def running_requests(self) -> float:
         """Requests in the engine's batch now (vLLM's own gauge, summed over its labels)."""
-        name = catalog.VLLM_NUM_REQUESTS_RUNNING.name
-        return sum(v for k, v in self.metrics().items() if k.split("{")[0] == name)
+        return sample(self.metrics(), catalog.VLLM_NUM_REQUESTS_RUNNING.name)
 
     def metrics(self) -> dict[str, float]:
-        samples = {}
-        for line in httpx.get(f"{self.url}/metrics", timeout=10).text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                samples[name] = float(value)
-        return samples
+        return parse_samples(httpx.get(f"{self.url}/metrics", timeout=10).text)
 
 
 def _restarts(samples: dict[str, float], reason: str) -> float:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from exporter import catalog
+from warden.common.metrics_text import sum_samples
 from warden.supervisor.engine import EngineProcess
 
 LEASE_KEY = "supervisor-drain"
@@ -33,26 +34,16 @@ def webhook_token(env: dict[str, str] | None = None) -> str | None:
     return env.get("WARDEN_WEBHOOK_TOKEN") or None
 
 
-def sum_samples(text: str, name: str) -> float | None:
-    """Sum of every sample of ``name`` in a Prometheus text page (None if absent)."""
-    total: float | None = None
-    for line in text.splitlines():
-        if line.startswith(name) and line[len(name) : len(name) + 1] in ("{", " "):
-            try:
-                value = float(line.rsplit(None, 1)[-1])
-            except ValueError:
-                continue
-            total = (total or 0.0) + value
-    return total
-
-
 def inflight(engine: EngineProcess) -> int | None:
     """Requests vLLM is running or queueing, from its /metrics (None if it does not answer)."""
     text = engine.metrics_text()
     if text is None:
         return None
-    running = sum_samples(text, catalog.VLLM_NUM_REQUESTS_RUNNING.name) or 0.0
-    waiting = sum_samples(text, catalog.VLLM_NUM_REQUESTS_WAITING.name) or 0.0
+    try:
+        running = sum_samples(text, catalog.VLLM_NUM_REQUESTS_RUNNING.name) or 0.0
+        waiting = sum_samples(text, catalog.VLLM_NUM_REQUESTS_WAITING.name) or 0.0
+    except ValueError:  # not a metrics page: no answer either
+        return None
     return int(running + waiting)
 
 
