@@ -17,7 +17,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import statistics
 import sys
 import tempfile
@@ -30,6 +29,7 @@ from typing import Any
 import psutil
 
 from warden.common.metrics_text import parse_samples, sample  # noqa: F401 - re-exported
+from warden.common.ports import free_port
 from warden.engine.launch import (
     LOGITS_PROCESSOR,
     MIDDLEWARE,
@@ -137,12 +137,6 @@ def exit_on_sigterm() -> None:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, handler)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def tiny_model(workdir: Path, model: str | None = None) -> str:

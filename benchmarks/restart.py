@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter.supervisor_state import SupervisorState
+from warden.common.ports import free_port
 from warden.engine.launch import LaunchSpec
 from warden.supervisor.config import SupervisorConfig
 from warden.supervisor.engine import engine_children
@@ -48,14 +49,6 @@ MILESTONES: tuple[tuple[str, str], ...] = (
     ("serve", "Starting vLLM server on"),
 )
 PHASES = ("detect", "respawn", *(name for name, _ in MILESTONES), "ready")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _wait(condition: Any, timeout: float, what: str, poll: float = 0.02) -> None:
@@ -109,7 +102,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if not args.no_eager:
         engine_args.append("--enforce-eager")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    spec = LaunchSpec(model, port=_free_port(), extra_args=engine_args)
+    spec = LaunchSpec(model, port=free_port(), extra_args=engine_args)
     config = SupervisorConfig(
         max_restarts=args.runs + 1,
         backoff_base_s=1.0,

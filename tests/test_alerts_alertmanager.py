@@ -21,7 +21,7 @@ import pytest
 
 from alerts.alertmanager import RouteTiming, render_alertmanager_config
 from exporter import catalog
-from tests.support.prometheus import free_port
+from warden.common.ports import free_port
 
 BINARY = "prometheus-alertmanager"
 TOKEN = "s3cret-webhook-token"

@@ -19,7 +19,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.support.prometheus import free_port
+from warden.common.ports import free_port
 from warden.stack import chaos
 
 # A parent that listens like the API server and forks a child titled like vLLM's engine core.

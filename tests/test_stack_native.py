@@ -25,7 +25,7 @@ from alerts.alertmanager import RouteTiming
 from alerts.config import ENGINE_JOB
 from exporter import catalog
 from exporter.catalog import ACTION_LABEL
-from tests.support.prometheus import free_port
+from warden.common.ports import free_port
 from warden.stack import chaos
 from warden.stack.config import ENGINE_WEBHOOK_PATH, Intervals
 from warden.stack.native import ALERTMANAGER_BINARIES, NativeStack, StackSettings, find_binary
@@ -145,7 +145,8 @@ def test_stack_around_a_running_engine_scrapes_pages_and_feeds_the_webhook(
         assert httpx.get(f"{stack.alertmanager_url}/-/ready").status_code == 200
         amtool_check(stack.alertmanager_config_path)
         assert isinstance(stack.alerts(), list)
-        rules = httpx.get(f"{stack.prometheus_url}/api/v1/rules").json()["data"]["groups"]
+        with stack.prometheus() as prometheus:
+            rules = prometheus.rule_groups()
         assert {g["name"] for g in rules} >= {"warden-liveness", "warden-memory"}
 
         post_alert(stack, alertname="WardenTestPage", severity="critical")

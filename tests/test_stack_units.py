@@ -18,7 +18,7 @@ import yaml
 
 from alerts.config import ENGINE_JOB
 from dashboards.datasource import DATASOURCE_UID
-from tests.support.prometheus import free_port
+from warden.common.ports import free_port
 from warden.stack import grafana, up
 from warden.stack.config import Intervals, prometheus_config
 from warden.stack.native import NativeStack, StackError, StackSettings, ensure_port_free

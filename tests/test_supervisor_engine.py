@@ -27,8 +27,8 @@ import pytest
 
 from exporter import catalog
 from exporter.supervisor_state import STATE_ENV_VAR, SupervisorState
-from tests.support.engine import free_port
 from warden.common.metrics_text import parse_samples, sample
+from warden.common.ports import free_port
 from warden.supervisor.engine import engine_children
 
 pytestmark = pytest.mark.engine

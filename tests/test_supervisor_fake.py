@@ -142,8 +142,8 @@ if __name__ == "__main__":
 
 from exporter import catalog  # noqa: E402
 from exporter.supervisor_state import SupervisorState  # noqa: E402
-from tests.support.engine import free_port  # noqa: E402
 from warden.common.metrics_text import value  # noqa: E402
+from warden.common.ports import free_port  # noqa: E402
 from warden.engine.launch import LaunchSpec  # noqa: E402
 from warden.supervisor.config import SupervisorConfig  # noqa: E402
 from warden.supervisor.engine import EngineProcess, engine_children  # noqa: E402

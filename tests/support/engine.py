@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import socket
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import httpx
 
 from warden.common.metrics_text import parse_samples, sample  # noqa: F401 - re-exported for tests
+from warden.common.ports import free_port
 from warden.engine.launch import LaunchSpec
 from warden.supervisor.engine import EngineProcess
 
@@ -23,12 +23,6 @@ BASE_ARGS = (
     "--block-size",
     "32",
 )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextlib.contextmanager
