@@ -35,6 +35,7 @@ from typing import Any
 
 from exporter.supervisor_state import SupervisorState
 from warden.common.ports import free_port
+from warden.common.waiting import wait_until
 from warden.engine.launch import LaunchSpec
 from warden.supervisor.config import SupervisorConfig
 from warden.supervisor.engine import engine_children
@@ -49,15 +50,6 @@ MILESTONES: tuple[tuple[str, str], ...] = (
     ("serve", "Starting vLLM server on"),
 )
 PHASES = ("detect", "respawn", *(name for name, _ in MILESTONES), "ready")
-
-
-def _wait(condition: Any, timeout: float, what: str, poll: float = 0.02) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if condition():
-            return
-        time.sleep(poll)
-    raise TimeoutError(what)
 
 
 class LogTail:
@@ -120,7 +112,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     runs: list[dict[str, float]] = []
     try:
         started = time.time()
-        _wait(supervisor.engine_ready, 900, "first start")
+        wait_until(supervisor.engine_ready, 900, 0.02, "first start")
         first_start_s = time.time() - started
         print(f"first start: {first_start_s:.1f}s", file=sys.stderr)
         for n in range(args.runs):
@@ -140,7 +132,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     and state.restarts[-1].duration_s is not None
                 )
 
-            _wait(restarted, 900, f"restart {n + 1}", poll=0.1)
+            wait_until(restarted, 900, 0.1, f"restart {n + 1}")
             tail.stop()
             event = SupervisorState.load(state_path).restarts[-1]
             assert event.duration_s is not None

@@ -29,6 +29,7 @@ from exporter import catalog
 from exporter.supervisor_state import STATE_ENV_VAR, SupervisorState
 from warden.common.metrics_text import parse_samples, sample
 from warden.common.ports import free_port
+from warden.common.waiting import wait_until
 from warden.supervisor.engine import engine_children
 
 pytestmark = pytest.mark.engine
@@ -70,14 +71,18 @@ class Supervised:
         return (self.run_dir / "supervisor.log").read_text(errors="replace")
 
     def wait(self, what: str, condition: Callable[[], bool], timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def holds() -> bool:
             assert self.process.poll() is None, f"supervisor exited:\n{self.log()[-3000:]}"
             with contextlib.suppress(httpx.HTTPError):
-                if condition():
-                    return
-            time.sleep(0.2)
-        raise AssertionError(f"timed out waiting for {what}; log:\n{self.log()[-3000:]}")
+                return condition()
+            return False
+
+        try:
+            wait_until(holds, timeout, 0.2, what)
+        except TimeoutError:
+            raise AssertionError(
+                f"timed out waiting for {what}; log:\n{self.log()[-3000:]}"
+            ) from None
 
     def wait_serving(self, generation: int, timeout: float = START_TIMEOUT_S) -> None:
         def serving() -> bool:

@@ -9,6 +9,7 @@ the result says so.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from exporter import catalog
 from warden.common.metrics_text import sum_samples
+from warden.common.waiting import wait_until
 from warden.supervisor.engine import EngineProcess
 
 LEASE_KEY = "supervisor-drain"
@@ -99,12 +101,16 @@ class Drainer:
         # Two idle readings in a row: a request still being tokenized in the API process is
         # not yet counted by the scheduler.
         idle_readings = 0
-        left = inflight(engine)
-        while self.clock() - started < self.timeout_s:
-            idle_readings = idle_readings + 1 if left == 0 else 0
-            if idle_readings >= 2 or left is None or cancelled():
-                break
-            self.sleep(self.poll_s)
+        left: int | None = None
+
+        def done() -> bool:
+            nonlocal idle_readings, left
             left = inflight(engine)
+            idle_readings = idle_readings + 1 if left == 0 else 0
+            return idle_readings >= 2 or left is None or cancelled()
+
+        remaining = max(0.0, self.timeout_s - (self.clock() - started))
+        with contextlib.suppress(TimeoutError):  # the bound is reached: restart anyway
+            wait_until(done, remaining, self.poll_s, "drain", clock=self.clock, sleep=self.sleep)
         waited = self.clock() - started
         return DrainResult(stopped, left == 0, left, round(waited, 3), detail)
