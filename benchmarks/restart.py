@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter.supervisor_state import SupervisorState
+from warden.cli.tinymodel import tiny_engine_args
 from warden.common.ports import free_port
 from warden.common.waiting import wait_until
 from warden.engine.launch import LaunchSpec
@@ -90,9 +91,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         from warden.cli.tinymodel import build_tiny_model
 
         model = str(build_tiny_model(work / "tiny-model"))
-    engine_args = ["--dtype", "float32", "--max-model-len", "512", "--block-size", "32"]
-    if not args.no_eager:
-        engine_args.append("--enforce-eager")
+    engine_args = list(tiny_engine_args(drop=("--enforce-eager",) if args.no_eager else ()))
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     spec = LaunchSpec(model, port=free_port(), extra_args=engine_args)
     config = SupervisorConfig(

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exporter import catalog
-from tests.support.engine import complete, running_engine, sample, scrape
+from tests.support.engine import TINY_KV_ARGS, complete, running_engine, sample, scrape
 from warden.common.waiting import wait_until
 from warden.stack.chaos import find_engine_core
 from warden.supervisor.engine import EngineProcess
@@ -35,7 +35,6 @@ pytestmark = pytest.mark.engine
 TOKEN = "test-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 LEASE_TTL_S = 4
-TINY_KV_ARGS = ("--num-gpu-blocks-override", "10", "--max-num-seqs", "8", "--max-model-len", "256")
 LONG_PROMPT = " ".join(["memory watermark cache block engine request"] * 12)
 
 

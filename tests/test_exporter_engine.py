@@ -13,14 +13,12 @@ import httpx
 import pytest
 
 from exporter import catalog
-from tests.support.engine import complete, running_engine, sample, scrape
+from tests.support.engine import TINY_KV_ARGS, complete, running_engine, sample, scrape
 from warden.common.waiting import wait_until
 from warden.supervisor.engine import EngineProcess
 
 pytestmark = pytest.mark.engine
 
-# 10 blocks of 32 tokens: a handful of long requests fills the KV cache and forces preemption.
-TINY_KV_ARGS = ("--num-gpu-blocks-override", "10", "--max-num-seqs", "8", "--max-model-len", "256")
 LONG_PROMPT = " ".join(["memory watermark cache block engine request"] * 12)
 
 

@@ -27,6 +27,7 @@ import pytest
 
 from exporter import catalog
 from exporter.supervisor_state import STATE_ENV_VAR, SupervisorState
+from warden.cli.tinymodel import tiny_engine_args
 from warden.common.metrics_text import parse_samples, sample
 from warden.common.ports import free_port
 from warden.common.waiting import wait_until
@@ -35,7 +36,9 @@ from warden.supervisor.engine import engine_children
 pytestmark = pytest.mark.engine
 
 TOKEN = "supervisor-test-token"
-ENGINE_ARGS = ("--dtype", "float32", "--max-model-len", "2048", "--block-size", "32")
+# The tiny model's base arguments without --enforce-eager (the policy switches to eager) and
+# with room for long requests.
+ENGINE_ARGS = tiny_engine_args("--max-model-len", "2048", drop=("--enforce-eager",))
 # Steps are slowed (test switch): a long request then runs for at least 15 s, so a test
 # process and a supervisor starved by the engine for seconds still see it in flight.
 STEP_DELAY_S = "0.01"
