@@ -1,4 +1,5 @@
-"""Everything generated from alerts/: rules, Alertmanager config, promtool tests.
+"""Everything generated from alerts/: the rules and the Alertmanager config. (The promtool unit
+tests of the rules live in tests/promtool/ and are rendered by the test that runs them.)
 
 ``render_all()`` maps repo-relative paths to file contents; ``warden generate`` writes them and
 ``warden generate --check`` fails when a committed file differs.
@@ -9,27 +10,19 @@ from __future__ import annotations
 from pathlib import Path
 
 from alerts.alertmanager import render_compose_alertmanager_config
-from alerts.promtool_tests import render_test_file
-from alerts.rules_file import RULE_GROUPS, render_rules
-from alerts.scenarios import TEST_FILES
+from alerts.rules_file import render_rules
 
 GENERATED_DIR = "alerts/generated"
 RULES_PATH = f"{GENERATED_DIR}/rules.yml"
 ALERTMANAGER_PATH = f"{GENERATED_DIR}/alertmanager.yml"
-TESTS_DIR = f"{GENERATED_DIR}/tests"
 
 
 def render_all() -> dict[str, str]:
     """Repo-relative path -> file text, deterministic."""
-    files = {
+    return {
         RULES_PATH: render_rules(),
         ALERTMANAGER_PATH: render_compose_alertmanager_config(),
     }
-    for test_file in TEST_FILES:
-        files[f"{TESTS_DIR}/{test_file.name}"] = render_test_file(
-            test_file, "../rules.yml", [group.name for group in RULE_GROUPS]
-        )
-    return files
 
 
 def write_all(root: str = ".") -> list[str]:

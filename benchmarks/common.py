@@ -17,7 +17,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import statistics
 import sys
 import tempfile
@@ -29,7 +28,9 @@ from typing import Any
 
 import psutil
 
+from warden.cli.tinymodel import TINY_BASE_ARGS
 from warden.common.metrics_text import parse_samples, sample  # noqa: F401 - re-exported
+from warden.common.ports import free_port
 from warden.engine.launch import (
     LOGITS_PROCESSOR,
     MIDDLEWARE,
@@ -38,16 +39,8 @@ from warden.engine.launch import (
 )
 from warden.supervisor.engine import EngineProcess
 
-# The tests' engine configuration (tests/support/engine.py BASE_ARGS), plus a 1 GiB KV cache.
-BASE_ARGS: tuple[str, ...] = (
-    "--dtype",
-    "float32",
-    "--max-model-len",
-    "512",
-    "--enforce-eager",
-    "--block-size",
-    "32",
-)
+# The tests' engine configuration (the tiny model's base arguments), plus a 1 GiB KV cache.
+BASE_ARGS: tuple[str, ...] = TINY_BASE_ARGS
 BASE_ENV: dict[str, str] = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 # Warden's own switches that must not leak from the caller's shell into a plain engine.
 WARDEN_ENV_PREFIXES = ("WARDEN_", "PROMETHEUS_MULTIPROC_DIR")
@@ -137,12 +130,6 @@ def exit_on_sigterm() -> None:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, handler)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def tiny_model(workdir: Path, model: str | None = None) -> str:

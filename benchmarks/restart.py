@@ -34,6 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from exporter.supervisor_state import SupervisorState
+from warden.cli.tinymodel import tiny_engine_args
+from warden.common.ports import free_port
+from warden.common.waiting import wait_until
 from warden.engine.launch import LaunchSpec
 from warden.supervisor.config import SupervisorConfig
 from warden.supervisor.engine import engine_children
@@ -48,23 +51,6 @@ MILESTONES: tuple[tuple[str, str], ...] = (
     ("serve", "Starting vLLM server on"),
 )
 PHASES = ("detect", "respawn", *(name for name, _ in MILESTONES), "ready")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _wait(condition: Any, timeout: float, what: str, poll: float = 0.02) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if condition():
-            return
-        time.sleep(poll)
-    raise TimeoutError(what)
 
 
 class LogTail:
@@ -105,11 +91,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         from warden.cli.tinymodel import build_tiny_model
 
         model = str(build_tiny_model(work / "tiny-model"))
-    engine_args = ["--dtype", "float32", "--max-model-len", "512", "--block-size", "32"]
-    if not args.no_eager:
-        engine_args.append("--enforce-eager")
+    engine_args = list(tiny_engine_args(drop=("--enforce-eager",) if args.no_eager else ()))
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    spec = LaunchSpec(model, port=_free_port(), extra_args=engine_args)
+    spec = LaunchSpec(model, port=free_port(), extra_args=engine_args)
     config = SupervisorConfig(
         max_restarts=args.runs + 1,
         backoff_base_s=1.0,
@@ -127,7 +111,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     runs: list[dict[str, float]] = []
     try:
         started = time.time()
-        _wait(supervisor.engine_ready, 900, "first start")
+        wait_until(supervisor.engine_ready, 900, 0.02, "first start")
         first_start_s = time.time() - started
         print(f"first start: {first_start_s:.1f}s", file=sys.stderr)
         for n in range(args.runs):
@@ -147,7 +131,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     and state.restarts[-1].duration_s is not None
                 )
 
-            _wait(restarted, 900, f"restart {n + 1}", poll=0.1)
+            wait_until(restarted, 900, 0.1, f"restart {n + 1}")
             tail.stop()
             event = SupervisorState.load(state_path).restarts[-1]
             assert event.duration_s is not None

@@ -19,14 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
-
-import numpy as np
-from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
-from matplotlib.ticker import FuncFormatter
+from typing import TYPE_CHECKING, Any
 
 from dashboards import promql
 from dashboards.datasource import SCRAPE_INTERVAL
@@ -35,7 +28,32 @@ from dashboards.model import annotation_queries, panel_unit, panels
 from dashboards.promapi import PrometheusAPI, QueryError
 from dashboards.units import format_value
 
+if TYPE_CHECKING:
+    import numpy as np
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
 log = logging.getLogger(__name__)
+# matplotlib (and numpy, which it brings) are the optional ``render`` extra: imported where the
+# drawing happens, so the rest of dashboards/ works without them.
+RENDER_INSTALL = "pip install 'vllm-warden[render]'"
+
+
+class RenderUnavailable(ImportError):
+    """matplotlib, the ``render`` extra, is not installed; the message says how to get it."""
+
+
+def require_matplotlib() -> None:
+    """Raise ``RenderUnavailable`` naming the install command when matplotlib is missing."""
+    try:
+        import matplotlib  # noqa: F401
+        import numpy  # noqa: F401
+    except ModuleNotFoundError as exc:
+        raise RenderUnavailable(
+            f"drawing dashboards to PNG needs matplotlib ({exc.name} is not installed): "
+            f"{RENDER_INSTALL}"
+        ) from exc
+
 
 # Grafana's dark theme, close enough to recognise a panel at a glance.
 BACKGROUND = "#111217"
@@ -79,6 +97,8 @@ class Window:
 
     @property
     def grid(self) -> np.ndarray:
+        import numpy as np
+
         count = int(round((self.end - self.start) / self.step)) + 1
         return self.start + self.step * np.arange(count)
 
@@ -114,6 +134,8 @@ def _seconds(duration: str) -> float:
 
 
 def _aligned(result: list[dict[str, Any]], window: Window) -> list[tuple[dict, np.ndarray]]:
+    import numpy as np
+
     grid = window.grid
     aligned = []
     for item in result:
@@ -211,12 +233,16 @@ def value_text(panel: dict[str, Any], value: float) -> tuple[str, str]:
 
 
 def _last(values: np.ndarray) -> float:
+    import numpy as np
+
     finite = values[~np.isnan(values)]
     return float(finite[-1]) if len(finite) else math.nan
 
 
 # --- Drawing --------------------------------------------------------------------------------
 def _time_axis(ax: Axes, window: Window) -> None:
+    from matplotlib.ticker import FuncFormatter
+
     pattern = "%H:%M:%S" if window.end - window.start <= 600 else "%H:%M"
     ax.xaxis.set_major_formatter(
         FuncFormatter(lambda t, _: datetime.fromtimestamp(t).strftime(pattern))
@@ -255,6 +281,9 @@ def _draw_markers(ax: Axes, markers: Sequence[tuple[str, str, list[float]]]) -> 
 def draw_timeseries(
     ax: Axes, panel: dict[str, Any], data: PanelData, window: Window, markers: Sequence
 ) -> None:
+    import numpy as np
+    from matplotlib.ticker import FuncFormatter
+
     _style(ax)
     _time_axis(ax, window)
     unit = panel_unit(panel)
@@ -324,6 +353,8 @@ def draw_state_timeline(
 
 
 def draw_stat(ax: Axes, panel: dict[str, Any], data: PanelData, window: Window) -> None:
+    import numpy as np
+
     ax.set_axis_off()
     if not data.series:
         _note(ax, _defaults(panel).get("noValue") or "No data")
@@ -365,6 +396,8 @@ def draw_stat(ax: Axes, panel: dict[str, Any], data: PanelData, window: Window) 
 
 def draw_gauge(ax: Axes, panel: dict[str, Any], data: PanelData, window: Window) -> None:
     """A big number over a bar filled from min to max, in the threshold colour."""
+    from matplotlib.patches import Rectangle
+
     draw_stat(ax, panel, data, window)
     if not data.series:
         return
@@ -386,6 +419,8 @@ def draw_gauge(ax: Axes, panel: dict[str, Any], data: PanelData, window: Window)
 
 def draw_bar_gauge(ax: Axes, panel: dict[str, Any], data: PanelData, window: Window) -> None:
     """One horizontal bar per series, min to max, with its value at the end."""
+    from matplotlib.patches import Rectangle
+
     ax.set_axis_off()
     if not data.series:
         _note(ax, "No data")
@@ -456,6 +491,11 @@ def render_dashboard(
     api: PrometheusAPI, model: dict[str, Any], window: Window, path: Path, strict: bool = False
 ) -> Path:
     """Draw one dashboard model to ``path`` (PNG)."""
+    require_matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
+
     all_panels = panels(model)
     rows = max(p["gridPos"]["y"] + p["gridPos"]["h"] for p in all_panels)
     height_in = HEADER_IN + rows * ROW_HEIGHT_IN + 0.1
@@ -553,8 +593,10 @@ def render_dashboards(
 
     ``minutes``: how far back the charts go. ``scrape_interval``: the Prometheus scrape
     interval, which sets ``$__rate_interval`` as in Grafana. ``strict``: raise on the first
-    failing query instead of drawing the error into its panel.
+    failing query instead of drawing the error into its panel. ``RenderUnavailable`` when
+    matplotlib (the ``render`` extra) is not installed.
     """
+    require_matplotlib()
     models = dashboard_models()
     wanted = list(models) if dashboards is None else list(dashboards)
     unknown = set(wanted) - set(models)

@@ -45,6 +45,6 @@ if ! .venv/bin/python -c "import vllm" 2>/dev/null; then
   fi
 fi
 echo "setup: installing warden"
-"${pip[@]}" -e '.[dev]' 2>&1 | quiet
+"${pip[@]}" -e '.[dev,render]' 2>&1 | quiet
 .venv/bin/python -c "import vllm, exporter, warden" >/dev/null
 echo "setup: done (.venv/bin/warden --help)"

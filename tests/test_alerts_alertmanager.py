@@ -21,7 +21,8 @@ import pytest
 
 from alerts.alertmanager import RouteTiming, render_alertmanager_config
 from exporter import catalog
-from tests.support.prometheus import free_port
+from warden.common.ports import free_port
+from warden.common.waiting import wait_until
 
 BINARY = "prometheus-alertmanager"
 TOKEN = "s3cret-webhook-token"
@@ -143,14 +144,11 @@ def _ready(url: str, process: subprocess.Popen[bytes]) -> bool:
 
 
 def _wait(condition: Callable[[], object], timeout: float, message: str, logs: Path | None = None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = condition()
-        if result:
-            return result
-        time.sleep(0.1)
-    detail = (logs / "alertmanager.log").read_text()[-3000:] if logs else ""
-    raise AssertionError(f"{message}\n{detail}")
+    try:
+        return wait_until(condition, timeout, 0.1, message)
+    except TimeoutError:
+        detail = (logs / "alertmanager.log").read_text()[-3000:] if logs else ""
+        raise AssertionError(f"{message}\n{detail}") from None
 
 
 def _iso(at: datetime) -> str:

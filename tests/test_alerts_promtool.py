@@ -1,8 +1,8 @@
 """The generated rules and Alertmanager config, checked by promtool and amtool themselves.
 
-Runs the promtool unit tests rendered from alerts/scenarios.py, and shows they bite: small
-mutations of the rules (a label value, a band edge, a ``for``, a threshold, a template) must
-make them fail.
+Renders the promtool unit tests of tests/promtool/ next to a rendered rules.yml, runs them,
+and shows they bite: small mutations of the rules (a label value, a band edge, a ``for``, a
+threshold, a template) must make them fail.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from alerts.alertmanager import RouteTiming, render_alertmanager_config
-from alerts.generate import ALERTMANAGER_PATH, RULES_PATH, TESTS_DIR, render_all
-from alerts.scenarios import TEST_FILES
+from alerts.generate import ALERTMANAGER_PATH, RULES_PATH, render_all
+from tests.promtool import TEST_FILES
+from tests.promtool.render import render_test_file
 
 pytestmark = pytest.mark.skipif(
     not (shutil.which("promtool") and shutil.which("amtool")),
@@ -25,12 +26,22 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture
 def generated(tmp_path: Path) -> Path:
-    """render_all() written under a scratch root, laid out as in the repository."""
+    """render_all() written under a scratch root, laid out as in the repository, and every
+    promtool test file rendered next to its rules.yml."""
     for path, text in render_all().items():
         target = tmp_path / path
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text, encoding="utf-8")
+    rules = tmp_path / RULES_PATH
+    for test_file in TEST_FILES:
+        text = render_test_file(test_file, rules.name)
+        (rules.parent / test_file.name).write_text(text, encoding="utf-8")
     return tmp_path
+
+
+def promtool_tests(generated: Path, name: str) -> Path:
+    """A rendered promtool test file (it reads the rules.yml beside it)."""
+    return (generated / RULES_PATH).parent / name
 
 
 def run(*args: str | Path) -> subprocess.CompletedProcess[str]:
@@ -53,7 +64,7 @@ def test_promtool_check_rules_rejects_a_broken_expression(generated: Path) -> No
 
 @pytest.mark.parametrize("test_file", [f.name for f in TEST_FILES])
 def test_promtool_unit_tests(generated: Path, test_file: str) -> None:
-    result = run("promtool", "test", "rules", generated / TESTS_DIR / test_file)
+    result = run("promtool", "test", "rules", promtool_tests(generated, test_file))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
 
@@ -94,7 +105,7 @@ def test_promtool_unit_tests_catch_a_mutation(
     text = rules.read_text()
     assert text.count(old) == 1, f"mutation target {old!r} must occur exactly once"
     rules.write_text(text.replace(old, new))
-    result = run("promtool", "test", "rules", generated / TESTS_DIR / test_file)
+    result = run("promtool", "test", "rules", promtool_tests(generated, test_file))
     assert result.returncode != 0, f"tests still pass with {old!r} -> {new!r}"
     assert "FAILED" in result.stdout + result.stderr
 

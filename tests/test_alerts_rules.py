@@ -23,11 +23,12 @@ from alerts.alertmanager import (
 from alerts.config import DASHBOARD_UIDS, ENGINE_JOB, GRAFANA_BASE_URL, RUNBOOK_BASE_URL
 from alerts.generate import render_all
 from alerts.model import AlertRule
-from alerts.promtool_tests import Scenario
 from alerts.recording import RECORDING_RULES, TORCH_CACHED_GAP
 from alerts.rules import ALERT_NAMES, ALERT_RULES, BACKLOG_BANDS
-from alerts.scenarios import RECORDING_SCENARIOS, TEST_FILES
 from exporter import catalog
+from tests.promtool import TEST_FILES
+from tests.promtool.model import Scenario
+from tests.promtool.recording import RECORDING_SCENARIOS
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNBOOKS = ROOT / "alerts" / "runbooks.md"

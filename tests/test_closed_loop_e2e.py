@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.engine import free_port
 from warden.cli.demo import demo_settings
 from warden.cli.scenario import ClosedLoopScenario
+from warden.common.ports import free_port
 from warden.stack.native import NativeStack
 
 pytestmark = pytest.mark.engine

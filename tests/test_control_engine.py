@@ -6,6 +6,7 @@ and an OTLP/HTTP receiver for the spans. No fakes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -24,7 +25,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exporter import catalog
-from tests.support.engine import complete, running_engine, sample, scrape
+from tests.support.engine import TINY_KV_ARGS, complete, running_engine, sample, scrape
+from warden.common.waiting import wait_until
 from warden.stack.chaos import find_engine_core
 from warden.supervisor.engine import EngineProcess
 
@@ -33,7 +35,6 @@ pytestmark = pytest.mark.engine
 TOKEN = "test-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 LEASE_TTL_S = 4
-TINY_KV_ARGS = ("--num-gpu-blocks-override", "10", "--max-num-seqs", "8", "--max-model-len", "256")
 LONG_PROMPT = " ".join(["memory watermark cache block engine request"] * 12)
 
 
@@ -109,11 +110,13 @@ def clean_policy(engine: EngineProcess) -> Iterator[None]:
     failed test left behind is waited out, so one failure does not fail the next test too."""
     yield
     httpx.delete(f"{engine.base_url}/warden/degrade?all=1", headers=AUTH, timeout=10)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if not any(lease["source"] == "reflex" for lease in state(engine)["leases"]):
-            break
-        time.sleep(0.2)
+    with contextlib.suppress(TimeoutError):
+        wait_until(
+            lambda: not any(lease["source"] == "reflex" for lease in state(engine)["leases"]),
+            30,
+            0.2,
+            "no reflex lease",
+        )
 
 
 def notification(status: str, fingerprint: str, starts: str, **labels: str) -> dict:
@@ -354,9 +357,8 @@ def test_local_reflex_rejects_within_a_step_of_the_watermark_crossing(
     )
     assert reaction < 0.5  # the same engine step, not the next scrape or evaluation
     # Pressure gone: the reflex lets go by itself (after its release delay), engine idle or not.
-    deadline = time.monotonic() + 15
-    while state(engine)["leases"] and time.monotonic() < deadline:
-        time.sleep(0.2)
+    with contextlib.suppress(TimeoutError):
+        wait_until(lambda: not state(engine)["leases"], 15, 0.2, "reflex released")
     assert state(engine)["leases"] == []
     assert complete(engine, model(engine), "hello").status_code == 200
 
@@ -576,9 +578,8 @@ def test_spans_are_exported_over_otlp(engine: EngineProcess, otlp: OtlpReceiver)
             and s["attributes"]["warden.lease.key"].string_value == "fp-span"
         ]
 
-    deadline = time.monotonic() + 10
-    while not (wanted <= otlp.names() and applied()) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    with contextlib.suppress(TimeoutError):
+        wait_until(lambda: wanted <= otlp.names() and applied(), 10, 0.2, "spans exported")
     assert wanted <= otlp.names()
     span = applied()[0]["attributes"]
     assert span["warden.action"].string_value == "stop_admission"
@@ -630,12 +631,16 @@ def test_kv_forecast_refuses_what_can_never_fit_and_caps_or_defers_the_rest(
                     pending = pool.submit(
                         complete, eng, str(tiny_model), LONG_PROMPT, 180, ignore_eos=True
                     )
-                    deadline = time.monotonic() + 20
-                    while time.monotonic() < deadline and not pending.done():
-                        decided = sample(scrape(eng), catalog.MAX_TOKENS_CAPPED.name) >= 1
-                        if decided:
-                            break
-                        time.sleep(0.05)
+                    with contextlib.suppress(TimeoutError):  # decided, or answered already
+                        wait_until(
+                            lambda future=pending: (
+                                future.done()
+                                or sample(scrape(eng), catalog.MAX_TOKENS_CAPPED.name) >= 1
+                            ),
+                            20,
+                            0.05,
+                            "the second request decided",
+                        )
                 finally:
                     core.resume()
                 second = pending.result()

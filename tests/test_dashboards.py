@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -279,3 +281,28 @@ def test_dashboard_provider_reads_the_mounted_generated_folder() -> None:
     for path, content in render_all().items():
         if path.endswith(".json"):
             assert Path(path).stem == json.loads(content)["uid"], "file name is the uid"
+
+
+def test_render_without_matplotlib_names_the_extra(tmp_path: Path) -> None:
+    """matplotlib is the optional ``render`` extra: dashboards/render.py imports without it
+    (and without numpy), and drawing says what to install."""
+    script = (
+        "import sys\n"
+        "sys.modules['matplotlib'] = sys.modules['numpy'] = None\n"
+        "from dashboards.render import RenderUnavailable, legend_text, render_dashboards\n"
+        "assert legend_text('{{engine}}', {'engine': '0'}, 'x') == '0'\n"
+        "try:\n"
+        "    render_dashboards('http://127.0.0.1:9', sys.argv[1])\n"
+        "except RenderUnavailable as exc:\n"
+        "    print(exc)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "pip install 'vllm-warden[render]'" in done.stdout
+    assert not list(tmp_path.iterdir())

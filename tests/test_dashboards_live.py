@@ -22,7 +22,7 @@ from dashboards.generate import dashboard_models
 from dashboards.model import PanelQuery, annotation_queries, panel_queries, variable_queries
 from dashboards.render import render_dashboards
 from exporter import catalog
-from tests.support.engine import complete, running_engine
+from tests.support.engine import TINY_KV_ARGS, complete, running_engine
 from tests.support.prometheus import PrometheusServer, prometheus_available, running_prometheus
 from tests.test_dashboards_render import assert_drawn
 from warden.supervisor.engine import EngineProcess
@@ -32,9 +32,9 @@ pytestmark = [
     pytest.mark.skipif(not prometheus_available(), reason="prometheus not on PATH"),
 ]
 
-# A KV cache of 10 blocks x 32 tokens: eight long requests fill it, so usage and preemption
-# panels show real movement.
-ENGINE_ARGS = ("--num-gpu-blocks-override", "10", "--max-num-seqs", "8", "--max-model-len", "256")
+# The tests' tiny KV cache: eight long requests fill it, so usage and preemption panels show
+# real movement.
+ENGINE_ARGS = TINY_KV_ARGS
 ENGINE_ENV = {
     # vLLM's own NaN counter (vllm:corrupted_requests) exists only with this switch.
     "VLLM_COMPUTE_NANS_IN_LOGITS": "1",

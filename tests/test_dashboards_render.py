@@ -28,12 +28,8 @@ from dashboards.render import legend_text, render_dashboards
 from dashboards.units import format_value
 from exporter import catalog
 from exporter.metrics import KNOWN_LABEL_VALUES, WardenMetrics
-from tests.support.prometheus import (
-    PrometheusServer,
-    free_port,
-    prometheus_available,
-    running_prometheus,
-)
+from tests.support.prometheus import PrometheusServer, prometheus_available, running_prometheus
+from warden.common.ports import free_port
 
 pytestmark = pytest.mark.skipif(not prometheus_available(), reason="prometheus not on PATH")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -12,13 +13,12 @@ import httpx
 import pytest
 
 from exporter import catalog
-from tests.support.engine import complete, running_engine, sample, scrape
+from tests.support.engine import TINY_KV_ARGS, complete, running_engine, sample, scrape
+from warden.common.waiting import wait_until
 from warden.supervisor.engine import EngineProcess
 
 pytestmark = pytest.mark.engine
 
-# 10 blocks of 32 tokens: a handful of long requests fills the KV cache and forces preemption.
-TINY_KV_ARGS = ("--num-gpu-blocks-override", "10", "--max-num-seqs", "8", "--max-model-len", "256")
 LONG_PROMPT = " ".join(["memory watermark cache block engine request"] * 12)
 
 
@@ -147,17 +147,20 @@ def test_injected_nonfinite_logits_count_exactly_that_request(
         )
         assert all(f.result().status_code == 200 for f in clean)
         poisoned.result()
-    deadline = time.monotonic() + 10
-    while True:
+    counted: dict[str, float] = {}
+
+    def any_counted() -> bool:
+        nonlocal counted
         after = scrape(engine)
         counted = {
             k: sample(after, catalog.NONFINITE_LOGITS.name, kind=k)
             - sample(before, catalog.NONFINITE_LOGITS.name, kind=k)
             for k in catalog.NONFINITE_KINDS
         }
-        if sum(counted.values()) >= 1 or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+        return sum(counted.values()) >= 1
+
+    with contextlib.suppress(TimeoutError):
+        wait_until(any_counted, 10, 0.2, "a non-finite logits count")
     assert counted == {k: (1.0 if k == kind else 0.0) for k in catalog.NONFINITE_KINDS}
 
 

@@ -19,7 +19,8 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.support.prometheus import free_port
+from warden.common.ports import free_port
+from warden.common.waiting import wait_until
 from warden.stack import chaos
 
 # A parent that listens like the API server and forks a child titled like vLLM's engine core.
@@ -49,12 +50,15 @@ def fake_engine() -> Iterator[tuple[str, psutil.Process, psutil.Process]]:
         assert server.stdout is not None
         core_pid = int(server.stdout.readline())
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
+
+        def listening() -> bool:
             with contextlib.suppress(chaos.ChaosError):
                 chaos.listening_process(port)
-                break
-            time.sleep(0.05)
+                return True
+            return False
+
+        with contextlib.suppress(TimeoutError):  # the tests then say what is missing
+            wait_until(listening, 10, 0.05, "the fake engine listening")
         yield url, psutil.Process(server.pid), psutil.Process(core_pid)
     finally:
         for process in psutil.Process(server.pid).children(recursive=True):
@@ -66,11 +70,15 @@ def fake_engine() -> Iterator[tuple[str, psutil.Process, psutil.Process]]:
 
 def settled_status(process: psutil.Process, wanted: str, timeout: float = 5.0) -> str:
     """The status once it reads ``wanted`` (signals land asynchronously), or the last seen."""
-    deadline = time.monotonic() + timeout
-    status = process.status()
-    while status != wanted and time.monotonic() < deadline:
-        time.sleep(0.02)
+    status = ""
+
+    def reads_wanted() -> bool:
+        nonlocal status
         status = process.status()
+        return status == wanted
+
+    with contextlib.suppress(TimeoutError):
+        wait_until(reads_wanted, timeout, 0.02, f"status {wanted}")
     return status
 
 

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -25,7 +24,8 @@ from alerts.alertmanager import RouteTiming
 from alerts.config import ENGINE_JOB
 from exporter import catalog
 from exporter.catalog import ACTION_LABEL
-from tests.support.prometheus import free_port
+from warden.common.ports import free_port
+from warden.common.waiting import wait_until
 from warden.stack import chaos
 from warden.stack.config import ENGINE_WEBHOOK_PATH, Intervals
 from warden.stack.native import ALERTMANAGER_BINARIES, NativeStack, StackSettings, find_binary
@@ -145,7 +145,8 @@ def test_stack_around_a_running_engine_scrapes_pages_and_feeds_the_webhook(
         assert httpx.get(f"{stack.alertmanager_url}/-/ready").status_code == 200
         amtool_check(stack.alertmanager_config_path)
         assert isinstance(stack.alerts(), list)
-        rules = httpx.get(f"{stack.prometheus_url}/api/v1/rules").json()["data"]["groups"]
+        with stack.prometheus() as prometheus:
+            rules = prometheus.rule_groups()
         assert {g["name"] for g in rules} >= {"warden-liveness", "warden-memory"}
 
         post_alert(stack, alertname="WardenTestPage", severity="critical")
@@ -156,9 +157,8 @@ def test_stack_around_a_running_engine_scrapes_pages_and_feeds_the_webhook(
         assert stack.pages_path.read_text().count("WardenTestPage") >= 1
 
         post_alert(stack, alertname="WardenTestAction", severity="warning", **{ACTION_LABEL: "x"})
-        deadline = time.monotonic() + 30
-        while not stand_in.webhook_calls and time.monotonic() < deadline:
-            time.sleep(0.2)
+        with contextlib.suppress(TimeoutError):
+            wait_until(lambda: stand_in.webhook_calls, 30, 0.2, "the webhook call")
         authorization, payload = stand_in.webhook_calls[0]
         assert authorization == f"Bearer {read_token(stack.token_path)}"
         assert payload["alerts"][0]["labels"][ACTION_LABEL] == "x"
@@ -248,18 +248,21 @@ def test_native_stack_with_a_real_engine(tmp_path: Path) -> None:
         assert len(pids) >= 6
         core = chaos.crash(stack.engine_url, out=lines.append)
         core.wait(30)
+
         # The engine stops serving (vLLM's API server sees its core die), or the supervisor
         # has already replaced it: either way the killed core is not the one serving.
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+        def core_gone() -> bool:
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{stack.engine_url}/health", timeout=2).status_code != 200:
-                    break
+                    return True
             with contextlib.suppress(chaos.ChaosError, psutil.Error):
                 if chaos.engine_core_for(stack.engine_url).pid != core.pid:
-                    break
-            time.sleep(0.2)
-        else:
+                    return True
+            return False
+
+        try:
+            wait_until(core_gone, 60, 0.2, "the killed core out of service")
+        except TimeoutError:
             pytest.fail("the engine kept answering /health after its core was killed")
         pids |= stack.process_ids()
     assert alive(pids) == []

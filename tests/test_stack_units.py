@@ -18,7 +18,8 @@ import yaml
 
 from alerts.config import ENGINE_JOB
 from dashboards.datasource import DATASOURCE_UID
-from tests.support.prometheus import free_port
+from warden.cli.tinymodel import TINY_BASE_ARGS, TINY_ENGINE_ARGS, tiny_engine_args
+from warden.common.ports import free_port
 from warden.stack import grafana, up
 from warden.stack.config import Intervals, prometheus_config
 from warden.stack.native import NativeStack, StackError, StackSettings, ensure_port_free
@@ -242,3 +243,16 @@ def test_an_open_restart_circuit_from_an_earlier_run_is_reported(tmp_path: Path)
     reset = NativeStack(StackSettings(workdir=tmp_path, reset_circuit=True))
     reset._check_restart_circuit()
     assert "--reset-circuit" in reset.engine_argv("m", [])
+
+
+# --- the tiny model's engine arguments --------------------------------------------------------
+def test_the_demo_engine_is_the_tiny_base_with_a_small_kv_cache() -> None:
+    assert TINY_ENGINE_ARGS == (
+        "--dtype", "float32", "--max-model-len", "256", "--enforce-eager", "--block-size", "32",
+        "--max-num-seqs", "8", "--num-gpu-blocks-override", "12",
+    )  # fmt: skip
+    assert tiny_engine_args() == TINY_BASE_ARGS
+    assert tiny_engine_args("--max-model-len", "2048", drop=("--enforce-eager",)) == (
+        "--dtype", "float32", "--max-model-len", "2048", "--block-size", "32",
+    )  # fmt: skip
+    assert tiny_engine_args("--enable-prefix-caching")[-1] == "--enable-prefix-caching"

@@ -27,13 +27,18 @@ import pytest
 
 from exporter import catalog
 from exporter.supervisor_state import STATE_ENV_VAR, SupervisorState
-from tests.support.engine import free_port
+from warden.cli.tinymodel import tiny_engine_args
+from warden.common.metrics_text import parse_samples, sample
+from warden.common.ports import free_port
+from warden.common.waiting import wait_until
 from warden.supervisor.engine import engine_children
 
 pytestmark = pytest.mark.engine
 
 TOKEN = "supervisor-test-token"
-ENGINE_ARGS = ("--dtype", "float32", "--max-model-len", "2048", "--block-size", "32")
+# The tiny model's base arguments without --enforce-eager (the policy switches to eager) and
+# with room for long requests.
+ENGINE_ARGS = tiny_engine_args("--max-model-len", "2048", drop=("--enforce-eager",))
 # Steps are slowed (test switch): a long request then runs for at least 15 s, so a test
 # process and a supervisor starved by the engine for seconds still see it in flight.
 STEP_DELAY_S = "0.01"
@@ -69,14 +74,18 @@ class Supervised:
         return (self.run_dir / "supervisor.log").read_text(errors="replace")
 
     def wait(self, what: str, condition: Callable[[], bool], timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def holds() -> bool:
             assert self.process.poll() is None, f"supervisor exited:\n{self.log()[-3000:]}"
             with contextlib.suppress(httpx.HTTPError):
-                if condition():
-                    return
-            time.sleep(0.2)
-        raise AssertionError(f"timed out waiting for {what}; log:\n{self.log()[-3000:]}")
+                return condition()
+            return False
+
+        try:
+            wait_until(holds, timeout, 0.2, what)
+        except TimeoutError:
+            raise AssertionError(
+                f"timed out waiting for {what}; log:\n{self.log()[-3000:]}"
+            ) from None
 
     def wait_serving(self, generation: int, timeout: float = START_TIMEOUT_S) -> None:
         def serving() -> bool:
@@ -100,16 +109,10 @@ class Supervised:
 
     def running_requests(self) -> float:
         """Requests in the engine's batch now (vLLM's own gauge, summed over its labels)."""
-        name = catalog.VLLM_NUM_REQUESTS_RUNNING.name
-        return sum(v for k, v in self.metrics().items() if k.split("{")[0] == name)
+        return sample(self.metrics(), catalog.VLLM_NUM_REQUESTS_RUNNING.name)
 
     def metrics(self) -> dict[str, float]:
-        samples = {}
-        for line in httpx.get(f"{self.url}/metrics", timeout=10).text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                samples[name] = float(value)
-        return samples
+        return parse_samples(httpx.get(f"{self.url}/metrics", timeout=10).text)
 
 
 def _restarts(samples: dict[str, float], reason: str) -> float:

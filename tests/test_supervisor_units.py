@@ -8,16 +8,15 @@ import signal
 from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client import CollectorRegistry, generate_latest
 
 from exporter import catalog
 from exporter.metrics import WardenMetrics
 from exporter.settings import load_settings
 from exporter.supervisor_mirror import SupervisorMirror
 from exporter.supervisor_state import STATE_ENV_VAR, SupervisorState, read_state_from_env
+from warden.common.metrics_text import family_names, parse_samples, sum_samples
 from warden.common.tokens import TokenError, bearer_matches, load_token
-from warden.supervisor.drain import sum_samples
 from warden.supervisor.fault_tolerance import fault_tolerance_enabled
 from warden.supervisor.metrics import render
 from warden.supervisor.policy import (
@@ -110,12 +109,7 @@ def test_state_is_read_from_the_environment_only_when_supervised(
 
 
 def _values(registry: CollectorRegistry) -> dict[str, float]:
-    out = {}
-    for family in registry.collect():
-        for s in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-            out[f"{s.name}{{{labels}}}"] = s.value
-    return out
+    return parse_samples(generate_latest(registry).decode())
 
 
 def test_mirror_counts_deltas_and_replays_each_duration_once(tmp_path: Path) -> None:
@@ -138,12 +132,12 @@ def test_mirror_counts_deltas_and_replays_each_duration_once(tmp_path: Path) -> 
     mirror.collect()
     values = _values(registry)
     restarts, duration = catalog.ENGINE_RESTARTS.name, catalog.ENGINE_RESTART_DURATION.name
-    assert values[f"{restarts}{{reason=crash}}"] == 1
-    assert values[f"{restarts}{{reason=stalled}}"] == 1
-    assert values[f"{duration}_count{{}}"] == 2
-    assert values[f"{duration}_sum{{}}"] == pytest.approx(37.0)
-    assert values[f"{catalog.ENGINE_EAGER_MODE.name}{{}}"] == 1
-    assert values[f"{catalog.SUPERVISOR_CIRCUIT_OPEN.name}{{}}"] == 0
+    assert values[f'{restarts}{{reason="crash"}}'] == 1
+    assert values[f'{restarts}{{reason="stalled"}}'] == 1
+    assert values[f"{duration}_count"] == 2
+    assert values[f"{duration}_sum"] == pytest.approx(37.0)
+    assert values[catalog.ENGINE_EAGER_MODE.name] == 1
+    assert values[catalog.SUPERVISOR_CIRCUIT_OPEN.name] == 0
 
 
 def test_a_fresh_engine_mirrors_the_whole_history_at_once(tmp_path: Path) -> None:
@@ -158,9 +152,9 @@ def test_a_fresh_engine_mirrors_the_whole_history_at_once(tmp_path: Path) -> Non
     registry = CollectorRegistry()
     SupervisorMirror(str(path), WardenMetrics(registry)).collect()
     values = _values(registry)
-    assert values[f"{catalog.ENGINE_RESTARTS.name}{{reason=crash}}"] == 3
-    assert values[f"{catalog.ENGINE_RESTART_DURATION.name}_count{{}}"] == 3
-    assert values[f"{catalog.SUPERVISOR_CIRCUIT_OPEN.name}{{}}"] == 1
+    assert values[f'{catalog.ENGINE_RESTARTS.name}{{reason="crash"}}'] == 3
+    assert values[f"{catalog.ENGINE_RESTART_DURATION.name}_count"] == 3
+    assert values[catalog.SUPERVISOR_CIRCUIT_OPEN.name] == 1
 
 
 def test_supervisor_metrics_page_uses_catalog_names() -> None:
@@ -169,18 +163,13 @@ def test_supervisor_metrics_page_uses_catalog_names() -> None:
     state.record_ready(event, 0.0, 33.0)
     state.open_circuit("limit", 40.0)
     text = render(state, ready=False).decode()
-    samples = {
-        s.name + json.dumps(s.labels, sort_keys=True): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-    assert samples[catalog.ENGINE_RESTARTS.name + '{"reason": "crash"}'] == 1
-    assert samples[catalog.ENGINE_RESTART_DURATION.name + '_bucket{"le": "45.0"}'] == 1
-    assert samples[catalog.ENGINE_RESTART_DURATION.name + '_bucket{"le": "30.0"}'] == 0
-    assert samples[catalog.SUPERVISOR_CIRCUIT_OPEN.name + "{}"] == 1
-    assert samples[catalog.ENGINE_READY.name + "{}"] == 0
-    names = {family.name for family in text_string_to_metric_families(text)}
-    assert names <= {catalog.BY_NAME[n].base for n in catalog.BY_NAME} | {
+    samples = parse_samples(text)
+    assert samples[catalog.ENGINE_RESTARTS.name + '{reason="crash"}'] == 1
+    assert samples[catalog.ENGINE_RESTART_DURATION.name + '_bucket{le="45.0"}'] == 1
+    assert samples[catalog.ENGINE_RESTART_DURATION.name + '_bucket{le="30.0"}'] == 0
+    assert samples[catalog.SUPERVISOR_CIRCUIT_OPEN.name] == 1
+    assert samples[catalog.ENGINE_READY.name] == 0
+    assert family_names(text) <= {catalog.BY_NAME[n].base for n in catalog.BY_NAME} | {
         catalog.ENGINE_RESTART_DURATION.name
     }
 

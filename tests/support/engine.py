@@ -3,32 +3,22 @@
 from __future__ import annotations
 
 import contextlib
-import socket
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import httpx
 
+from warden.cli.tinymodel import TINY_BASE_ARGS
 from warden.common.metrics_text import parse_samples, sample  # noqa: F401 - re-exported for tests
+from warden.common.ports import free_port
 from warden.engine.launch import LaunchSpec
 from warden.supervisor.engine import EngineProcess
 
-# Small and fast on 2 CPU cores; a test adds --num-gpu-blocks-override for a tiny KV cache.
-BASE_ARGS = (
-    "--dtype",
-    "float32",
-    "--max-model-len",
-    "512",
-    "--enforce-eager",
-    "--block-size",
-    "32",
-)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+# Every test engine starts with the tiny model's base arguments; a test adds its own.
+BASE_ARGS = TINY_BASE_ARGS
+# A KV cache of 10 blocks x 32 tokens: a handful of long requests fills it and forces
+# preemption (the tests that need memory pressure add these).
+TINY_KV_ARGS = ("--num-gpu-blocks-override", "10", "--max-num-seqs", "8", "--max-model-len", "256")
 
 
 @contextlib.contextmanager

@@ -18,10 +18,8 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,24 +29,21 @@ from urllib.parse import urlsplit
 import httpx
 import yaml
 
-PROMETHEUS_BINARY = "prometheus"
+from dashboards.promapi import PrometheusAPI, Sample
+from warden.common.ports import free_port
+from warden.common.processes import http_ok
+from warden.common.waiting import WaitAborted, wait_until
 
-Sample = dict[str, Any]  # one element of a query result: {"metric": {...}, "value"|"values": ...}
+PROMETHEUS_BINARY = "prometheus"
 
 
 class PrometheusError(RuntimeError):
-    """Prometheus did not start, or answered a query with an error (e.g. bad PromQL)."""
+    """Prometheus did not start (API errors are ``dashboards.promapi.QueryError``)."""
 
 
 def prometheus_available(binary: str = PROMETHEUS_BINARY) -> bool:
     """Whether the binary is on PATH; use it to skip tests on machines without Prometheus."""
     return shutil.which(binary) is not None
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass(frozen=True)
@@ -114,9 +109,10 @@ def prometheus_config(
     return config
 
 
-class PrometheusServer:
-    """A running Prometheus and small clients for its HTTP API. Build it with
-    ``running_prometheus``; the attributes say where its files live, for debugging."""
+class PrometheusServer(PrometheusAPI):
+    """A running Prometheus, and the client for its HTTP API (``dashboards.promapi``: query,
+    query_range, series, alerts, targets, rule_groups). Build it with ``running_prometheus``;
+    the attributes say where its files live, for debugging."""
 
     def __init__(self, process: subprocess.Popen[bytes], port: int, workdir: Path) -> None:
         self.process = process
@@ -125,37 +121,9 @@ class PrometheusServer:
         self.config_path = workdir / "prometheus.yml"
         self.log_path = workdir / "prometheus.log"
         self.url = f"http://127.0.0.1:{port}"
-        self._http = httpx.Client(base_url=self.url, timeout=30.0)
+        super().__init__(self.url)
 
-    # --- HTTP API ----------------------------------------------------------------------------
-    def api(self, path: str, **params: Any) -> Any:
-        """GET ``/api/v1/<path>`` and return its ``data``; raise ``PrometheusError`` on error."""
-        response = self._http.get(f"/api/v1/{path}", params=params)
-        try:
-            body = response.json()
-        except ValueError as exc:
-            raise PrometheusError(f"{path}: HTTP {response.status_code}: {response.text}") from exc
-        if body.get("status") != "success":
-            raise PrometheusError(f"{path} {params}: {body.get('errorType')}: {body.get('error')}")
-        return body["data"]
-
-    def query(self, expr: str, at: float | None = None) -> list[Sample]:
-        """Instant query; the result list (vector samples, or one scalar as a sample)."""
-        params: dict[str, Any] = {"query": expr}
-        if at is not None:
-            params["time"] = at
-        data = self.api("query", **params)
-        if data["resultType"] in ("scalar", "string"):
-            return [{"metric": {}, "value": data["result"]}]
-        return list(data["result"])
-
-    def query_range(
-        self, expr: str, start: float, end: float, step: float | str = 1.0
-    ) -> list[Sample]:
-        """Range query; one ``{"metric", "values"}`` per series."""
-        data = self.api("query_range", query=expr, start=start, end=end, step=step)
-        return list(data["result"])
-
+    # --- Reading -----------------------------------------------------------------------------
     def value(self, expr: str) -> float | None:
         """The single value of an instant query, or None when it returns nothing."""
         result = self.query(expr)
@@ -164,20 +132,6 @@ class PrometheusServer:
         if len(result) > 1:
             raise PrometheusError(f"{expr!r} returned {len(result)} series, expected one")
         return float(result[0]["value"][1])
-
-    def series(self, match: str) -> list[dict[str, str]]:
-        """Label sets of the series matching a selector (``/api/v1/series``)."""
-        return list(self.api("series", **{"match[]": match}))
-
-    def targets(self) -> list[dict[str, Any]]:
-        return list(self.api("targets")["activeTargets"])
-
-    def alerts(self) -> list[dict[str, Any]]:
-        """Alerts currently pending or firing."""
-        return list(self.api("alerts")["alerts"])
-
-    def rule_groups(self) -> list[dict[str, Any]]:
-        return list(self.api("rules")["groups"])
 
     # --- Waiting -----------------------------------------------------------------------------
     def wait_for(
@@ -188,30 +142,36 @@ class PrometheusServer:
         interval: float = 0.5,
     ) -> list[Sample]:
         """Poll an instant query until ``until(result)`` holds (default: non-empty)."""
-        deadline = time.monotonic() + timeout
-        result: list[Sample] = []
-        while time.monotonic() < deadline:
-            result = self.query(expr)
-            if until(result):
-                return result
-            time.sleep(interval)
-        raise TimeoutError(f"{expr!r} still {result!r} after {timeout:.0f}s")
+        last: list[Sample] = []
+
+        def holds() -> tuple[list[Sample]] | None:  # a tuple: an empty result can be awaited
+            nonlocal last
+            last = self.query(expr)
+            return (last,) if until(last) else None
+
+        try:
+            return wait_until(holds, timeout, interval, what=repr(expr))[0]
+        except TimeoutError:
+            raise TimeoutError(f"{expr!r} still {last!r} after {timeout:.0f}s") from None
 
     def wait_for_targets_up(self, timeout: float = 30.0) -> None:
         """Until every configured target was scraped successfully at least once."""
-        deadline = time.monotonic() + timeout
         targets: list[dict[str, Any]] = []
-        while time.monotonic() < deadline:
+
+        def all_up() -> bool:
+            nonlocal targets
             targets = self.targets()
-            if targets and all(t.get("health") == "up" for t in targets):
-                return
-            time.sleep(0.5)
-        states = [(t.get("scrapeUrl"), t.get("health"), t.get("lastError")) for t in targets]
-        raise TimeoutError(f"targets not up after {timeout:.0f}s: {states}")
+            return bool(targets) and all(t.get("health") == "up" for t in targets)
+
+        try:
+            wait_until(all_up, timeout, 0.5, what="targets up")
+        except TimeoutError:
+            states = [(t.get("scrapeUrl"), t.get("health"), t.get("lastError")) for t in targets]
+            raise TimeoutError(f"targets not up after {timeout:.0f}s: {states}") from None
 
     def reload(self) -> None:
         """Re-read the config and rule files (``--web.enable-lifecycle`` is on)."""
-        self._http.post("/-/reload").raise_for_status()
+        httpx.post(f"{self.url}/-/reload", timeout=30.0).raise_for_status()
 
     def log_tail(self, lines: int = 40) -> str:
         with contextlib.suppress(OSError):
@@ -220,21 +180,26 @@ class PrometheusServer:
 
     # --- Lifecycle ---------------------------------------------------------------------------
     def wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise PrometheusError(
-                    f"prometheus exited with {self.process.returncode}:\n{self.log_tail()}"
-                )
-            with contextlib.suppress(httpx.HTTPError):
-                if self._http.get("/-/ready", timeout=2.0).status_code == 200:
-                    return
-            time.sleep(0.2)
-        raise PrometheusError(f"prometheus not ready after {timeout:.0f}s:\n{self.log_tail()}")
+        try:
+            wait_until(
+                lambda: http_ok(f"{self.url}/-/ready"),
+                timeout,
+                0.2,
+                what="prometheus ready",
+                abort=lambda: self.process.poll() is not None,
+            )
+        except WaitAborted:
+            raise PrometheusError(
+                f"prometheus exited with {self.process.returncode}:\n{self.log_tail()}"
+            ) from None
+        except TimeoutError:
+            raise PrometheusError(
+                f"prometheus not ready after {timeout:.0f}s:\n{self.log_tail()}"
+            ) from None
 
     def stop(self, timeout: float = 10.0) -> None:
         """Terminate, then kill if it lingers. Safe to call twice."""
-        self._http.close()
+        self.close()
         if self.process.poll() is None:
             self.process.terminate()
             try:

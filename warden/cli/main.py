@@ -61,9 +61,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_dashboards_render(args: argparse.Namespace) -> int:
-    from dashboards.render import render_dashboards
+    from dashboards.render import RenderUnavailable, render_dashboards
 
-    for path in render_dashboards(args.prometheus, Path(args.out), minutes=args.minutes):
+    try:
+        paths = render_dashboards(args.prometheus, Path(args.out), minutes=args.minutes)
+    except RenderUnavailable as exc:
+        print(f"warden dashboards render: {exc}", file=sys.stderr)
+        return 2
+    for path in paths:
         print(path)
     return 0
 

@@ -22,7 +22,8 @@ import httpx
 from alerts.model import AlertRule
 from alerts.rules import MEMORY
 from exporter import catalog
-from warden.stack.native import NativeStack
+from warden.common.waiting import wait_until
+from warden.stack.native import NativeStack, StackError
 
 # The memory alerts, named by the rule definitions themselves (never retyped).
 MEMORY_ALERTS = tuple(rule.name for rule in MEMORY.rules if isinstance(rule, AlertRule))
@@ -181,16 +182,16 @@ class ClosedLoopScenario:
         return step
 
     def _wait(self, what: str, probe: Callable[[], Any], timeout_s: float | None = None) -> Any:
-        deadline = time.monotonic() + (timeout_s or self.step_timeout_s)
-        while time.monotonic() < deadline:
+        def found() -> Any:
             try:
-                found = probe()
-            except (httpx.HTTPError, ValueError, KeyError):
-                found = None
-            if found:
-                return found
-            time.sleep(0.25)
-        raise ScenarioError(f"timed out waiting for: {what}")
+                return probe()
+            except (httpx.HTTPError, ValueError, KeyError, StackError):
+                return None  # not answering yet: keep waiting
+
+        try:
+            return wait_until(found, timeout_s or self.step_timeout_s, 0.25, what=what)
+        except TimeoutError:
+            raise ScenarioError(f"timed out waiting for: {what}") from None
 
     def _prometheus_alert(self, state: str) -> dict[str, Any] | None:
         for alert in self.stack.alerts():

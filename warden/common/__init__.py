@@ -1,2 +1,3 @@
-"""Small helpers every room of warden shares: child processes, waiting, ports, metric text,
-the Prometheus HTTP API. None of them imports vLLM."""
+"""Small helpers every room of warden shares: child processes, waiting, ports, reading a
+/metrics page. None of them imports vLLM. (Prometheus' HTTP API has one client too:
+``dashboards.promapi``, which dashboards use without importing warden.)"""

@@ -32,6 +32,7 @@ import psutil
 
 from exporter.catalog import NONFINITE_LOGITS
 from exporter.settings import load_settings
+from warden.common.metrics_text import sum_samples
 
 DEFAULT_ENGINE_URL = load_settings().engine_url
 ENGINE_CORE_MARK = "EngineCore"
@@ -218,14 +219,8 @@ def pressure(
 
 def _metric_total(engine_url: str, name: str, client: httpx.Client) -> float | None:
     """Sum of a metric's samples on the engine's /metrics, or None when it is absent."""
-    with contextlib.suppress(httpx.HTTPError):
-        text = client.get(f"{engine_url}/metrics").text
-        values = [
-            float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines()
-            if line.startswith((name + "{", name + " "))
-        ]
-        return sum(values) if values else None
+    with contextlib.suppress(httpx.HTTPError, ValueError):
+        return sum_samples(client.get(f"{engine_url}/metrics").text, name)
     return None
 
 

@@ -22,13 +22,11 @@ import os
 import shutil
 import socket
 import sys
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psutil
 
 from alerts.alertmanager import (
@@ -38,8 +36,10 @@ from alerts.alertmanager import (
     render_alertmanager_config,
 )
 from alerts.rules_file import render_rules
+from dashboards.promapi import PrometheusAPI, QueryError
 from exporter.settings import env_name
 from warden.common.processes import ChildProcess, ChildStartError, descendants, wait_http_ok
+from warden.common.waiting import wait_until
 from warden.stack.config import (
     DEFAULT_WORKDIR,
     ENGINE_WEBHOOK_PATH,
@@ -250,36 +250,42 @@ class NativeStack:
     def wait_for_page(
         self, predicate: Callable[[Page], bool] = lambda _: True, timeout_s: float = 60.0
     ) -> Page:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            for page in self.pages():
-                if predicate(page):
-                    return page
-            time.sleep(0.2)
-        raise TimeoutError(f"no matching page after {timeout_s:.0f}s in {self.pages_path}")
+        def matching() -> Page | None:
+            return next((page for page in self.pages() if predicate(page)), None)
+
+        try:
+            return wait_until(matching, timeout_s, 0.2, what="a matching page")
+        except TimeoutError:
+            raise TimeoutError(
+                f"no matching page after {timeout_s:.0f}s in {self.pages_path}"
+            ) from None
+
+    def prometheus(self) -> PrometheusAPI:
+        """A client for this stack's Prometheus HTTP API (use it in a ``with``)."""
+        return PrometheusAPI(self.prometheus_url, timeout=10.0)
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         """Prometheus instant query: the result list (vector samples)."""
-        response = httpx.get(f"{self.prometheus_url}/api/v1/query", params={"query": expr})
-        body = response.json()
-        if body.get("status") != "success":
-            raise StackError(f"{expr!r}: {body.get('error')}")
-        return list(body["data"]["result"])
+        with self.prometheus() as api:
+            try:
+                return api.query(expr)
+            except QueryError as exc:
+                raise StackError(str(exc)) from exc
 
     def alerts(self) -> list[dict[str, Any]]:
         """Alerts Prometheus holds now, pending or firing, with their labels and state."""
-        response = httpx.get(f"{self.prometheus_url}/api/v1/alerts", timeout=10)
-        return list(response.json()["data"]["alerts"])
+        with self.prometheus() as api:
+            try:
+                return api.alerts()
+            except QueryError as exc:
+                raise StackError(str(exc)) from exc
 
     def wait_for_query(self, expr: str, timeout_s: float = 60.0) -> list[dict[str, Any]]:
         """Poll until the query returns at least one sample."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            result = self.query(expr)
-            if result:
-                return result
-            time.sleep(0.5)
-        raise TimeoutError(f"{expr!r} returned nothing for {timeout_s:.0f}s")
+        try:
+            return wait_until(lambda: self.query(expr), timeout_s, 0.5, what=repr(expr))
+        except TimeoutError:
+            raise TimeoutError(f"{expr!r} returned nothing for {timeout_s:.0f}s") from None
 
     def summary(self) -> str:
         """Where everything is, for people."""

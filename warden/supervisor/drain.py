@@ -9,28 +9,18 @@ the result says so.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from exporter import catalog
+from warden.common.metrics_text import sum_samples
 from warden.common.tokens import bearer_header
+from warden.common.waiting import wait_until
 from warden.supervisor.engine import EngineProcess
 
 LEASE_KEY = "supervisor-drain"
-
-
-def sum_samples(text: str, name: str) -> float | None:
-    """Sum of every sample of ``name`` in a Prometheus text page (None if absent)."""
-    total: float | None = None
-    for line in text.splitlines():
-        if line.startswith(name) and line[len(name) : len(name) + 1] in ("{", " "):
-            try:
-                value = float(line.rsplit(None, 1)[-1])
-            except ValueError:
-                continue
-            total = (total or 0.0) + value
-    return total
 
 
 def inflight(engine: EngineProcess) -> int | None:
@@ -38,8 +28,11 @@ def inflight(engine: EngineProcess) -> int | None:
     text = engine.metrics_text()
     if text is None:
         return None
-    running = sum_samples(text, catalog.VLLM_NUM_REQUESTS_RUNNING.name) or 0.0
-    waiting = sum_samples(text, catalog.VLLM_NUM_REQUESTS_WAITING.name) or 0.0
+    try:
+        running = sum_samples(text, catalog.VLLM_NUM_REQUESTS_RUNNING.name) or 0.0
+        waiting = sum_samples(text, catalog.VLLM_NUM_REQUESTS_WAITING.name) or 0.0
+    except ValueError:  # not a metrics page: no answer either
+        return None
     return int(running + waiting)
 
 
@@ -95,12 +88,16 @@ class Drainer:
         # Two idle readings in a row: a request still being tokenized in the API process is
         # not yet counted by the scheduler.
         idle_readings = 0
-        left = inflight(engine)
-        while self.clock() - started < self.timeout_s:
-            idle_readings = idle_readings + 1 if left == 0 else 0
-            if idle_readings >= 2 or left is None or cancelled():
-                break
-            self.sleep(self.poll_s)
+        left: int | None = None
+
+        def done() -> bool:
+            nonlocal idle_readings, left
             left = inflight(engine)
+            idle_readings = idle_readings + 1 if left == 0 else 0
+            return idle_readings >= 2 or left is None or cancelled()
+
+        remaining = max(0.0, self.timeout_s - (self.clock() - started))
+        with contextlib.suppress(TimeoutError):  # the bound is reached: restart anyway
+            wait_until(done, remaining, self.poll_s, "drain", clock=self.clock, sleep=self.sleep)
         waited = self.clock() - started
         return DrainResult(stopped, left == 0, left, round(waited, 3), detail)

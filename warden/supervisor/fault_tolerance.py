@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from warden.common.waiting import wait_until
 from warden.supervisor.engine import EngineProcess
 
 FT_FLAG = "--enable-fault-tolerance"
@@ -49,13 +50,17 @@ def retry(
     probe = engine.post("/fault_tolerance/apply", {"instruction": "retry"})
     if probe.status != 202:
         return False, f"POST /fault_tolerance/apply answered {probe.status}: {probe.body!r}"[:300]
-    deadline = clock() + timeout_s
-    status = engine_status(engine)
-    while clock() < deadline:
-        if status == HEALTHY:
-            return True, "recovered in place"
-        if status == DEAD:
-            return False, "engine reported dead during recovery"
-        sleep(poll_s)
+    status: str | None = None
+
+    def settled() -> str | None:
+        nonlocal status
         status = engine_status(engine)
-    return False, f"no recovery within {timeout_s:.0f}s (last status {status})"
+        return status if status in (HEALTHY, DEAD) else None
+
+    try:
+        final = wait_until(settled, timeout_s, poll_s, "recovery", clock=clock, sleep=sleep)
+    except TimeoutError:
+        return False, f"no recovery within {timeout_s:.0f}s (last status {status})"
+    if final == HEALTHY:
+        return True, "recovered in place"
+    return False, "engine reported dead during recovery"
