@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import time
 from typing import Any
 
 from exporter import __version__, catalog, engine_errors, vllm_compat
@@ -24,6 +25,7 @@ from exporter.device_collectors import (
     NvmlCollector,
     SignalPublisher,
 )
+from exporter.memory_risk import MemoryBudget, MemoryPlanner
 from exporter.metrics import WardenMetrics, process_metrics
 from exporter.settings import WardenSettings, load_settings
 from exporter.signals import SignalBoard
@@ -116,7 +118,10 @@ def start_device_collectors(wrapper: Any, config: WardenSettings, metrics: Warde
     # Read again: the API process publishes the board's path after this process's settings.
     path = load_settings().signal_board
     if collectors and path and path.exists():
-        collectors.append(SignalPublisher(SignalBoard(str(path)), rank, allocator, nvml))
+        budget = MemoryBudget(*vllm_compat.memory_budget(worker))
+        planner = MemoryPlanner(budget, config.memory_settle_s, time.time())
+        board = SignalBoard(str(path))
+        collectors.append(SignalPublisher(board, rank, allocator, nvml, planner, metrics))
     if collectors:
         runner = CollectorRunner(collectors, metrics, config.collector_interval_s)
         runner.start()

@@ -1,17 +1,27 @@
-"""Per-request admission: the effective policy and the KV forecast applied to one request.
+"""Per-request admission: the effective policy, the KV forecast and saturation, applied to one
+request.
 
 Pure: facts in, decision out. The middleware gathers the facts (priority, max_tokens, prompt
-tokens) and carries out the decision (answer 503/429/400, or rewrite max_tokens).
+tokens) and carries out the decision (answer 503/429/400 with the decision's error fields and
+Retry-After headers, or rewrite max_tokens). Every refusal names its cause: the ``signal``
+(the memory watermark, a saturation signal, the alert or override behind a lease) and its
+``value``, so a false intervention is visible in the answer and in ``/warden/state``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+from exporter.saturation import SaturationState
 from warden.control.actions import REGISTRY
 from warden.control.config import AdmissionSettings
 from warden.control.policy import EffectivePolicy
+from warden.control.saturation import KvState, RetrySchedule, breach
+
+__all__ = ["Cause", "Decision", "HalfOpenGate", "KvState", "RequestFacts", "decide"]
 
 
 @dataclass(frozen=True)
@@ -22,18 +32,14 @@ class RequestFacts:
 
 
 @dataclass(frozen=True)
-class KvState:
-    """KV cache geometry and use, from vLLM's cache config and its last step."""
+class Cause:
+    """What made warden act: a signal and its value (``value`` may be a level or a text)."""
 
-    total_blocks: int
-    block_size: int
-    usage: float  # 0..1
+    signal: str
+    value: float | str | None = None
 
-    def free_blocks(self, margin: int) -> int:
-        return int(self.total_blocks * (1.0 - self.usage)) - margin
 
-    def blocks_for(self, tokens: int) -> int:
-        return math.ceil(tokens / self.block_size)
+NO_CAUSE = Cause("unknown")
 
 
 @dataclass(frozen=True)
@@ -42,12 +48,27 @@ class Decision:
     status: int = 200
     reason: str = ""
     message: str = ""
-    retry_after_s: int = 0
+    retry_after_s: float = 0
     cap: int | None = None  # write this max_tokens into the request
+    signal: str = ""  # what caused a refusal, and its value
+    value: float | str | None = None
 
+    def retry_after_headers(self) -> list[tuple[bytes, bytes]]:
+        """``Retry-After`` in whole seconds (rounded up, at least 1) and ``retry-after-ms``,
+        which the OpenAI SDK reads first; none when the client should not come back."""
+        if self.retry_after_s <= 0:
+            return []
+        millis = round(self.retry_after_s * 1000)
+        seconds = max(1, math.ceil(self.retry_after_s))
+        return [(b"retry-after", str(seconds).encode()), (b"retry-after-ms", str(millis).encode())]
 
-def _refuse(status: int, reason: str, message: str, retry_after: int) -> Decision:
-    return Decision(False, status, reason, message, retry_after if status != 400 else 0)
+    def error_fields(self) -> dict[str, Any]:
+        """Warden's fields of the OpenAI-style error body."""
+        return {
+            "warden_reason": self.reason,
+            "warden_signal": self.signal,
+            "warden_value": self.value,
+        }
 
 
 class HalfOpenGate:
@@ -64,19 +85,39 @@ class HalfOpenGate:
         return False
 
 
+# A refusal reason names its action, except the circuit breaker's two.
+_ACTION_OF_REASON = {"circuit_open": "circuit_breaker", "circuit_half_open": "circuit_breaker"}
+
+
 def decide(
     facts: RequestFacts,
     policy: EffectivePolicy,
     settings: AdmissionSettings,
     gate: HalfOpenGate,
     kv: KvState | None = None,
+    saturation: SaturationState | None = None,
+    schedule: RetrySchedule | None = None,
+    now: float = 0.0,
+    cause_of: Callable[[str], Cause] | None = None,
 ) -> Decision:
+    """Admit, cap or refuse one request. ``cause_of(action)`` names the signal behind the lease
+    that holds an action; ``saturation`` and ``schedule`` enable admission at saturation."""
     retry = policy.retry_after_s
     checks = [a.refuse for a in REGISTRY] + [a.refuse_last for a in REGISTRY]
     for check in checks:
         refusal = check(policy, facts.priority, gate.admit) if check is not None else None
         if refusal is not None:
-            return _refuse(refusal.status, refusal.reason, refusal.message, retry)
+            holder = _ACTION_OF_REASON.get(refusal.reason, refusal.reason)
+            cause = cause_of(holder) if cause_of is not None else NO_CAUSE
+            return Decision(
+                False,
+                refusal.status,
+                refusal.reason,
+                f"{refusal.message} ({cause.signal}: {cause.value})",
+                retry,
+                signal=cause.signal,
+                value=cause.value,
+            )
     cap = None
     max_tokens = facts.max_tokens
     for action in REGISTRY:
@@ -84,27 +125,40 @@ def decide(
         if limit is not None and (max_tokens is None or max_tokens > limit):
             cap = max_tokens = limit
     forecast = settings.forecast
-    if kv is not None and forecast.enabled and facts.prompt_tokens is not None:
-        capacity = (kv.total_blocks - forecast.safety_margin_blocks) * kv.block_size
-        if facts.prompt_tokens + 1 > capacity:
-            return _refuse(
+    margin = forecast.safety_margin_blocks if forecast.enabled else 0
+    prompt = facts.prompt_tokens if forecast.enabled else None
+    if kv is not None and prompt is not None:
+        capacity = (kv.total_blocks - margin) * kv.block_size
+        if prompt + 1 > capacity:
+            return Decision(
+                False,
                 400,
                 "kv_never_fits",
-                f"prompt of {facts.prompt_tokens} tokens can never fit in the KV cache "
-                f"({capacity} tokens)",
-                0,
+                f"prompt of {prompt} tokens can never fit in the KV cache ({capacity} tokens)",
+                signal="prompt_tokens",
+                value=prompt,
             )
-        free_tokens = kv.free_blocks(forecast.safety_margin_blocks) * kv.block_size
-        wanted = facts.prompt_tokens + (max_tokens if max_tokens is not None else 0)
-        if max_tokens is not None and wanted > free_tokens:
-            room = free_tokens - facts.prompt_tokens
-            if room >= forecast.min_max_tokens:
-                cap = room
-            else:
-                return _refuse(
-                    429,
-                    "kv_headroom",
-                    f"request needs {wanted} tokens of KV cache, {max(free_tokens, 0)} free",
-                    retry,
+    sat = settings.saturation
+    if sat.enabled and saturation is not None:
+        found = breach(sat, saturation, kv, prompt, margin)
+        if found is not None:
+            if sat.retry_after == "computed" and schedule is not None:
+                retry_s: float = schedule.book(
+                    now,
+                    found.earliest_s,
+                    saturation.drain_rate,
+                    sat.retry_after_min_s,
+                    sat.retry_after_max_s,
                 )
+            else:
+                retry_s = settings.retry_after_s
+            return Decision(
+                False,
+                503,
+                "saturated",
+                found.message(),
+                retry_s,
+                signal=found.signal,
+                value=round(found.value, 3),
+            )
     return Decision(True, cap=cap)

@@ -30,7 +30,7 @@ from exporter.settings import load_settings
 from exporter.signals import SignalBoard
 from exporter.step_monitor import process_monitor
 from warden.control import telemetry
-from warden.control.admission import Decision, HalfOpenGate, KvState, RequestFacts, decide
+from warden.control.admission import Decision, HalfOpenGate, KvState, RequestFacts
 from warden.control.retry import TRANSIENT_REASONS, backoff_s, classify_failure
 from warden.engine import runtime
 
@@ -67,18 +67,11 @@ def outcome_of(status: int) -> str:
     return "client_error" if status < 500 else "server_error"
 
 
-def _error_body(message: str, kind: str, code: int, reason: str) -> bytes:
-    return json.dumps(
-        {
-            "error": {
-                "message": message,
-                "type": kind,
-                "param": None,
-                "code": code,
-                "warden_reason": reason,
-            }
-        }
-    ).encode()
+def _error_body(
+    message: str, kind: str, code: int, reason: str, extra: dict[str, Any] | None = None
+) -> bytes:
+    error = {"message": message, "type": kind, "param": None, "code": code, "warden_reason": reason}
+    return json.dumps({"error": {**error, **(extra or {})}}).encode()
 
 
 def _priority(body: dict[str, Any], headers: dict[str, str], header_name: str) -> int:
@@ -147,15 +140,15 @@ class WardenMiddleware:
         self.requests.labels(outcome_of(status)).inc()
 
     async def _refuse(self, send: Send, decision: Decision) -> None:
-        self.control.record_rejection(decision.reason)
+        self.control.record_rejection(decision)
         with telemetry.tracer().start_as_current_span("warden.reject") as span:
             span.set_attribute("warden.reason", decision.reason)
             span.set_attribute("warden.status", decision.status)
         kind = "invalid_request_error" if decision.status == 400 else "server_overloaded"
-        headers = []
-        if decision.retry_after_s:
-            headers.append((b"retry-after", str(decision.retry_after_s).encode()))
-        body = _error_body(decision.message, kind, decision.status, decision.reason)
+        headers = decision.retry_after_headers()
+        body = _error_body(
+            decision.message, kind, decision.status, decision.reason, decision.error_fields()
+        )
         await self._reply(send, decision.status, body, headers)
 
     async def _prompt_tokens(self, path: str, body: dict[str, Any]) -> int | None:
@@ -242,7 +235,6 @@ class WardenMiddleware:
         }
         control = self.control
         settings = control.config
-        policy = control.policy()
         prompt_tokens = None
         kv = None
         if settings.admission.forecast.enabled:
@@ -254,7 +246,7 @@ class WardenMiddleware:
             max_tokens=_requested_max_tokens(body),
             prompt_tokens=prompt_tokens,
         )
-        decision = decide(facts, policy, settings.admission, self.gate, kv)
+        decision = control.decide(facts, kv, self.gate)
         if not decision.admit:
             await self._refuse(send, decision)
             return
