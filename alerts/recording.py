@@ -10,19 +10,20 @@ from alerts.model import RecordingRule, RuleGroup, recorded_name
 from exporter.catalog import (
     COLLECTOR_ERRORS,
     ENGINE_RESTARTS,
-    GPU_MEMORY_TOTAL,
-    GPU_MEMORY_USED,
+    MEMORY_RISK,
     MEMORY_WATERMARK_PEAK,
     NONFINITE_LOGITS,
     REQUEST_OUTCOMES,
     REQUEST_RETRIES,
     REQUEST_RETRIES_EXHAUSTED,
     REQUESTS,
+    SATURATED,
     TORCH_ALLOCATED,
     TORCH_DEVICE_TOTAL,
     TORCH_RESERVED,
     VLLM_NUM_PREEMPTIONS,
-    VLLM_NUM_REQUESTS_WAITING,
+    VLLM_QUEUE_TIME,
+    VLLM_REQUEST_SUCCESS,
 )
 
 # Not an exported metric: PyTorch's reserved minus allocated bytes, the allocator's cached gap.
@@ -55,16 +56,25 @@ WATERMARK_PEAK_WINDOW = "1m"
 WATERMARK_PEAK = recorded_name(
     "instance", MEMORY_WATERMARK_PEAK, f"max_over_time{WATERMARK_PEAK_WINDOW}"
 )
-GPU_USED_RATIO = recorded_name("instance_gpu", GPU_MEMORY_USED, "ratio")
-TORCH_RESERVED_RATIO = recorded_name("instance_device", TORCH_RESERVED, "ratio")
+# Memory beyond the engine's plan (exporter/memory_risk.py), worst device per instance and source.
+MEMORY_RISK_MAX = recorded_name("instance_source", MEMORY_RISK, "max")
 TORCH_CACHED = recorded_name("instance", TORCH_CACHED_GAP, "max")
 TORCH_TOTAL = recorded_name("instance", TORCH_DEVICE_TOTAL, "max")
-QUEUE_WAITING = recorded_name("instance", VLLM_NUM_REQUESTS_WAITING, "sum")
 PREEMPTIONS_RATE = recorded_name("instance", VLLM_NUM_PREEMPTIONS, "rate5m")
+FINISHED_RATE = recorded_name("instance", VLLM_REQUEST_SUCCESS, "rate5m")
+# Preemptions per finished request: how much work vLLM recomputes, whatever the engine's size.
+RECOMPUTE_RATIO = recorded_name("instance", VLLM_NUM_PREEMPTIONS, "per_finished_rate5m")
+# vLLM's own measure of the time requests waited in its queue, 90th percentile over 5 minutes.
+QUEUE_TIME_P90 = recorded_name("instance", VLLM_QUEUE_TIME, "p90_rate5m")
+# Whether admission refused for saturation at any moment of the last minute (warden_saturated is
+# held 20 s by the engine; the minute bridges scrapes).
+SATURATED_1M = recorded_name("instance", SATURATED, "max_over_time1m")
 REQUESTS_BY_OUTCOME_RATE = recorded_name("instance_outcome", REQUESTS, "rate5m")
 # Requests that reached the engine: everything except what admission control refused.
 REQUESTS_SERVED_RATE = recorded_name("instance", REQUESTS, "served_rate5m")
 SERVER_ERROR_RATIO = recorded_name("instance", REQUESTS, "server_error_ratio_rate5m")
+# Share of requests admission refused (every reason): what an overload costs the clients.
+REJECTED_RATIO = recorded_name("instance", REQUESTS, "rejected_ratio_rate5m")
 RETRIES_RATIO = recorded_name("instance", REQUEST_RETRIES, "ratio_rate5m")
 RETRIES_EXHAUSTED_RATIO = recorded_name("instance", REQUEST_RETRIES_EXHAUSTED, "ratio_rate5m")
 NONFINITE_RATE = recorded_name("instance", NONFINITE_LOGITS, "rate5m")
@@ -83,27 +93,23 @@ RECORDING_RULES = RuleGroup(
             f"max by (instance) "
             f"(max_over_time({MEMORY_WATERMARK_PEAK.name}[{WATERMARK_PEAK_WINDOW}]))",
         ),
-        RecordingRule(
-            GPU_USED_RATIO,
-            f"sum by (instance, gpu) ({GPU_MEMORY_USED.name})\n"
-            f"/\n"
-            f"sum by (instance, gpu) ({GPU_MEMORY_TOTAL.name})",
-        ),
-        RecordingRule(
-            TORCH_RESERVED_RATIO,
-            f"sum by (instance, device) ({TORCH_RESERVED.name})\n"
-            f"/\n"
-            f"sum by (instance, device) ({TORCH_DEVICE_TOTAL.name})",
-        ),
+        RecordingRule(MEMORY_RISK_MAX, f"max by (instance, source) ({MEMORY_RISK.name})"),
         RecordingRule(
             TORCH_CACHED,
             f"max by (instance) ({TORCH_RESERVED.name} - {TORCH_ALLOCATED.name})",
         ),
         RecordingRule(TORCH_TOTAL, f"max by (instance) ({TORCH_DEVICE_TOTAL.name})"),
-        RecordingRule(QUEUE_WAITING, f"sum by (instance) ({VLLM_NUM_REQUESTS_WAITING.name})"),
         RecordingRule(
             PREEMPTIONS_RATE, f"sum by (instance) (rate({VLLM_NUM_PREEMPTIONS.name}[5m]))"
         ),
+        RecordingRule(FINISHED_RATE, f"sum by (instance) (rate({VLLM_REQUEST_SUCCESS.name}[5m]))"),
+        RecordingRule(RECOMPUTE_RATIO, f"{PREEMPTIONS_RATE}\n/\n{FINISHED_RATE}"),
+        RecordingRule(
+            QUEUE_TIME_P90,
+            f"histogram_quantile(\n  0.9,\n  sum by (instance, le) "
+            f"(rate({VLLM_QUEUE_TIME.name}_bucket[5m]))\n)",
+        ),
+        RecordingRule(SATURATED_1M, f"max by (instance) (max_over_time({SATURATED.name}[1m]))"),
         RecordingRule(
             REQUESTS_BY_OUTCOME_RATE, f"sum by (instance, outcome) (rate({REQUESTS.name}[5m]))"
         ),
@@ -116,6 +122,12 @@ RECORDING_RULES = RuleGroup(
             f'sum by (instance) ({REQUESTS_BY_OUTCOME_RATE}{{outcome="{_SERVER_ERROR}"}})\n'
             f"/\n"
             f"{REQUESTS_SERVED_RATE}",
+        ),
+        RecordingRule(
+            REJECTED_RATIO,
+            f'sum by (instance) ({REQUESTS_BY_OUTCOME_RATE}{{outcome="{_REJECTED}"}})\n'
+            f"/\n"
+            f"sum by (instance) ({REQUESTS_BY_OUTCOME_RATE})",
         ),
         RecordingRule(
             RETRIES_RATIO,
