@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from exporter import catalog
 from warden.common.tokens import bearer_header
+from warden.control.actions import MAX_LEASE_TTL_S
 from warden.supervisor.engine import EngineProcess
 
 LEASE_KEY = "supervisor-drain"
@@ -74,7 +75,7 @@ class Drainer:
         body = {
             "action": "stop_admission",
             "params": {},
-            "ttl_s": self.timeout_s + 60,
+            "ttl_s": min(self.timeout_s + 60, MAX_LEASE_TTL_S),  # the engine's bound
             "key": LEASE_KEY,
         }
         probe = engine.post("/warden/degrade", body, self._headers())
