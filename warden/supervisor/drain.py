@@ -15,7 +15,10 @@ from dataclasses import dataclass
 
 from exporter import catalog
 from warden.common.tokens import bearer_header
-from warden.control.actions import MAX_LEASE_TTL_S
+from warden.control.config import LeaseSettings
+
+# The engine refuses a manual lease longer than its configured maximum (default below).
+DRAIN_LEASE_MAX_TTL_S = LeaseSettings().max_manual_ttl_s
 from warden.supervisor.engine import EngineProcess
 
 LEASE_KEY = "supervisor-drain"
@@ -75,7 +78,7 @@ class Drainer:
         body = {
             "action": "stop_admission",
             "params": {},
-            "ttl_s": min(self.timeout_s + 60, MAX_LEASE_TTL_S),  # the engine's bound
+            "ttl_s": min(self.timeout_s + 60, DRAIN_LEASE_MAX_TTL_S),
             "key": LEASE_KEY,
         }
         probe = engine.post("/warden/degrade", body, self._headers())
