@@ -16,12 +16,11 @@ from dataclasses import dataclass
 from exporter import catalog
 from warden.common.tokens import bearer_header
 from warden.control.config import LeaseSettings
-
-# The engine refuses a manual lease longer than its configured maximum (default below).
-DRAIN_LEASE_MAX_TTL_S = LeaseSettings().max_manual_ttl_s
 from warden.supervisor.engine import EngineProcess
 
 LEASE_KEY = "supervisor-drain"
+# The engine refuses a manual lease longer than its configured maximum (default below).
+DRAIN_LEASE_MAX_TTL_S = LeaseSettings().max_manual_ttl_s
 
 
 def sum_samples(text: str, name: str) -> float | None:
