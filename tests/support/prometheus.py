@@ -209,10 +209,6 @@ class PrometheusServer:
         states = [(t.get("scrapeUrl"), t.get("health"), t.get("lastError")) for t in targets]
         raise TimeoutError(f"targets not up after {timeout:.0f}s: {states}")
 
-    def reload(self) -> None:
-        """Re-read the config and rule files (``--web.enable-lifecycle`` is on)."""
-        self._http.post("/-/reload").raise_for_status()
-
     def log_tail(self, lines: int = 40) -> str:
         with contextlib.suppress(OSError):
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
@@ -288,7 +284,6 @@ def running_prometheus(
                 f"--config.file={root / 'prometheus.yml'}",
                 f"--storage.tsdb.path={root / 'data'}",
                 f"--web.listen-address=127.0.0.1:{port}",
-                "--web.enable-lifecycle",
                 "--storage.tsdb.retention.time=1d",
                 "--log.level=warn",
                 *extra_args,
