@@ -314,6 +314,34 @@ def policy_and_leases(engine: EngineProcess) -> tuple[Any, Any]:
     return now["policy"], [(x["source"], x["key"], x["action"]) for x in now["leases"]]
 
 
+HOSTILE = {
+    "an integer past 4,300 digits": b'{"prompt": "x", "max_tokens": ' + huge_int + b"}",
+    "nesting past the interpreter's limit": deep,
+    "nesting past 128 levels": b'{"messages": ' + b"[" * 200 + b"]" * 200 + b"}",
+    "bytes that are not UTF-8": b'{"prompt": "\xff\xfe"}',
+    "not JSON": b'{"prompt": ',
+    "not an object": b"[1, 2]",
+}
+
+
+@pytest.mark.parametrize("what", HOSTILE)
+@pytest.mark.parametrize("path", ["/v1/completions", ROOT + "/v1/chat/completions", "/invocations"])
+def test_each_kind_of_hostile_body_gets_a_400_naming_it(
+    engine: EngineProcess, path: str, what: str
+) -> None:
+    before = policy_and_leases(engine)
+    response = httpx.post(
+        engine.base_url + path,
+        content=HOSTILE[what],
+        headers={**key(), "content-type": "application/json"},
+        timeout=30,
+    )
+    assert response.status_code == 400, (what, response.text[:300])
+    error = response.json()["error"]
+    assert error["warden_reason"] == "bad_request" and error["message"], error
+    assert policy_and_leases(engine) == before
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     path=generation_paths,

@@ -22,6 +22,7 @@ Pure ASGI: streams stay streams.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import json
 import logging
@@ -46,6 +47,7 @@ from warden.control.admission import (
     admit,
     limit,
 )
+from warden.control.policy import EffectivePolicy
 from warden.control.retry import TRANSIENT_REASONS, backoff_s, classify_failure
 from warden.control.token_limits import TokenLimit, Unreadable
 from warden.engine import routes, runtime
@@ -346,7 +348,8 @@ class WardenMiddleware:
             # vLLM refuses this body itself (400, naming the field): nothing to cap.
             await self._forward_raw(scope, receive, send, raw)
             return
-        await self._handle(scope, receive, send, route, raw, body, rule, priority, requested)
+        facts = RequestFacts(priority=priority, max_tokens=requested)
+        await self._handle(scope, receive, send, route, raw, body, rule, policy, facts)
 
     def _too_large(self) -> str:
         most = self.control.config.admission.max_body_bytes
@@ -396,19 +399,18 @@ class WardenMiddleware:
         raw: bytes,
         body: dict[str, Any],
         rule: TokenLimit,
-        priority: int,
-        requested: int | None,
+        policy: EffectivePolicy,
+        facts: RequestFacts,
     ) -> None:
+        """An admitted request with its body: the cap and the forecast, then vLLM."""
         control = self.control
         settings = control.config
-        policy = control.policy()
-        prompt_tokens = None
         kv = None
         if settings.admission.forecast.enabled:
             kv = self._kv_state()
             if kv is not None:
                 prompt_tokens = await self._prompt_tokens(route, body)
-        facts = RequestFacts(priority=priority, max_tokens=requested, prompt_tokens=prompt_tokens)
+                facts = dataclasses.replace(facts, prompt_tokens=prompt_tokens)
         decision = limit(facts, policy, settings.admission, kv)
         if not decision.admit:
             await self._refuse(scope, receive, send, decision)
