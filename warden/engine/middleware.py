@@ -145,6 +145,8 @@ class WardenMiddleware:
         self.requests = process_metrics().get(catalog.REQUESTS)
         self.gate = HalfOpenGate()
         self._board: SignalBoard | None = None
+        # Read once: parsing the settings costs about a millisecond, too much per request.
+        self._board_path = load_settings().signal_board
         self._tokenizer: Any = None
         self._vllm_auth: Any = False  # False: not looked up yet; None: vLLM has no API key
 
@@ -153,7 +155,7 @@ class WardenMiddleware:
     @property
     def board(self) -> SignalBoard | None:
         if self._board is None:
-            path = load_settings().signal_board
+            path = self._board_path
             if path and path.exists():
                 self._board = SignalBoard(str(path))
         return self._board
