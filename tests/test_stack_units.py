@@ -24,7 +24,7 @@ from warden.stack import grafana, up
 from warden.stack.config import Intervals, prometheus_config
 from warden.stack.native import NativeStack, StackError, StackSettings, ensure_port_free
 from warden.stack.pager import PagerServer, describe, read_pages
-from warden.stack.webhook_token import read_token, write_compose_token, write_token
+from warden.stack.webhook_token import read_token, write_token
 
 FIRING = {
     "version": "4",
@@ -94,12 +94,6 @@ def test_webhook_token_is_private_and_fresh(tmp_path: Path) -> None:
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert len(first) == 64 and int(first, 16) >= 0
     assert read_token(write_token(path)) != first
-
-
-def test_compose_token_is_readable_by_containers_in_a_private_folder(tmp_path: Path) -> None:
-    path = write_compose_token(tmp_path / "secrets" / "webhook-token")
-    assert stat.S_IMODE(path.stat().st_mode) == 0o644
-    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
 
 
 # --- Configs ----------------------------------------------------------------------------------

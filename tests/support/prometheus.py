@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
 import yaml
 
 from dashboards.promapi import PrometheusAPI, Sample
@@ -169,10 +168,6 @@ class PrometheusServer(PrometheusAPI):
             states = [(t.get("scrapeUrl"), t.get("health"), t.get("lastError")) for t in targets]
             raise TimeoutError(f"targets not up after {timeout:.0f}s: {states}") from None
 
-    def reload(self) -> None:
-        """Re-read the config and rule files (``--web.enable-lifecycle`` is on)."""
-        httpx.post(f"{self.url}/-/reload", timeout=30.0).raise_for_status()
-
     def log_tail(self, lines: int = 40) -> str:
         with contextlib.suppress(OSError):
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
@@ -253,7 +248,6 @@ def running_prometheus(
                 f"--config.file={root / 'prometheus.yml'}",
                 f"--storage.tsdb.path={root / 'data'}",
                 f"--web.listen-address=127.0.0.1:{port}",
-                "--web.enable-lifecycle",
                 "--storage.tsdb.retention.time=1d",
                 "--log.level=warn",
                 *extra_args,

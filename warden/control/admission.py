@@ -1,7 +1,9 @@
 """Per-request admission: the effective policy and the KV forecast applied to one request.
 
 Pure: facts in, decision out. The middleware gathers the facts (priority, max_tokens, prompt
-tokens) and carries out the decision (answer 503/429/400, or rewrite max_tokens).
+tokens) and carries out the decision (answer 503/429/400, or rewrite max_tokens). It asks in
+two steps: ``admit`` (the policy's refusals, before the request's body is read) and ``limit``
+(the cap and the KV forecast, which need the body); ``decide`` is both at once.
 """
 
 from __future__ import annotations
@@ -64,25 +66,33 @@ class HalfOpenGate:
         return False
 
 
-def decide(
-    facts: RequestFacts,
-    policy: EffectivePolicy,
-    settings: AdmissionSettings,
-    gate: HalfOpenGate,
-    kv: KvState | None = None,
-) -> Decision:
+def admit(facts: RequestFacts, policy: EffectivePolicy, gate: HalfOpenGate) -> Decision:
+    """The policy's refusals, from the request's priority alone: decided before its body is
+    read, so a refused request costs nothing."""
     retry = policy.retry_after_s
     checks = [a.refuse for a in REGISTRY] + [a.refuse_last for a in REGISTRY]
     for check in checks:
         refusal = check(policy, facts.priority, gate.admit) if check is not None else None
         if refusal is not None:
             return _refuse(refusal.status, refusal.reason, refusal.message, retry)
+    return Decision(True)
+
+
+def limit(
+    facts: RequestFacts,
+    policy: EffectivePolicy,
+    settings: AdmissionSettings,
+    kv: KvState | None = None,
+) -> Decision:
+    """The cap and the KV forecast for an admitted request, once its body says what it wants
+    (``facts.max_tokens``: the limit vLLM would apply, None = up to the context length)."""
+    retry = policy.retry_after_s
     cap = None
     max_tokens = facts.max_tokens
     for action in REGISTRY:
-        limit = action.cap(policy) if action.cap is not None else None
-        if limit is not None and (max_tokens is None or max_tokens > limit):
-            cap = max_tokens = limit
+        ceiling = action.cap(policy) if action.cap is not None else None
+        if ceiling is not None and (max_tokens is None or max_tokens > ceiling):
+            cap = max_tokens = ceiling
     forecast = settings.forecast
     if kv is not None and forecast.enabled and facts.prompt_tokens is not None:
         capacity = (kv.total_blocks - forecast.safety_margin_blocks) * kv.block_size
@@ -108,3 +118,15 @@ def decide(
                     retry,
                 )
     return Decision(True, cap=cap)
+
+
+def decide(
+    facts: RequestFacts,
+    policy: EffectivePolicy,
+    settings: AdmissionSettings,
+    gate: HalfOpenGate,
+    kv: KvState | None = None,
+) -> Decision:
+    """``admit`` then ``limit``: one request's whole decision."""
+    decision = admit(facts, policy, gate)
+    return limit(facts, policy, settings, kv) if decision.admit else decision

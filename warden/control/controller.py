@@ -40,11 +40,16 @@ class Controller:
     ) -> None:
         self.config = config
         self.clock = clock
-        self.leases = LeaseTable(config.webhook.tombstone_ttl_s)
+        self.leases = LeaseTable(
+            config.webhook.tombstone_ttl_s,
+            config.webhook.max_tombstones,
+            config.leases.max_per_source,
+        )
         self.engine_client: Any = None
         self._cached: tuple[int, EffectivePolicy] | None = None
         self._lock = threading.RLock()
         self._preempted: OrderedDict[str, float] = OrderedDict()
+        self._last_lease_preempt: float | None = None  # alerts' and overrides' shared cooldown
         self.last_policy_change: float = clock()
         # (time, reason) of recent refusals: operators and tests read reaction times here.
         self.recent_rejections: deque[tuple[float, str]] = deque(maxlen=64)
@@ -139,6 +144,13 @@ class Controller:
                 )
                 if outcome == Outcome.APPLIED:
                     preempt = max(preempt, event.request.preempt)
+                elif outcome == Outcome.LIMITED:
+                    log.warning(
+                        "warden: alert %s (%s) refused: Alertmanager already holds %d leases",
+                        event.alertname,
+                        event.fingerprint,
+                        self.leases.max_per_source,
+                    )
             else:
                 outcome = self.leases.release(
                     ALERTMANAGER, event.fingerprint, now, started_at=event.starts_at
@@ -154,20 +166,39 @@ class Controller:
                     source=ALERTMANAGER,
                 )
         self.policy()
-        if preempt:
+        if preempt and self._lease_preempt_allowed(now, "alert"):
             self.preempt_largest(preempt, "alert")
         return counts
 
-    def set_manual(self, key: str, request: ActionRequest, ttl_s: float) -> Lease:
+    def set_manual(self, key: str, request: ActionRequest, ttl_s: float) -> Lease | None:
+        """Take or renew a manual lease; None when the manual source holds its maximum."""
         now = self.clock()
-        self.leases.renew(MANUAL, key, request, ttl_s, now)
+        if self.leases.renew(MANUAL, key, request, ttl_s, now) == Outcome.LIMITED:
+            return None
         lease = self.leases.get(MANUAL, key)
         assert lease is not None
         self._span("warden.lease.applied", lease)
         self.policy()
-        if request.preempt:
+        if request.preempt and self._lease_preempt_allowed(now, "manual"):
             self.preempt_largest(request.preempt, "manual")
         return lease
+
+    def _lease_preempt_allowed(self, now: float, reason: str) -> bool:
+        """Alerts and overrides preempt at most once per cooldown, however many new
+        fingerprints arrive: aborting work is the costliest thing warden does."""
+        cooldown = self.config.leases.preempt_cooldown_s
+        with self._lock:
+            last = self._last_lease_preempt
+            if last is not None and now - last < cooldown:
+                log.info(
+                    "warden: %s preemption skipped: last one %.1fs ago (cooldown %.0fs)",
+                    reason,
+                    now - last,
+                    cooldown,
+                )
+                return False
+            self._last_lease_preempt = now
+            return True
 
     def clear_manual(self, key: str | None) -> int:
         if key is None:

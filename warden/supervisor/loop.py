@@ -55,6 +55,7 @@ EAGER_FLAG = "--enforce-eager"
 
 
 EngineFactory = Callable[[LaunchSpec, Path | None], EngineProcess]
+CONTROL_TOKEN_FILE = "control-token"  # generated here when no token is configured
 
 
 class Supervisor:
@@ -77,9 +78,7 @@ class Supervisor:
         self.window = RestartWindow(
             self.config.max_restarts, self.config.restart_window_s, list(self.state.window)
         )
-        # The engine's token guards the drain lease and this supervisor's control port alike;
-        # an unreadable token file stops the supervisor here (TokenError), never opens it.
-        self.token = tokens.load_token(load_settings({**os.environ, **spec.env}))
+        self.token = self._control_token()
         self.drainer = Drainer(self.token, self.config.drain_timeout_s)
         self.fault_tolerance = ft.fault_tolerance_enabled(spec.extra_args)
         self.engine: EngineProcess | None = None
@@ -89,6 +88,27 @@ class Supervisor:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._requests: queue.SimpleQueue[str] = queue.SimpleQueue()
+
+    def _control_token(self) -> str:
+        """The token that guards this supervisor's control port and the engine's control
+        routes (the drain lease) alike. Closed by default: with none configured, one is
+        generated into the run directory (0600) and given to the engine too, unless the engine
+        was told to run its routes without one. An unreadable token file stops the supervisor
+        here (TokenError), never opens it."""
+        settings = load_settings({**os.environ, **self.spec.env})
+        token, generated = tokens.load_or_generate(settings, self.run_dir / CONTROL_TOKEN_FILE)
+        if generated is not None:
+            log.warning(
+                "supervisor: no %s or %s set; generated a control token in %s (mode 0600): "
+                "the control port and the engine's /warden routes require it",
+                tokens.TOKEN_FILE_ENV,
+                tokens.TOKEN_ENV,
+                generated,
+            )
+            if not settings.webhook_insecure:
+                env = {**self.spec.env, tokens.TOKEN_FILE_ENV: str(generated)}
+                self.spec = dataclasses.replace(self.spec, env=env)
+        return token
 
     # --- the control surface (HTTP thread, signal handlers) ---------------------------
 
