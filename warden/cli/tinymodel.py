@@ -3,6 +3,14 @@
 Tests and demos need a real model that vLLM loads like any other, but nothing can be downloaded.
 A 0.8 M-parameter Llama with random weights and a byte-level BPE tokenizer trained on text
 generated here is enough for a real engine. The build is deterministic for a given seed.
+
+``nan_token``: a variant whose weights genuinely produce NaN logits for any prompt containing
+that token id, a real fault source for warden's non-finite logits path (``warden model tiny DIR
+--nan-token ID``, ``warden chaos nan``). That token's embedding is NaN, so attention carries NaN
+to every later position. Every other token's embedding gets one large constant feature, and the
+output row of the poisoned token weighs that feature strongly negative: its logit sits ~150
+below the others, so the model never *generates* the token (a healthy prompt stays healthy). The
+id is recorded in ``warden_tiny.json``.
 """
 
 from __future__ import annotations
@@ -10,6 +18,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -70,7 +79,9 @@ def _corpus(seed: int, lines: int = 2000) -> list[str]:
     return [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(4, 16))) for _ in range(lines)]
 
 
-def build_tiny_model(out_dir: str | Path, seed: int = 0, vocab_size: int = 1024) -> Path:
+def build_tiny_model(
+    out_dir: str | Path, seed: int = 0, vocab_size: int = 1024, nan_token: int | None = None
+) -> Path:
     """Write config, random weights and tokenizer into ``out_dir`` and return it."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -113,12 +124,45 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0, vocab_size: int = 1024)
         bos_token_id=fast.bos_token_id,
         eos_token_id=fast.eos_token_id,
         pad_token_id=fast.pad_token_id,
+        tie_word_embeddings=False,  # the NaN variant poisons the input embedding only
         dtype="float32",
     )
     model = LlamaForCausalLM(config)
+    if nan_token is not None:
+        if not 0 <= nan_token < len(fast):
+            raise ValueError(f"--nan-token {nan_token}: not a token id (0..{len(fast) - 1})")
+        poison_token(model, nan_token)
     model.save_pretrained(out, safe_serialization=True)
-    (out / "warden_tiny.json").write_text(json.dumps({"seed": seed, "vocab_size": len(fast)}))
+    info = {"seed": seed, "vocab_size": len(fast), "nan_token": nan_token}
+    (out / "warden_tiny.json").write_text(json.dumps(info))
     return out
+
+
+STEADY_FEATURE = 8.0  # added to feature 0 of every embedding: dominates the final hidden state
+NEVER_WEIGHT = -16.0  # the poisoned token's output weight on that feature
+
+
+def poison_token(model: Any, token: int) -> None:
+    """NaN logits for prompts that contain ``token``; ``token`` itself never generated."""
+    import torch
+
+    with torch.no_grad():
+        embedding = model.model.embed_tokens.weight
+        embedding[:, 0] += STEADY_FEATURE
+        embedding[token] = float("nan")
+        head = model.lm_head.weight
+        head[token] = 0.0
+        head[token, 0] = NEVER_WEIGHT
+
+
+def nan_token_of(model_dir: str | Path) -> int | None:
+    """The poisoned token of a tiny model built with ``nan_token`` (None otherwise)."""
+    try:
+        info = json.loads((Path(model_dir) / "warden_tiny.json").read_text())
+    except (OSError, ValueError):
+        return None
+    token = info.get("nan_token") if isinstance(info, dict) else None
+    return int(token) if isinstance(token, int) else None
 
 
 # vLLM arguments that suit the tiny model on a CPU: a 12-block KV cache (384 tokens) that a
