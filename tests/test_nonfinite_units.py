@@ -378,3 +378,33 @@ def test_flag_wait_is_bounded_when_flags_never_come(board: SignalBoard) -> None:
     started = time.monotonic()
     assert asyncio.run(flag_wait.nonfinite_flag(board, "warden-stuck", 0.05)) is None
     assert time.monotonic() - started >= 0.05
+
+
+# --- the tiny model's real NaN source -----------------------------------------------------------
+
+
+def test_tiny_nan_model_poisons_only_prompts_with_its_token_and_keeps_the_cache_finite(
+    tmp_path: Path,
+) -> None:
+    """Forward passes of the saved weights (transformers, CPU): NaN logits wherever the token
+    sits in the prompt, finite logits without it, finite keys and values either way (a NaN KV
+    block would poison the next request that reuses it), and the token never the likeliest."""
+    from transformers import AutoModelForCausalLM
+
+    from warden.cli.tinymodel import build_tiny_model, nan_token_of
+
+    folder = build_tiny_model(tmp_path / "nan", seed=0, nan_token=5)
+    assert nan_token_of(folder) == 5
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    prompt = [300 + i for i in range(12)]
+    with torch.no_grad():
+        healthy = model(torch.tensor([prompt])).logits[0]
+        assert torch.isfinite(healthy).all()
+        assert (healthy.argmax(dim=-1) != 5).all() and (healthy[:, 5] < healthy.max() - 50).all()
+        for where in (0, 6, 12):
+            out = model(torch.tensor([[*prompt[:where], 5, *prompt[where:]]]), use_cache=True)
+            assert torch.isnan(out.logits[0, -1]).all()
+            for layer in out.past_key_values.layers:
+                assert torch.isfinite(layer.keys).all() and torch.isfinite(layer.values).all()
+    with pytest.raises(ValueError, match="not a token id"):
+        build_tiny_model(tmp_path / "bad", nan_token=10**6)
