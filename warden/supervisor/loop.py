@@ -48,7 +48,13 @@ from warden.supervisor.policy import (
     classify_exit,
     describe_returncode,
 )
-from warden.supervisor.probes import Failure, ProbeTimers, evaluate, policy_wants_eager
+from warden.supervisor.probes import (
+    Failure,
+    ProbeTimers,
+    evaluate,
+    last_words,
+    policy_wants_eager,
+)
 
 log = logging.getLogger("warden.supervisor")
 EAGER_FLAG = "--enforce-eager"
@@ -347,6 +353,7 @@ class Supervisor:
                 detail = f"vLLM server {describe_returncode(returncode)}"
                 if vanished and returncode is None:
                     detail = f"{', '.join(vanished)} vanished under the running vLLM server"
+                    detail += last_words(engine)  # e.g. the engine error class that killed it
                 elif vanished:
                     detail = f"{', '.join(vanished)} vanished; {detail}"
                 return Failure(classify_exit(returncode, vanished), detail, now)
