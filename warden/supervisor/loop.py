@@ -442,6 +442,12 @@ class Supervisor:
             failure.reason,
             failure.detail,
         )
+        if failure.reason == ENFORCE_EAGER:
+            # Decided before the drain: memory is creeping, and whatever ends this engine (the
+            # drain, a crash meanwhile, a supervisor restart) the next start is eager.
+            with self._lock:
+                self.state.set_eager(True, failure.detail, self.clock())
+                self._save()
         if failure.planned and engine.returncode() is None:
             self._drain(engine, failure)
             engine.stop(self.config.stop_timeout_s)
@@ -449,8 +455,6 @@ class Supervisor:
             engine.kill()
         engine.close()
         with self._lock:
-            if failure.reason == ENFORCE_EAGER:
-                self.state.set_eager(True, failure.detail, self.clock())
             self.state.draining = False
             self.state.phase = Phase.RESTARTING
             self.state.engine_pid = None
