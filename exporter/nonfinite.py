@@ -39,7 +39,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import numpy as np
 import torch
 
 log = logging.getLogger("warden.exporter")
@@ -58,6 +57,9 @@ class RowOwner:
 
 
 Owners = Sequence["RowOwner | None"]  # slot (or row) -> the request that holds it
+# row -> slot: a host array (V2's idx_mapping_np), a tensor (V2's expanded mapping), or None
+# when rows are slots. Anything indexable: this module needs no numpy.
+Slots = Any
 Report = Callable[[RowOwner, str], None]  # (owner, "nan" | "inf"), called once per request
 
 
@@ -129,6 +131,7 @@ def triton_containment() -> Callable[[torch.Tensor, torch.Tensor, int], None] | 
             for start in range(0, vocab, BLOCK):
                 offsets = start + tl.arange(0, BLOCK)
                 values = tl.where(offsets == eos, 0.0, float("-inf"))
+                values = values.to(logits_ptr.dtype.element_ty)
                 tl.store(logits_ptr + row * stride + offsets, values, mask=offsets < vocab)
 
     def launch(logits: torch.Tensor, row_max: torch.Tensor, eos: int) -> None:
@@ -145,7 +148,7 @@ class _Pending:
 
     seq: int
     maxima: torch.Tensor  # pinned host memory, filled by a non-blocking copy
-    slots: np.ndarray | torch.Tensor | None  # row -> slot (host array, or pinned copy)
+    slots: Slots  # row -> slot (host array, or pinned copy)
     owners: Owners
     event: Any  # torch.cuda.Event recorded after the copies
     applied_at: float
@@ -184,7 +187,7 @@ class NonFiniteDetector:
         self,
         logits: torch.Tensor,
         owners: Owners,
-        slots: np.ndarray | torch.Tensor | None = None,
+        slots: Slots = None,
     ) -> torch.Tensor:
         """Check ``logits`` [rows, vocab] in place. ``owners[slot]`` is the request holding a
         slot, ``slots[row]`` the slot of a row (the row itself when None). Returns ``logits``."""
@@ -204,31 +207,30 @@ class NonFiniteDetector:
         logits: torch.Tensor,
         row_max: torch.Tensor,
         owners: Owners,
-        slots: np.ndarray | torch.Tensor | None,
+        slots: Slots,
     ) -> None:
         healthy = torch.isfinite(row_max)
         if not bool(healthy.all()):
             contain_rows(logits, ~healthy, self.eos_token_id)
-            host_slots = slots.numpy() if isinstance(slots, torch.Tensor) else slots
-            self._resolve(_as_numpy(row_max), host_slots, owners)
+            self._resolve(row_max, slots, owners)
         self._resolved_through(self.applied)
 
     def _enqueue(
         self,
         row_max: torch.Tensor,
         owners: Owners,
-        slots: np.ndarray | torch.Tensor | None,
+        slots: Slots,
     ) -> None:
-        if row_max.dtype not in (torch.float32, torch.float64, torch.float16):
-            row_max = row_max.float()  # bfloat16 has no numpy type
         maxima = torch.empty(row_max.shape, dtype=row_max.dtype, pin_memory=True)
         maxima.copy_(row_max, non_blocking=True)
         if isinstance(slots, torch.Tensor) and slots.device.type == "cuda":
             host = torch.empty(slots.shape, dtype=slots.dtype, pin_memory=True)
             host.copy_(slots, non_blocking=True)
             slots = host
-        elif isinstance(slots, np.ndarray):
-            slots = slots.copy()  # vLLM reuses its host buffers step to step
+        elif isinstance(slots, torch.Tensor):
+            slots = slots.clone()
+        elif slots is not None:
+            slots = slots.copy()  # a host array: vLLM reuses its buffers step to step
         event = torch.cuda.Event(blocking=True)  # the resolver sleeps on it, no spinning
         event.record()
         self._queue.put(_Pending(self.applied, maxima, slots, owners, event, time.monotonic()))
@@ -248,9 +250,7 @@ class NonFiniteDetector:
                 return
             try:
                 pending.event.synchronize()  # this thread only; the GIL is released meanwhile
-                slots = pending.slots
-                host_slots = slots.numpy() if isinstance(slots, torch.Tensor) else slots
-                self._resolve(pending.maxima.numpy(), host_slots, pending.owners)
+                self._resolve(pending.maxima, pending.slots, pending.owners)
                 if self._on_latency is not None:
                     self._on_latency(time.monotonic() - pending.applied_at)
             except Exception:
@@ -274,8 +274,11 @@ class NonFiniteDetector:
 
     # --- shared ----------------------------------------------------------------------------
 
-    def _resolve(self, maxima: np.ndarray, slots: np.ndarray | None, owners: Owners) -> None:
-        for row in np.flatnonzero(~np.isfinite(maxima)):
+    def _resolve(self, maxima: torch.Tensor, slots: Slots, owners: Owners) -> None:
+        """Report the faulty rows of one step (``maxima`` on the host)."""
+        maxima = maxima.float()
+        bad_rows = torch.nonzero(~torch.isfinite(maxima)).flatten().tolist()
+        for row in bad_rows:
             slot = int(slots[row]) if slots is not None and row < len(slots) else int(row)
             owner = owners[slot] if 0 <= slot < len(owners) else None
             kind = fault_kind(float(maxima[row]))
@@ -299,9 +302,3 @@ class NonFiniteDetector:
         if self._progress is not None:
             with self._lock:
                 self._progress(self.applied, self.resolved)
-
-
-def _as_numpy(tensor: torch.Tensor) -> np.ndarray:
-    if tensor.dtype == torch.bfloat16:
-        tensor = tensor.float()
-    return tensor.numpy()
