@@ -20,7 +20,6 @@ from alerts.config import (
 )
 from alerts.model import AlertRule, RuleGroup
 from exporter.catalog import (
-    CUDAGRAPH_CAPTURES,
     CUDAGRAPH_POOL_BYTES,
     ENGINE_HEALTHY,
     ENGINE_STALLED,
@@ -202,9 +201,50 @@ def _steady_for(window: str) -> str:
 CACHE_GROWTH_WINDOW = "2h"
 CACHE_GROWTH_BYTES_PER_HOUR = 256 * 2**20
 CACHE_GAP_FLOOR_RATIO = 0.05
-# CUDA graph activity this long after start-up is no longer warm-up.
-CUDAGRAPH_STARTUP_GRACE = "1h"
-CUDAGRAPH_GROWTH_WINDOW = "30m"
+# The eager fallback: PyTorch memory creeping (the cache growth or time-to-OOM condition) on an
+# engine that runs CUDA graphs. vLLM captures graphs at start-up only, so captures never grow
+# later; what operators see with graphs on is reserved memory outgrowing allocated for hours,
+# which --enforce-eager stops at a cost in throughput. Held this long before the restart.
+EAGER_FALLBACK_FOR = "30m"
+
+
+def _eager_fallback() -> AlertRule:
+    cache_growth = (
+        f"deriv({rec.TORCH_CACHED}[{CACHE_GROWTH_WINDOW}]) * 3600"
+        f" > {CACHE_GROWTH_BYTES_PER_HOUR}\n"
+        f"and deriv({rec.TORCH_CACHED}[30m]) > 0\n"
+        f"and {rec.TORCH_CACHED} / {rec.TORCH_TOTAL} > {CACHE_GAP_FLOOR_RATIO}"
+    )
+    reserved_full = _reaches_full(rec.TORCH_RESERVED_RATIO, TIME_TO_OOM_WARNING)
+    return AlertRule(
+        name="WardenMemoryCreepWithCudaGraphs",
+        expr=(
+            f"# CUDA graphs on: vLLM captured a graph pool at start-up (0 or absent when eager)\n"
+            f"max by (instance) ({CUDAGRAPH_POOL_BYTES.name}) > 0\n"
+            f"and on (instance) (\n"
+            f"  # the allocator cache keeps growing, as for WardenAllocatorCacheGrowth\n"
+            f"  max by (instance) (\n{_indent(cache_growth, '    ')}\n  )\n"
+            f"  or\n"
+            f"  # PyTorch reserved memory full within {TIME_TO_OOM_WARNING.horizon} at its rate\n"
+            f"  max by (instance) (\n{_indent(reserved_full, '    ')}\n  )\n"
+            f")\n"
+            f"# not a warm-up: the engine was scraped without a gap for the whole window\n"
+            f"and on (instance) {_steady_for(CACHE_GROWTH_WINDOW)}"
+        ),
+        for_=EAGER_FALLBACK_FOR,
+        severity="warning",
+        action="enforce_eager",
+        summary="PyTorch memory keeps growing on an engine with CUDA graphs; warden restarts it "
+        "eager.",
+        description=(
+            "{{ $labels.instance }} runs CUDA graphs ({{ $value | humanize1024 }}B of graph pool) "
+            "and PyTorch's reserved memory keeps outgrowing what it uses (allocator cache growth, "
+            f"or reserved memory projected full within {TIME_TO_OOM_WARNING.horizon}); the "
+            "supervisor restarts vLLM with --enforce-eager."
+        ),
+        dashboard=DASHBOARD_MEMORY,
+    )
+
 
 CREEP = RuleGroup(
     "warden-creep",
@@ -230,31 +270,7 @@ CREEP = RuleGroup(
             ),
             dashboard=DASHBOARD_MEMORY,
         ),
-        AlertRule(
-            name="WardenCudaGraphPoolGrowth",
-            expr=(
-                f"sum by (instance) (increase({CUDAGRAPH_CAPTURES.name}"
-                f"[{CUDAGRAPH_GROWTH_WINDOW}])) > 0\n"
-                f"and on (instance)\n"
-                f"sum by (instance) (delta({CUDAGRAPH_POOL_BYTES.name}"
-                f"[{CUDAGRAPH_GROWTH_WINDOW}])) > 0\n"
-                f"# well after start-up: up and scraped for an hour, and no counter reset since\n"
-                f"and on (instance)\n"
-                f"{_steady_for(CUDAGRAPH_STARTUP_GRACE)}\n"
-                f"and on (instance)\n"
-                f"sum by (instance) (resets({CUDAGRAPH_CAPTURES.name}"
-                f"[{CUDAGRAPH_STARTUP_GRACE}])) == 0"
-            ),
-            for_="15m",
-            severity="warning",
-            action="enforce_eager",
-            summary="CUDA graphs are still being captured long after start-up.",
-            description=(
-                '{{ $labels.instance }} captured {{ printf "%.0f" $value }} CUDA graphs in the '
-                "last 30 minutes, over an hour after start-up, and the graph pool keeps growing."
-            ),
-            dashboard=DASHBOARD_MEMORY,
-        ),
+        _eager_fallback(),
     ),
 )
 

@@ -232,6 +232,14 @@ NONFINITE_LOGITS = _w(
     "Requests whose logits held NaN or Inf (each request counted once, by the first kind seen).",
     "kind",
 )
+NONFINITE_FLAG_WAIT = _w(
+    "warden_nonfinite_flag_wait_seconds",
+    "histogram",
+    "How long the middleware held a finished response until the engine had checked every logits "
+    "step up to its end for NaN/Inf (0 on CPU; on a GPU the flags reach the host after the step).",
+    unit="s",
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0),
+)
 ENGINE_ERRORS = _w(
     "warden_engine_errors_total",
     "counter",

@@ -62,6 +62,9 @@ class WardenSettings(BaseSettings):
     ready_max_error_rate: float = Field(0.5, ge=0, le=1, description="readiness: 5xx share")
     ready_min_requests: int = Field(10, ge=1, le=1_000_000, description="readiness: sample")
     health_sample_s: float = Field(2.0, ge=0.1, le=300, description="health window sampling")
+    nonfinite_flag_wait_s: float = Field(
+        0.25, ge=0, le=10, description="middleware: longest wait for a pending non-finite flag"
+    )
     # --- wiring between warden's own processes (set by warden, not by people) -------------
     signal_board: Path | None = Field(None, description="shared-memory signal board")
     supervisor_state: Path | None = Field(None, description="the supervisor's state file")
@@ -78,6 +81,7 @@ class WardenSettings(BaseSettings):
     test_inject_nonfinite: bool = Field(False, description="poison marked requests' logits")
     test_failing_collector: bool = Field(False, description="add a collector that raises")
     test_step_delay_s: float = Field(0.0, ge=0, le=1, description="sleep in busy steps")
+    test_engine_error: bool = Field(False, description="marked requests raise in the worker")
 
     @model_validator(mode="after")
     def _thresholds_ascend(self) -> WardenSettings:

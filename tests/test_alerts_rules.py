@@ -39,7 +39,7 @@ REQUIRED_ALERTS = {
     "WardenOOMImminent",
     "WardenTimeToOOM",
     "WardenAllocatorCacheGrowth",
-    "WardenCudaGraphPoolGrowth",
+    "WardenMemoryCreepWithCudaGraphs",
     "WardenPreemptionStorm",
     "WardenNonFiniteLogits",
     "WardenRequestRetriesHigh",
@@ -190,7 +190,7 @@ def test_actions_named_in_the_issue_are_wired() -> None:
     assert ("WardenMemoryWatermarkHigh", "stop_admission") in actions
     assert ("WardenMemoryWatermarkCritical", "shed_low_priority") in actions
     assert ("WardenOOMImminent", "reject_all") in actions
-    assert ("WardenCudaGraphPoolGrowth", "enforce_eager") in actions
+    assert ("WardenMemoryCreepWithCudaGraphs", "enforce_eager") in actions
     assert ("WardenErrorRateHigh", "circuit_breaker") in actions
     critical = next(r for r in ACTION_RULES if r.name == "WardenMemoryWatermarkCritical")
     assert critical.labels[catalog.PARAM_PREEMPT] == "1"

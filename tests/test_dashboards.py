@@ -82,6 +82,8 @@ NOT_ON_A_DASHBOARD = {
     catalog.EXPORTER_INFO.name: "version/device labels only; nothing to plot",
     catalog.VLLM_CACHE_CONFIG_INFO.name: "configuration labels only",
     catalog.VLLM_REQUEST_SUCCESS.name: "warden_requests_total by outcome covers it",
+    catalog.NONFINITE_FLAG_WAIT.name: "a latency cost of the NaN check (0 on CPU); GPU figures "
+    "live in benchmarks/README.md until a GPU run says a panel is worth its space",
 }
 
 

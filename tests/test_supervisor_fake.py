@@ -396,6 +396,7 @@ def test_policy_enforce_eager_drains_and_restarts_eager_until_cleared(
     assert lease["ttl_s"] > 5 and lease["params"] == {}
     time.sleep(0.5)
     assert h.state().draining and h.state().generation == 1, "waits for in-flight requests"
+    assert h.state().eager, "decided before the drain: a crash meanwhile still restarts eager"
     (h.control / "inflight").write_text("0")
     (h.control / "policy_eager").unlink()
     h.wait_running(2)

@@ -17,7 +17,7 @@ GENERATORS = ("alerts.generate", "dashboards.generate", "warden.stack.generate")
 def cmd_model_tiny(args: argparse.Namespace) -> int:
     from warden.cli.tinymodel import build_tiny_model
 
-    out = build_tiny_model(args.dir, seed=args.seed)
+    out = build_tiny_model(args.dir, seed=args.seed, nan_token=args.nan_token)
     print(out)
     return 0
 
@@ -106,6 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
     tiny = model_sub.add_parser("tiny", help="tiny random-weight Llama + local tokenizer")
     tiny.add_argument("dir")
     tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument(
+        "--nan-token",
+        type=int,
+        metavar="ID",
+        help="weights that make NaN logits for any prompt containing this token id",
+    )
     tiny.set_defaults(func=cmd_model_tiny)
 
     serve = sub.add_parser(

@@ -287,10 +287,11 @@ def check_supervisor(state: SupervisorState | None) -> list[Check]:
 
 async def readiness(engine_client: Any) -> list[Check]:
     windows = metric_windows()
-    if not windows.latest():
+    engine = await check_engine(engine_client)
+    if not windows.latest() or not engine.ok:
+        # A dead engine core may have counted its last error a moment ago: read it now.
         with contextlib.suppress(Exception):
             await asyncio.to_thread(windows.sample)
-    engine = await check_engine(engine_client)
     metrics = process_metrics()
     metrics.get(catalog.ENGINE_HEALTHY).set(1 if engine.ok else 0)
     checks = [

@@ -59,6 +59,11 @@ class LaunchSpec:
         metrics_dir.mkdir(parents=True)
         env = dict(os.environ)
         env.setdefault("VLLM_CACHE_ROOT", str(run_dir / "vllm-cache"))
+        # When the engine core dies (a CUDA driver error, say), vLLM would shut its API server
+        # down within seconds, taking the evidence with it. Kept alive, the server answers
+        # /warden/ready with 503 and why (engine dead, N CUDA driver errors) and serves the
+        # error counters on /metrics until the supervisor restarts it.
+        env.setdefault("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "1")
         env.update(
             {
                 "VLLM_PLUGINS": VLLM_PLUGINS,

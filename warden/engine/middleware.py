@@ -50,7 +50,7 @@ from warden.control.admission import (
 from warden.control.policy import EffectivePolicy
 from warden.control.retry import TRANSIENT_REASONS, backoff_s, classify_failure
 from warden.control.token_limits import TokenLimit, Unreadable
-from warden.engine import routes, runtime
+from warden.engine import flag_wait, routes, runtime
 
 log = logging.getLogger("warden.control")
 # Routes whose requests warden tags and retries; the responses API takes no vllm_xargs.
@@ -465,9 +465,10 @@ class WardenMiddleware:
                 span.set_attribute("warden.attempt", attempt + 1)
             await asyncio.sleep(backoff_s(settings.retry, attempt + 1, random.Random()))
 
-    def _failure(self, status: int, body: bytes, rid: str) -> str | None:
-        board = self.board
-        nonfinite = board.flagged(rid) is not None if board is not None else False
+    async def _failure(self, status: int, body: bytes, rid: str) -> str | None:
+        # A success may still carry a poisoned last token: wait (boundedly) for its flag.
+        wait_s = flag_wait.configured_wait_s() if status < 400 else 0.0
+        nonfinite = await flag_wait.nonfinite_flag(self.board, rid, wait_s) is not None
         return classify_failure(status, body, self.control.was_preempted(rid), nonfinite)
 
     async def _exhausted(self, send: Send, reason: str, sent_start: bool) -> None:
@@ -499,7 +500,7 @@ class WardenMiddleware:
         await self.app(scope, replay_body(payload, receive), collect)
         status = int(start.get("status", 500))
         data = b"".join(chunks)
-        reason = self._failure(status, data, rid)
+        reason = await self._failure(status, data, rid)
         if reason is not None and reason in TRANSIENT_REASONS:
             if last:
                 await self._exhausted(send, reason, sent_start=False)
@@ -534,14 +535,14 @@ class WardenMiddleware:
             if not state["started"]:
                 if not chunk and more:
                     return
-                reason = self._failure(state["status"], chunk, rid)
+                reason = await self._failure(state["status"], chunk, rid)
                 if reason is not None and not last:
                     state["abandoned"] = reason
                     return
                 state["started"] = True
                 await send(held)
             elif b"data: [DONE]" in chunk:
-                reason = self._failure(state["status"], b"", rid)
+                reason = await self._failure(state["status"], b"", rid)
                 if reason is not None:
                     self.control.retries_exhausted.labels(reason).inc()
                     event = {
@@ -560,7 +561,7 @@ class WardenMiddleware:
             return str(state["abandoned"])
         if not state["started"]:
             # The stream ended without a byte: answer with what we held.
-            reason = self._failure(state["status"], b"", rid)
+            reason = await self._failure(state["status"], b"", rid)
             if reason is not None and last:
                 await self._exhausted(send, reason, sent_start=False)
                 return None

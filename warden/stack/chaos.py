@@ -1,8 +1,11 @@
 """``warden chaos``: break a running local engine on purpose, to watch warden react.
 
 - ``pressure``: long prompts kept in flight to fill the KV cache (bounded count and time).
-- ``nan``: requests asking the test hook to poison their logits (the engine must run with
-  ``WARDEN_TEST_INJECT_NONFINITE=1``, e.g. ``warden up --chaos``).
+- ``nan``: requests whose logits really go NaN: prompts holding the poisoned token of a tiny
+  model built with ``warden model tiny DIR --nan-token ID`` (the id is read from the served
+  model's folder, or given with ``--token-id``). ``--inject nan|inf`` asks the test hook instead
+  (the engine must run with ``WARDEN_TEST_INJECT_NONFINITE=1``, e.g. ``warden up --chaos``), for
+  what no model produces on demand, such as ``+inf``.
 - ``stall``: SIGSTOP the engine core for a while, then SIGCONT (unless told not to).
 - ``crash``: SIGKILL the engine core.
 
@@ -224,24 +227,53 @@ def _metric_total(engine_url: str, name: str, client: httpx.Client) -> float | N
     return None
 
 
-def inject_nan(engine_url: str, count: int, out: Out = print) -> Counter[str]:
-    """Send ``count`` requests whose logits the engine's test hook turns into NaN."""
+def nan_prompt(engine_url: str, model: str, token: int, client: httpx.Client) -> list[int]:
+    """Token ids of an ordinary prompt with ``token`` in the middle (vLLM's /tokenize)."""
+    ids: list[int] = []
+    with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):
+        answer = client.post(
+            f"{engine_url}/tokenize",
+            json={"model": model, "prompt": long_prompt(8), "add_special_tokens": False},
+        ).raise_for_status()
+        ids = [int(t) for t in answer.json()["tokens"]]
+    middle = len(ids) // 2
+    return [*ids[:middle], token, *ids[middle:]]
+
+
+def inject_nan(
+    engine_url: str,
+    count: int,
+    out: Out = print,
+    token_id: int | None = None,
+    inject: str | None = None,
+) -> Counter[str]:
+    """Send ``count`` requests whose logits go non-finite and report what warden counted.
+
+    By default the prompts carry the served tiny model's NaN token (``token_id`` overrides it):
+    the weights produce the NaN. With ``inject`` ("nan" or "inf") the engine's test hook
+    poisons the logits instead."""
     require_loopback(engine_url)
-    # The request argument's name lives with the logits processor, which imports torch and
-    # vLLM (seconds): only this command pays for it.
     from exporter.request_args import INJECT_ARG
+    from warden.cli.tinymodel import nan_token_of
 
     outcomes: Counter[str] = Counter()
     with httpx.Client(timeout=120.0) as client:
         model = served_model(engine_url, client)
+        body: dict[str, Any] = {"model": model.name, "max_tokens": 8}
+        if inject is not None:
+            body.update(prompt=long_prompt(8), vllm_xargs={INJECT_ARG: inject})
+            how = f"vllm_xargs {{{INJECT_ARG!r}: {inject!r}}} (test hook)"
+        else:
+            token = token_id if token_id is not None else nan_token_of(model.name)
+            if token is None:
+                raise ChaosError(
+                    f"{model.name} has no NaN token: serve a model built with `warden model tiny "
+                    "DIR --nan-token ID`, pass --token-id, or use --inject nan|inf"
+                )
+            body["prompt"] = nan_prompt(engine_url, model.name, token, client)
+            how = f"token {token} in the prompt (the model's weights make NaN)"
         before = _metric_total(engine_url, NONFINITE_LOGITS.name, client)
-        body = {
-            "model": model.name,
-            "prompt": long_prompt(8),
-            "max_tokens": 8,
-            "vllm_xargs": {INJECT_ARG: "nan"},
-        }
-        out(f"nan: {count} requests with vllm_xargs {{{INJECT_ARG!r}: 'nan'}} to {engine_url}")
+        out(f"nan: {count} requests with {how} to {engine_url}")
         for _ in range(count):
             try:
                 outcomes[
@@ -254,7 +286,12 @@ def inject_nan(engine_url: str, count: int, out: Out = print) -> Counter[str]:
     if before is not None and after is not None:
         out(f"nan: {NONFINITE_LOGITS.name} went from {before:g} to {after:g}")
         if after == before:
-            out("nan: nothing counted: is the engine running with WARDEN_TEST_INJECT_NONFINITE=1?")
+            hint = (
+                "is the engine running with WARDEN_TEST_INJECT_NONFINITE=1?"
+                if inject is not None
+                else "does the served model really carry that NaN token?"
+            )
+            out(f"nan: nothing counted: {hint}")
     return outcomes
 
 
@@ -309,8 +346,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--requests", type=bounded_int(1, 5000), default=500, help="at most this many")
     p.add_argument("--concurrency", type=bounded_int(1, 64), default=8, help="in flight at once")
     p.add_argument("--duration", type=bounded_float(1, 600), default=30.0, help="seconds")
-    p = command("nan", "requests whose logits the engine's test hook poisons with NaN")
+    p = command("nan", "requests whose logits go NaN (the tiny model's --nan-token, or --inject)")
     p.add_argument("--count", type=bounded_int(1, 100), default=3)
+    p.add_argument("--token-id", type=bounded_int(0, 10_000_000), help="the poisoned token")
+    p.add_argument(
+        "--inject",
+        choices=("nan", "inf"),
+        help="ask the engine's test hook instead (WARDEN_TEST_INJECT_NONFINITE=1)",
+    )
     p = command("stall", "SIGSTOP the engine core, SIGCONT it after --seconds")
     p.add_argument("--seconds", type=bounded_float(0, 3600), default=10.0)
     p.add_argument("--no-resume", action="store_true", help="leave it stopped")
@@ -324,7 +367,7 @@ def run(args: argparse.Namespace, out: Out = print) -> int:
         if args.chaos_command == "pressure":
             pressure(args.engine_url, args.requests, args.concurrency, args.duration, out)
         elif args.chaos_command == "nan":
-            inject_nan(args.engine_url, args.count, out)
+            inject_nan(args.engine_url, args.count, out, args.token_id, args.inject)
         elif args.chaos_command == "stall":
             stall(args.engine_url, args.seconds, not args.no_resume, args.pid, out)
         elif args.chaos_command == "crash":

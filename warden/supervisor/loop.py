@@ -48,7 +48,13 @@ from warden.supervisor.policy import (
     classify_exit,
     describe_returncode,
 )
-from warden.supervisor.probes import Failure, ProbeTimers, evaluate, policy_wants_eager
+from warden.supervisor.probes import (
+    Failure,
+    ProbeTimers,
+    evaluate,
+    last_words,
+    policy_wants_eager,
+)
 
 log = logging.getLogger("warden.supervisor")
 EAGER_FLAG = "--enforce-eager"
@@ -367,6 +373,7 @@ class Supervisor:
                 detail = f"vLLM server {describe_returncode(returncode)}"
                 if vanished and returncode is None:
                     detail = f"{', '.join(vanished)} vanished under the running vLLM server"
+                    detail += last_words(engine)  # e.g. the engine error class that killed it
                 elif vanished:
                     detail = f"{', '.join(vanished)} vanished; {detail}"
                 return Failure(classify_exit(returncode, vanished), detail, now)
@@ -455,6 +462,12 @@ class Supervisor:
             failure.reason,
             failure.detail,
         )
+        if failure.reason == ENFORCE_EAGER:
+            # Decided before the drain: memory is creeping, and whatever ends this engine (the
+            # drain, a crash meanwhile, a supervisor restart) the next start is eager.
+            with self._lock:
+                self.state.set_eager(True, failure.detail, self.clock())
+                self._save()
         if failure.planned and engine.returncode() is None:
             self._drain(engine, failure)
             engine.stop(self.config.stop_timeout_s)
@@ -462,8 +475,6 @@ class Supervisor:
             engine.kill()
         engine.close()
         with self._lock:
-            if failure.reason == ENFORCE_EAGER:
-                self.state.set_eager(True, failure.detail, self.clock())
             self.state.draining = False
             self.state.phase = Phase.RESTARTING
             self.state.engine_pid = None
