@@ -1,3 +1,5 @@
+"""Fixtures and plugins every test module shares."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -5,6 +7,10 @@ from pathlib import Path
 import pytest
 
 from warden.cli.tinymodel import build_tiny_model
+
+# skip_policy: under CI a skip fails the run unless tests/skips.py lists it (see there).
+# pytester: the skip policy's own tests run small pytest sessions.
+pytest_plugins = ("tests.support.skip_policy", "pytester")
 
 
 @pytest.fixture(scope="session")
