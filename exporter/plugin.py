@@ -5,6 +5,8 @@
 - Engine core process: counts model-execution errors by class.
 - Any process that initialises a worker: after the device is up, starts the device collectors
   (allocator, NVML, CUDA graphs) on a background thread, or says which are unavailable.
+- Every engine process (engine core, workers): a heartbeat thread, so the API process's stall
+  check tells one long step from a hung engine (``exporter.heartbeat``).
 An invalid configuration raises here, so vLLM refuses to start with a message naming it.
 """
 
@@ -13,6 +15,8 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import shutil
+from pathlib import Path
 from typing import Any
 
 from exporter import __version__, catalog, engine_errors, vllm_compat
@@ -24,6 +28,7 @@ from exporter.device_collectors import (
     NvmlCollector,
     SignalPublisher,
 )
+from exporter.heartbeat import Heartbeat, heartbeat_dir
 from exporter.metrics import WardenMetrics, process_metrics
 from exporter.settings import WardenSettings, load_settings
 from exporter.signals import SignalBoard
@@ -41,6 +46,11 @@ def register() -> None:
         board = SignalBoard.create_for_process_tree()
         atexit.register(board.unlink)
         _state["board"] = board
+        beats = heartbeat_dir(board.path)
+        beats.mkdir(exist_ok=True)
+        atexit.register(shutil.rmtree, beats, True)
+    else:
+        _start_heartbeat(config.signal_board)
     if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         log.warning(
             "warden: PROMETHEUS_MULTIPROC_DIR is not set; metrics from engine and worker "
@@ -50,6 +60,17 @@ def register() -> None:
     engine_errors.install(metrics)
     _patch_worker_init(config, metrics)
     _state["registered"] = True
+
+
+def _start_heartbeat(board_path: Path) -> None:
+    """A process below the API server (engine core, worker) beats for the stall check."""
+    try:
+        heartbeat = Heartbeat(heartbeat_dir(board_path))
+        heartbeat.start()
+        atexit.register(heartbeat.stop)
+        _state["heartbeat"] = heartbeat
+    except Exception:
+        log.exception("warden: no heartbeat from this process; the stall check falls back")
 
 
 def _patch_worker_init(config: WardenSettings, metrics: WardenMetrics) -> None:

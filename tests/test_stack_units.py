@@ -224,7 +224,7 @@ def test_engine_runs_under_warden_serve(tmp_path: Path) -> None:
     assert argv[1:4] == ["-m", "warden.cli", "serve"]
     assert argv[argv.index("--port") + 1] == "18000"
     assert argv[argv.index("--supervisor-port") + 1] == "18001"
-    assert argv[-3:] == ["/models/tiny", "--max-model-len", "128"]
+    assert argv[-4:] == ["/models/tiny", "--", "--max-model-len", "128"]
     assert stack.supervisor_url == "http://127.0.0.1:18001"
     unsupervised = NativeStack(StackSettings(workdir=tmp_path, supervise=False))
     assert "--no-supervise" in unsupervised.engine_argv("m", [])
@@ -255,6 +255,49 @@ def test_an_open_restart_circuit_from_an_earlier_run_is_reported(tmp_path: Path)
     reset = NativeStack(StackSettings(workdir=tmp_path, reset_circuit=True))
     reset._check_restart_circuit()
     assert "--reset-circuit" in reset.engine_argv("m", [])
+
+
+@pytest.mark.parametrize("separator", [["--"], []], ids=["with --", "without --"])
+def test_serve_and_up_take_vllm_arguments_the_same_way(
+    tmp_path: Path, separator: list[str]
+) -> None:
+    """``warden up -- ARGS`` and ``warden serve MODEL -- ARGS`` give vLLM the same ARGS, and
+    the serve command ``warden up`` runs parses back to them."""
+    from warden.cli.main import build_parser
+
+    vllm = ["--dtype", "float32", "--max-model-len", "128"]
+    parser = build_parser()
+    up_args = parser.parse_args(["up", "--workdir", str(tmp_path), "--", *vllm])
+    settings = up.settings_from_args(up_args)
+    assert settings.engine_args == vllm
+    serve_args = parser.parse_args(["serve", "--port", "9", "/m", *separator, *vllm])
+    from warden.engine.launch import vllm_args
+
+    assert vllm_args(serve_args.vllm_args) == vllm
+    argv = NativeStack(settings).engine_argv("/m", vllm)
+    served = parser.parse_args(argv[argv.index("serve") :])
+    assert served.model == "/m" and vllm_args(served.vllm_args) == vllm
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["serve", "/m", "--port", "9"], "give it as warden serve's own --port"),
+        (["serve", "/m", "--", "--host=0.0.0.0"], "give it as warden serve's own --host"),
+        (["serve", "/m", "--model", "x"], "give it as warden serve's own MODEL"),
+        (["up", "--", "--port", "9"], "give it as warden up's own --engine-port"),
+    ],
+)
+def test_flags_warden_sets_are_refused_among_vllm_arguments(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A --port after MODEL would start vLLM on a port nobody supervises: refused at once."""
+    from warden.cli.main import build_parser
+
+    args = build_parser().parse_args(argv)
+    assert args.func(args) == 2
+    captured = capsys.readouterr()
+    assert message in captured.out + captured.err
 
 
 # --- the tiny model's engine arguments --------------------------------------------------------
