@@ -7,6 +7,8 @@
   imported, so a forked engine core inherits the patch (``exporter.engine_errors``).
 - Any process that initialises a worker: after the device is up, starts the device collectors
   (allocator, NVML, CUDA graphs) on a background thread, or says which are unavailable.
+- Every engine process (engine core, workers): a heartbeat thread, so the API process's stall
+  check tells one long step from a hung engine (``exporter.heartbeat``).
 
 Version contract: each hook point is checked where it is installed (``exporter.vllm_compat``);
 a missing one disables what it feeds, logs why and sets ``warden_source_available{source}`` 0.
@@ -18,7 +20,9 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import shutil
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from exporter import __version__, catalog, engine_errors, logits_select, vllm_compat
@@ -30,6 +34,7 @@ from exporter.device_collectors import (
     NvmlCollector,
     SignalPublisher,
 )
+from exporter.heartbeat import Heartbeat, heartbeat_dir
 from exporter.metrics import WardenMetrics, process_metrics
 from exporter.settings import WardenSettings, load_settings
 from exporter.signals import SignalBoard
@@ -48,6 +53,11 @@ def register() -> None:
         board = SignalBoard.create_for_process_tree()
         atexit.register(board.unlink)
         _state["board"] = board
+        beats = heartbeat_dir(board.path)
+        beats.mkdir(exist_ok=True)
+        atexit.register(shutil.rmtree, beats, True)
+    else:
+        _start_heartbeat(config.signal_board)
     if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         log.warning(
             "warden: PROMETHEUS_MULTIPROC_DIR is not set; metrics from engine and worker "
@@ -70,6 +80,17 @@ def _guarded(metrics: WardenMetrics, sources: tuple[str, ...], install: Callable
         log.warning("warden: %s disabled: %s", ", ".join(sources), exc, exc_info=True)
         for source in sources:
             metrics.get(catalog.SOURCE_AVAILABLE).labels(source).set(0)
+
+
+def _start_heartbeat(board_path: Path) -> None:
+    """A process below the API server (engine core, worker) beats for the stall check."""
+    try:
+        heartbeat = Heartbeat(heartbeat_dir(board_path))
+        heartbeat.start()
+        atexit.register(heartbeat.stop)
+        _state["heartbeat"] = heartbeat
+    except Exception:
+        log.exception("warden: no heartbeat from this process; the stall check falls back")
 
 
 def _patch_worker_init(config: WardenSettings, metrics: WardenMetrics) -> None:

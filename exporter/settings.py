@@ -53,6 +53,9 @@ class WardenSettings(BaseSettings):
     watermark_peak_window_s: float = Field(15.0, ge=1, le=3600, description="peak gauge window")
     # --- exporter cadences ----------------------------------------------------------------
     stall_timeout_s: float = Field(30.0, ge=0.1, le=86400, description="no step this long")
+    stall_max_step_s: float = Field(
+        300.0, ge=1, le=86400, description="one step running this long is a stall"
+    )
     collector_interval_s: float = Field(1.0, ge=0.05, le=3600, description="device collectors")
     # --- engine-side control (API process) ------------------------------------------------
     config: Path | None = Field(None, description="control config file (YAML)")
@@ -80,7 +83,7 @@ class WardenSettings(BaseSettings):
     # --- test switches (off in production) ------------------------------------------------
     test_inject_nonfinite: bool = Field(False, description="poison marked requests' logits")
     test_failing_collector: bool = Field(False, description="add a collector that raises")
-    test_step_delay_s: float = Field(0.0, ge=0, le=1, description="sleep in busy steps")
+    test_step_delay_s: float = Field(0.0, ge=0, le=120, description="sleep in busy steps")
     test_engine_error: bool = Field(False, description="marked requests raise in the worker")
 
     @model_validator(mode="after")

@@ -1,8 +1,14 @@
+"""Fixtures and plugins every test module shares."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+
+# skip_policy: under CI a skip fails the run unless tests/skips.py lists it (see there).
+# pytester: the skip policy's own tests run small pytest sessions.
+pytest_plugins = ("tests.support.skip_policy", "pytester")
 
 
 @pytest.fixture(scope="session")

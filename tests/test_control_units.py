@@ -17,7 +17,7 @@ from exporter import catalog
 from exporter.metrics import WardenMetrics
 from exporter.settings import WardenSettings
 from exporter.step_monitor import StepMonitor, StepSnapshot
-from warden.control.actions import ActionError, ActionRequest, parse_action
+from warden.control.actions import REFLEX_ACTIONS, ActionError, ActionRequest, parse_action
 from warden.control.admission import HalfOpenGate, KvState, RequestFacts, decide
 from warden.control.alertmanager import PayloadError, parse_payload
 from warden.control.config import (
@@ -504,3 +504,13 @@ def test_the_reflex_may_only_take_actions_the_registry_allows() -> None:
     with pytest.raises(ControlConfigError, match="not an action the reflex can take"):
         parse_config({"reflex": {"high": {"actions": ["circuit_breaker"]}}})
     parse_config({"reflex": {"high": {"actions": ["reject_all"]}}})
+
+
+def test_every_reflex_action_is_exported_at_zero_before_the_first(
+    controller: Controller, registry: CollectorRegistry
+) -> None:
+    """Born at 0, the first reflex lease shows in increase() and on the interventions panel."""
+    assert REFLEX_ACTIONS
+    for action in REFLEX_ACTIONS:
+        value = registry.get_sample_value(catalog.REFLEX_ACTIONS.name, {"action": action})
+        assert value == 0, action

@@ -20,7 +20,7 @@ from typing import Any
 from exporter import catalog, vllm_compat
 from exporter.metrics import WardenMetrics
 from warden.control import telemetry
-from warden.control.actions import ActionRequest
+from warden.control.actions import REFLEX_ACTIONS, ActionRequest
 from warden.control.alertmanager import AlertEvent
 from warden.control.config import ControlConfig
 from warden.control.leases import Lease, LeaseTable, Outcome
@@ -67,6 +67,10 @@ class Controller:
         self._reflex_actions = metrics.get(catalog.REFLEX_ACTIONS)
         self._preemptions = metrics.get(catalog.WARDEN_PREEMPTIONS)
         metrics.ensure([catalog.MAX_TOKENS_CAPPED, catalog.WARDEN_PREEMPTIONS])
+        # Every action the reflex may take is exported at 0 from the start: a series born at 1
+        # would hide its first event from increase() (and leave its panel without data).
+        for action in REFLEX_ACTIONS:
+            self._reflex_actions.labels(action)
         self._publish(EffectivePolicy(retry_after_s=config.admission.retry_after_s), [])
 
     # --- policy -------------------------------------------------------------------------

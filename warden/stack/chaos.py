@@ -23,7 +23,6 @@ import ipaddress
 import signal
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ import psutil
 from exporter.catalog import NONFINITE_LOGITS
 from exporter.settings import load_settings
 from warden.common.metrics_text import sum_samples
+from warden.common.outcomes import FAILED, OutcomeTally, classify
 
 DEFAULT_ENGINE_URL = load_settings().engine_url
 ENGINE_CORE_MARK = "EngineCore"
@@ -170,13 +170,14 @@ def pressure(
     concurrency: int,
     duration_s: float,
     out: Out = print,
-) -> Counter[str]:
+) -> OutcomeTally:
     """Keep ``concurrency`` long completions in flight until ``duration_s`` has passed or
-    ``requests`` were sent, whichever comes first; returns the count of outcomes (HTTP status
-    or error name). Sustained, so a scrape every few seconds sees the cache full."""
+    ``requests`` were sent, whichever comes first; returns the outcomes (completed, refused,
+    failed: warden.common.outcomes). Sustained, so a scrape every few seconds sees the cache
+    full."""
     require_loopback(engine_url)
     deadline = time.monotonic() + duration_s
-    outcomes: Counter[str] = Counter()
+    outcomes = OutcomeTally()
     lock = threading.Lock()
     sent = 0
     with httpx.Client(timeout=httpx.Timeout(duration_s + 5.0)) as client:
@@ -203,21 +204,38 @@ def pressure(
                     if sent >= requests or remaining <= 0:
                         return
                     sent += 1
-                try:
-                    response = client.post(
-                        f"{engine_url}/v1/completions", json=body, timeout=max(1.0, remaining)
-                    )
-                    outcome = str(response.status_code)
-                except httpx.HTTPError as exc:
-                    outcome = type(exc).__name__
+                outcome = _send(
+                    client, f"{engine_url}/v1/completions", body, timeout=max(1.0, remaining)
+                )
                 with lock:
-                    outcomes[outcome] += 1
+                    outcomes.add(*outcome)
 
         with ThreadPoolExecutor(concurrency) as pool:
             for future in [pool.submit(worker) for _ in range(concurrency)]:
                 future.result()
-    out(f"pressure: done, {sent} requests, outcomes {dict(sorted(outcomes.items()))}")
+    out(f"pressure: done, {sent} requests: {outcomes.line()}")
+    _print_failures(outcomes, "pressure", out)
     return outcomes
+
+
+def _send(
+    client: httpx.Client, url: str, body: dict[str, Any], timeout: float | None = None
+) -> tuple[str, str]:
+    """One completion's outcome (completed / refused / failed) and a line saying what came."""
+    try:
+        if timeout is None:
+            response = client.post(url, json=body)
+        else:
+            response = client.post(url, json=body, timeout=timeout)
+    except httpx.HTTPError as exc:
+        return FAILED, f"{type(exc).__name__}: {exc}"
+    outcome = classify(response.status_code, response.headers, response.content)
+    return outcome, f"HTTP {response.status_code}: {response.text[:200]}"
+
+
+def _print_failures(outcomes: OutcomeTally, command: str, out: Out) -> None:
+    for detail in outcomes.failures[:5]:
+        out(f"{command}: failed: {detail}")
 
 
 def _metric_total(engine_url: str, name: str, client: httpx.Client) -> float | None:
@@ -246,7 +264,7 @@ def inject_nan(
     out: Out = print,
     token_id: int | None = None,
     inject: str | None = None,
-) -> Counter[str]:
+) -> OutcomeTally:
     """Send ``count`` requests whose logits go non-finite and report what warden counted.
 
     By default the prompts carry the served tiny model's NaN token (``token_id`` overrides it):
@@ -256,7 +274,7 @@ def inject_nan(
     from exporter.request_args import INJECT_ARG
     from warden.cli.tinymodel import nan_token_of
 
-    outcomes: Counter[str] = Counter()
+    outcomes = OutcomeTally()
     with httpx.Client(timeout=120.0) as client:
         model = served_model(engine_url, client)
         body: dict[str, Any] = {"model": model.name, "max_tokens": 8}
@@ -275,14 +293,10 @@ def inject_nan(
         before = _metric_total(engine_url, NONFINITE_LOGITS.name, client)
         out(f"nan: {count} requests with {how} to {engine_url}")
         for _ in range(count):
-            try:
-                outcomes[
-                    str(client.post(f"{engine_url}/v1/completions", json=body).status_code)
-                ] += 1
-            except httpx.HTTPError as exc:
-                outcomes[type(exc).__name__] += 1
+            outcomes.add(*_send(client, f"{engine_url}/v1/completions", body))
         after = _metric_total(engine_url, NONFINITE_LOGITS.name, client)
-    out(f"nan: outcomes {dict(sorted(outcomes.items()))}")
+    out(f"nan: {count} requests: {outcomes.line()}")
+    _print_failures(outcomes, "nan", out)
     if before is not None and after is not None:
         out(f"nan: {NONFINITE_LOGITS.name} went from {before:g} to {after:g}")
         if after == before:

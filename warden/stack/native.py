@@ -360,7 +360,7 @@ class NativeStack:
                 argv.append("--reset-circuit")
         else:
             argv.append("--no-supervise")
-        return [*argv, model, *vllm_args]
+        return [*argv, model, "--", *vllm_args]
 
     def _check_restart_circuit(self) -> None:
         """The supervisor keeps an open circuit across runs and then never starts vLLM: say so

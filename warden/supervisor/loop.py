@@ -35,6 +35,7 @@ from exporter.supervisor_state import (
 from warden.common import tokens
 from warden.engine.launch import LaunchSpec
 from warden.supervisor import fault_tolerance as ft
+from warden.supervisor import first_start
 from warden.supervisor.config import SupervisorConfig
 from warden.supervisor.drain import Drainer
 from warden.supervisor.engine import EngineProcess
@@ -173,8 +174,9 @@ class Supervisor:
                 self.config.control_host,
                 self.control.port,
             )
+        status = 0
         try:
-            self._loop()
+            status = self._loop()
         finally:
             self._ready = False
             if self.engine is not None:
@@ -186,7 +188,7 @@ class Supervisor:
                 self._save()
             if self.control is not None:
                 self.control.close()
-        return 0
+        return status
 
     def _prepare(self) -> None:
         with self._lock:
@@ -208,26 +210,31 @@ class Supervisor:
     def _sleep(self, seconds: float) -> None:
         self._stop.wait(seconds)
 
-    def _loop(self) -> None:
+    def _loop(self) -> int:
+        """Keep vLLM serving until stopped; the exit status of ``warden serve``."""
         next_start: Failure | None = None  # why the coming start is a restart
         down_since: float | None = None  # when the engine last stopped serving
         ready_at: float | None = None
         attempt = 0  # consecutive unplanned failures (backoff)
+        ever_ready = False  # some engine of this supervisor process was ready
         if self.state.circuit_open and not self._hold_circuit_open():
-            return
+            return 0
         while not self._stop.is_set():
             event = self._record_restart(next_start) if next_start is not None else None
             engine = self._start_engine()
             failure = self._wait_ready(engine)
             if self._stop.is_set():
-                return
+                return 0
             if failure is None:
+                ever_ready = True
                 ready_at = self.clock()
                 self._on_ready(engine, event, down_since, ready_at)
                 down_since = None
                 failure = self._watch_until_restart(engine)
                 if failure is None:
-                    return
+                    return 0
+            elif next_start is None and not ever_ready and engine.returncode() is not None:
+                return self._refuse_failed_first_start(engine)
             self._ready = False
             self._take_down(engine, failure)
             if down_since is None:
@@ -243,7 +250,7 @@ class Supervisor:
             if self.state.circuit_open or (counted and not self.window.allows(self.clock())):
                 self._open_circuit(failure)
                 if not self._hold_circuit_open():
-                    return
+                    return 0
                 next_start = Failure(MANUAL, "restart circuit reset by an operator", self.clock())
                 down_since, attempt = self.clock(), 0
                 continue
@@ -255,6 +262,28 @@ class Supervisor:
                     self._save()
                 self._sleep(delay)
             next_start = failure
+        return 0
+
+    def _refuse_failed_first_start(self, engine: EngineProcess) -> int:
+        """vLLM exited on the first start, before it was ever ready: a deterministic failure
+        (bad flag, missing model, not enough memory) that restarts would only repeat. Stop and
+        say why, with vLLM's own error line and a hint."""
+        engine.kill()  # anything of its tree still running
+        if engine.tail is not None:
+            engine.tail.wait_closed(5.0)  # its last lines are still in the pipe
+        where = (
+            f"Full output: {engine.log_path}"
+            if engine.log_path is not None
+            else "Full output: above."
+        )
+        exit_detail = describe_returncode(engine.returncode())
+        message = first_start.explain(engine.output_lines(), exit_detail, where)
+        engine.close()
+        log.critical("supervisor: %s", message)
+        with self._lock:
+            self.state.engine_pid = None
+            self._save()
+        return first_start.EXIT_FIRST_START_FAILED
 
     # --- steps ----------------------------------------------------------------------------
 
