@@ -15,8 +15,9 @@ from alerts.config import (
     DASHBOARD_FAULTS,
     DASHBOARD_MEMORY,
     DASHBOARD_OVERVIEW,
-    ENGINE_JOB,
+    MixinConfig,
     Severity,
+    Templated,
 )
 from alerts.model import AlertRule, RuleGroup
 from exporter.catalog import (
@@ -172,7 +173,7 @@ def _time_to_oom(h: CreepHorizon) -> AlertRule:
     )
     return AlertRule(
         name="WardenTimeToOOM",
-        expr=f"max by (instance, source) (\n{_indent(branches)}\n)",
+        expr=lambda c: f"max {c.by('source')} (\n{_indent(branches)}\n)",
         for_=h.for_,
         severity=h.severity,
         summary="Memory keeps growing and will run out at the current rate.",
@@ -188,13 +189,13 @@ def _indent(text: str, by: str = "  ") -> str:
     return "\n".join(by + line for line in text.splitlines())
 
 
-def _steady_for(window: str) -> str:
+def _steady_for(c: MixinConfig, window: str) -> str:
     """The engine target has been scraped for at least ``window`` and answered every scrape in
     it: no start-up and no restart inside the window.
 
     Memory moves a lot while an engine starts and warms up; growth alerts judge steady state.
     """
-    up = f'up{{job="{ENGINE_JOB}"}}'
+    up = c.select("up")
     return f"(min_over_time({up}[{window}]) == 1 and {up} offset {window})"
 
 
@@ -213,13 +214,13 @@ CREEP = RuleGroup(
         _time_to_oom(TIME_TO_OOM_CRITICAL),
         AlertRule(
             name="WardenAllocatorCacheGrowth",
-            expr=(
+            expr=lambda c: (
                 f"deriv({rec.TORCH_CACHED}[{CACHE_GROWTH_WINDOW}]) * 3600"
                 f" > {CACHE_GROWTH_BYTES_PER_HOUR}\n"
                 f"and deriv({rec.TORCH_CACHED}[30m]) > 0\n"
                 f"and {rec.TORCH_CACHED} / {rec.TORCH_TOTAL} > {CACHE_GAP_FLOOR_RATIO}\n"
                 f"# not a warm-up: the engine was scraped without a gap for the whole window\n"
-                f"and on (instance) {_steady_for(CACHE_GROWTH_WINDOW)}"
+                f"and {c.on()} {_steady_for(c, CACHE_GROWTH_WINDOW)}"
             ),
             for_="1h",
             severity="warning",
@@ -232,17 +233,17 @@ CREEP = RuleGroup(
         ),
         AlertRule(
             name="WardenCudaGraphPoolGrowth",
-            expr=(
-                f"sum by (instance) (increase({CUDAGRAPH_CAPTURES.name}"
+            expr=lambda c: (
+                f"sum {c.by()} (increase({c.select(CUDAGRAPH_CAPTURES)}"
                 f"[{CUDAGRAPH_GROWTH_WINDOW}])) > 0\n"
-                f"and on (instance)\n"
-                f"sum by (instance) (delta({CUDAGRAPH_POOL_BYTES.name}"
+                f"and {c.on()}\n"
+                f"sum {c.by()} (delta({c.select(CUDAGRAPH_POOL_BYTES)}"
                 f"[{CUDAGRAPH_GROWTH_WINDOW}])) > 0\n"
                 f"# well after start-up: up and scraped for an hour, and no counter reset since\n"
-                f"and on (instance)\n"
-                f"{_steady_for(CUDAGRAPH_STARTUP_GRACE)}\n"
-                f"and on (instance)\n"
-                f"sum by (instance) (resets({CUDAGRAPH_CAPTURES.name}"
+                f"and {c.on()}\n"
+                f"{_steady_for(c, CUDAGRAPH_STARTUP_GRACE)}\n"
+                f"and {c.on()}\n"
+                f"sum {c.by()} (resets({c.select(CUDAGRAPH_CAPTURES)}"
                 f"[{CUDAGRAPH_STARTUP_GRACE}])) == 0"
             ),
             for_="15m",
@@ -349,8 +350,8 @@ RETRY_RATIO = 0.1
 RETRY_EXHAUSTED_RATIO = 0.05
 
 
-def _with_traffic(expr: str) -> str:
-    return f"{expr}\nand on (instance) ({rec.REQUESTS_SERVED_RATE} >= {MIN_SERVED_PER_SECOND})"
+def _with_traffic(expr: str) -> Templated:
+    return lambda c: f"{expr}\nand {c.on()} ({rec.REQUESTS_SERVED_RATE} >= {MIN_SERVED_PER_SECOND})"
 
 
 TRAFFIC = RuleGroup(
@@ -417,7 +418,7 @@ FAULTS = RuleGroup(
     (
         AlertRule(
             name="WardenNonFiniteLogits",
-            expr=f"sum by (instance) (increase({NONFINITE_LOGITS.name}[10m])) > 0",
+            expr=lambda c: f"sum {c.by()} (increase({c.select(NONFINITE_LOGITS)}[10m])) > 0",
             for_="1m",
             severity="warning",
             summary="Some requests produced NaN or Inf logits.",
@@ -496,7 +497,7 @@ LIVENESS = RuleGroup(
     (
         AlertRule(
             name="WardenEngineStalled",
-            expr=f"max by (instance) ({ENGINE_STALLED.name}) == 1",
+            expr=lambda c: f"max {c.by()} ({c.select(ENGINE_STALLED)}) == 1",
             for_="1m",
             severity="critical",
             summary="The engine has work but makes no progress.",
@@ -508,16 +509,15 @@ LIVENESS = RuleGroup(
         ),
         AlertRule(
             name="WardenEngineDown",
-            expr=(
-                f'(\n  max by (instance) (up{{job="{ENGINE_JOB}"}})\n'
-                f'  or absent(up{{job="{ENGINE_JOB}"}}) * 0\n) == 0'
+            expr=lambda c: (
+                f"(\n  max {c.by()} ({c.select('up')})\n  or absent({c.select('up')}) * 0\n) == 0"
             ),
             for_="2m",
             severity="critical",
             summary="Prometheus cannot scrape the engine.",
-            description=(
+            description=lambda c: (
                 "Scrapes of engine target {{ $labels.instance }} fail (up = {{ $value }}); "
-                f"an empty instance means job {ENGINE_JOB} has no targets at all."
+                f"an empty instance means no target matches {{{c.engine_selector}}} at all."
             ),
             dashboard=DASHBOARD_OVERVIEW,
         ),
@@ -535,7 +535,7 @@ LIVENESS = RuleGroup(
         ),
         AlertRule(
             name="WardenEngineUnhealthy",
-            expr=f"min by (instance) ({ENGINE_HEALTHY.name}) == 0",
+            expr=lambda c: f"min {c.by()} ({c.select(ENGINE_HEALTHY)}) == 0",
             for_="5m",
             severity="critical",
             summary="vLLM reports the engine unhealthy.",

@@ -81,12 +81,12 @@ MUTATIONS = [
     # no window over the peak gauge: the oscillating overload never fires
     (
         "memory.yml",
-        "max_over_time(warden_memory_watermark_peak[1m])",
-        "warden_memory_watermark_peak",
+        'max_over_time(warden_memory_watermark_peak{job="vllm-warden"}[1m])',
+        'warden_memory_watermark_peak{job="vllm-warden"}',
     ),
     # the instantaneous level: spikes the reflex absorbs between scrapes never fire
-    ("memory.yml", "(warden_memory_watermark_peak[1m])", "(warden_memory_watermark[1m])"),
-    ("recording.yml", "(warden_memory_watermark_peak[1m])", "(warden_memory_watermark[1m])"),
+    ("memory.yml", "(warden_memory_watermark_peak{", "(warden_memory_watermark{"),
+    ("recording.yml", "(warden_memory_watermark_peak{", "(warden_memory_watermark{"),
     ("faults.yml", "still failed after their last retry", "failed after retries"),
     (
         "liveness.yml",

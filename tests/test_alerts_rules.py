@@ -20,9 +20,18 @@ from alerts.alertmanager import (
     QUEUE_RECEIVER,
     build_alertmanager_config,
 )
-from alerts.config import DASHBOARD_UIDS, ENGINE_JOB, GRAFANA_BASE_URL, RUNBOOK_BASE_URL
+from alerts.config import (
+    DASHBOARD_UIDS,
+    DEFAULT,
+    ENGINE_JOB,
+    GRAFANA_BASE_URL,
+    RUNBOOK_BASE_URL,
+    ConfigError,
+    MixinConfig,
+    load_config,
+)
 from alerts.generate import render_all
-from alerts.model import AlertRule
+from alerts.model import AlertRule, RecordingRule
 from alerts.recording import RECORDING_RULES, TORCH_CACHED_GAP
 from alerts.rules import ALERT_NAMES, ALERT_RULES, BACKLOG_BANDS
 from exporter import catalog
@@ -103,8 +112,8 @@ def test_metric_name_parser_finds_what_it_should() -> None:
 
 
 RECORDED = {rule.record: rule for rule in RECORDING_RULES.rules if hasattr(rule, "record")}
-ALL_EXPRESSIONS = [(rule.name, rule.expr) for rule in ALERT_RULES] + [
-    (name, rule.expr) for name, rule in RECORDED.items()
+ALL_EXPRESSIONS = [(rule.name, rule.render_expr()) for rule in ALERT_RULES] + [
+    (name, rule.render_expr()) for name, rule in RECORDED.items()
 ]
 
 
@@ -118,7 +127,7 @@ def test_expressions_read_only_known_series(owner: str, expr: str) -> None:
 
 def _recorded_labels(record: str) -> set[str]:
     labels: set[str] = set()
-    for clause in re.findall(r"\bby\s*\(([^)]*)\)", RECORDED[record].expr):
+    for clause in re.findall(r"\bby\s*\(([^)]*)\)", RECORDED[record].render_expr()):
         labels |= {label.strip() for label in clause.split(",") if label.strip()}
     return labels
 
@@ -137,8 +146,8 @@ def test_label_matchers_use_labels_the_series_has(owner: str, expr: str) -> None
 
 def test_recording_rules_follow_naming_and_are_used() -> None:
     metrics = {spec.base.replace(":", "_") for spec in catalog.ALL} | {TORCH_CACHED_GAP}
-    used = " ".join(rule.expr for rule in ALERT_RULES) + " ".join(
-        rule.expr for rule in RECORDED.values()
+    used = " ".join(rule.render_expr() for rule in ALERT_RULES) + " ".join(
+        rule.render_expr() for rule in RECORDED.values()
     )
     tested = {check.expr for scenario in RECORDING_SCENARIOS for check in scenario.checks}
     for name in RECORDED:
@@ -161,13 +170,14 @@ def test_alert_conventions(rule: AlertRule) -> None:
     assert re.fullmatch(r"Warden[A-Z][A-Za-z0-9]+", rule.name)
     assert rule.severity in ("critical", "warning", "info")
     assert "{{" not in rule.summary, "summary is static"
-    assert "$labels.instance" in rule.description and "$value" in rule.description
-    annotations = rule.annotations
+    description = rule.render_description()
+    assert "$labels.instance" in description and "$value" in description
+    annotations = rule.annotations()
     assert annotations["runbook_url"] == f"{RUNBOOK_BASE_URL}#{rule.name.lower()}"
     uid = annotations["dashboard_url"].removeprefix(f"{GRAFANA_BASE_URL}/d/")
     assert uid in DASHBOARD_UIDS
     assert rule.for_ not in ("0s", "0m"), "every alert has a for, and a tested pending state"
-    assert "instance" in rule.expr or "up{" in rule.expr
+    assert "instance" in rule.render_expr() or "up{" in rule.render_expr()
 
 
 def test_severity_is_consistent_within_a_name() -> None:
@@ -239,7 +249,7 @@ def test_backlog_bands_are_disjoint_and_match_the_reflex() -> None:
 def test_engine_job_is_one_shared_constant() -> None:
     assert alerts.ENGINE_JOB == ENGINE_JOB == "vllm-warden"
     down = next(rule for rule in ALERT_RULES if rule.name == "WardenEngineDown")
-    assert down.expr.count(f'up{{job="{ENGINE_JOB}"}}') == 2
+    assert down.render_expr().count(f'up{{job="{ENGINE_JOB}"}}') == 2
 
 
 # --- Runbooks -------------------------------------------------------------------------------
@@ -409,10 +419,12 @@ def test_memory_alerts_outlast_the_peak_window() -> None:
     gauge_window = WardenSettings().watermark_peak_window_s
     assert window >= 3 * scrape
     assert gauge_window >= scrape, "a spike between two scrapes would fall out of the peak gauge"
-    peak_over_window = f"max_over_time({catalog.MEMORY_WATERMARK_PEAK.name}[{window_text}])"
-    assert peak_over_window in RECORDED[rec.WATERMARK_PEAK].expr
+    peak_over_window = (
+        f"max_over_time({DEFAULT.select(catalog.MEMORY_WATERMARK_PEAK)}[{window_text}])"
+    )
+    assert peak_over_window in RECORDED[rec.WATERMARK_PEAK].render_expr()
     assert rec.WATERMARK_PEAK.split(":")[1] == catalog.MEMORY_WATERMARK_PEAK.name
-    memory = [rule for rule in ALERT_RULES if rec.WATERMARK_PEAK in rule.expr]
+    memory = [rule for rule in ALERT_RULES if rec.WATERMARK_PEAK in rule.render_expr()]
     assert {rule.name for rule in memory} == {
         "WardenMemoryWatermarkHigh",
         "WardenMemoryWatermarkCritical",
@@ -422,3 +434,40 @@ def test_memory_alerts_outlast_the_peak_window() -> None:
         assert _to_seconds(rule.for_) > window + gauge_window, (
             f"{rule.name}: a single spike would fire it"
         )
+
+
+# --- The mixin config: every selector and aggregation comes from it ---------------------------
+CUSTOM = MixinConfig(
+    engine_selector='job="my-vllm", namespace=~"prod-.*"',
+    identity_labels=("cluster", "namespace", "instance"),
+)
+_RULES = [*ALERT_RULES, *RECORDED.values()]
+
+
+@pytest.mark.parametrize("rule", _RULES, ids=lambda r: getattr(r, "name", getattr(r, "record", "")))
+def test_every_raw_selector_and_grouping_comes_from_the_config(
+    rule: AlertRule | RecordingRule,
+) -> None:
+    expr = re.sub(r"#[^\n]*", "", rule.render_expr(CUSTOM))
+    for name in metric_names(expr) - RECORDED.keys():
+        occurrences = re.findall(rf"(?<![\w:]){re.escape(name)}(?![\w:])(\{{[^}}]*\}})?", expr)
+        for matchers in occurrences:
+            assert matchers.startswith("{" + CUSTOM.engine_selector), (
+                f"{name} read without the engine selector in {expr!r}"
+            )
+    for clause in re.findall(r"\b(?:by|on)\s*\(([^)]*)\)", expr):
+        assert clause.startswith(CUSTOM.identity), f"grouping ({clause}) lacks the identity"
+    assert "vllm-warden" not in expr
+
+
+def test_mixin_config_rejects_what_would_generate_broken_rules(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="instance"):
+        MixinConfig(identity_labels=("namespace",))
+    with pytest.raises(ValueError, match="matchers"):
+        MixinConfig(engine_selector="job=vllm")
+    config_file = tmp_path / "mixin.yaml"
+    config_file.write_text("engine_selector: 'job=\"x\"'\nidentity_lables: [instance]\n")
+    with pytest.raises(ConfigError, match="identity_lables"):
+        load_config(config_file)
+    config_file.write_text("engine_selector: 'job=\"x\"'\n")
+    assert load_config(config_file).select("up") == 'up{job="x"}'

@@ -23,7 +23,7 @@ from typing import Any
 
 from alerts.alertmanager import ENGINE_RECEIVER, build_alertmanager_config
 from alerts.config import ENGINE_JOB
-from alerts.rules_file import RULE_GROUPS
+from alerts.rules_file import rule_groups
 from alerts.yamltext import dump_yaml
 from dashboards.generate import dashboard_models, dashboard_path
 from dashboards.generate import render_all as render_dashboards
@@ -91,7 +91,7 @@ def prometheus_rule(fleet: Fleet) -> dict[str, Any]:
         "apiVersion": MONITORING_API,
         "kind": "PrometheusRule",
         "metadata": fleet.metadata(f"{fleet.name}-rules"),
-        "spec": {"groups": [group.to_group() for group in RULE_GROUPS]},
+        "spec": {"groups": rule_groups()},
     }
 
 
