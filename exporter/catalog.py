@@ -44,6 +44,9 @@ WEBHOOK_OUTCOMES: tuple[str, ...] = (
     "malformed",
     "error",
     "unknown_action",
+    # An alert about another engine (its identity labels name someone else) or about the fleet
+    # (no instance label): counted per alert, changes nothing here.
+    "not_for_this_engine",
 )
 RETRY_REASONS: tuple[str, ...] = ("warden_preemption", "engine_oom", "nonfinite_logits", "timeout")
 # Why the supervisor restarted the engine (warden_engine_restarts_total{reason}): the server

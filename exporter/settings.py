@@ -62,6 +62,12 @@ class WardenSettings(BaseSettings):
     ready_max_error_rate: float = Field(0.5, ge=0, le=1, description="readiness: 5xx share")
     ready_min_requests: int = Field(10, ge=1, le=1_000_000, description="readiness: sample")
     health_sample_s: float = Field(2.0, ge=0.1, le=300, description="health window sampling")
+    # --- identity in a fleet: the labels Prometheus puts on this engine's series -----------
+    instance: str | None = Field(
+        None, description="this engine's instance label (default: the host:port it is reached at)"
+    )
+    namespace: str | None = Field(None, description="Kubernetes namespace of this engine")
+    cluster: str | None = Field(None, description="cluster label (Prometheus external label)")
     # --- wiring between warden's own processes (set by warden, not by people) -------------
     signal_board: Path | None = Field(None, description="shared-memory signal board")
     supervisor_state: Path | None = Field(None, description="the supervisor's state file")
