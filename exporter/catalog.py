@@ -48,6 +48,27 @@ WEBHOOK_OUTCOMES: tuple[str, ...] = (
     # (no instance label): counted per alert, changes nothing here.
     "not_for_this_engine",
 )
+# warden relay (one Alertmanager receiver for a fleet; warden/relay/): what became of each
+# notification, of each alert in it, and of each POST to an engine's webhook.
+RELAY_NOTIFICATION_OUTCOMES: tuple[str, ...] = (
+    "forwarded",  # every alert for an engine reached it (or needed no engine)
+    "failed",  # an engine refused or could not be reached after the retries: answered 502
+    "unauthorized",
+    "malformed",
+    "resolver_error",  # the engine list could not be read: answered 503, Alertmanager retries
+)
+RELAY_ALERT_OUTCOMES: tuple[str, ...] = (
+    "forwarded",  # sent to the one engine its identity labels name
+    "fleet_wide",  # no instance label: about the fleet, applied by no engine
+    "unresolved",  # no engine of that identity is known (scaled away): dropped
+    "ambiguous",  # several engines match its labels: dropped, add identity labels
+)
+RELAY_DELIVERY_OUTCOMES: tuple[str, ...] = (
+    "delivered",  # the engine answered 2xx
+    "retried",  # an attempt failed transiently (5xx, timeout, connection) and was retried
+    "failed",  # still failing after the last attempt
+    "refused",  # the engine answered 4xx (token, payload): not retried
+)
 RETRY_REASONS: tuple[str, ...] = ("warden_preemption", "engine_oom", "nonfinite_logits", "timeout")
 # Why the supervisor restarted the engine (warden_engine_restarts_total{reason}): the server
 # exited on its own; a vLLM process was killed or vanished; stalled with requests pending; vLLM
@@ -340,6 +361,32 @@ WARDEN_PREEMPTIONS = _w(
     "warden_preemptions_total",
     "counter",
     "Requests preempted by warden to relieve memory pressure.",
+)
+
+# --- warden relay (Alertmanager -> the engine an alert is about) ----------------------------
+RELAY_NOTIFICATIONS = _w(
+    "warden_relay_notifications_total",
+    "counter",
+    "Alertmanager notifications received by warden relay, by outcome.",
+    "outcome",
+)
+RELAY_ALERTS = _w(
+    "warden_relay_alerts_total",
+    "counter",
+    "Alerts in the relay's notifications, by what it did with each: forwarded, fleet_wide...",
+    "outcome",
+)
+RELAY_DELIVERIES = _w(
+    "warden_relay_deliveries_total",
+    "counter",
+    "The relay's POSTs to engine webhooks, by outcome: delivered, retried, failed, refused.",
+    "outcome",
+)
+RELAY_ENGINES = _w(
+    "warden_relay_engines",
+    "gauge",
+    "Engines the relay can address: engine targets in Prometheus's last active target list.",
+    unit="none",
 )
 
 # --- Supervisor ---------------------------------------------------------------------------

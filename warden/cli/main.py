@@ -97,6 +97,12 @@ def cmd_pager(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def cmd_relay(args: argparse.Namespace) -> int:
+    from warden.relay.cli import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="warden", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -154,6 +160,14 @@ def build_parser() -> argparse.ArgumentParser:
     pager_parser = sub.add_parser("pager", help="a local Alertmanager receiver that records pages")
     pager.add_arguments(pager_parser)
     pager_parser.set_defaults(func=cmd_pager)
+
+    from warden.relay import cli as relay_cli
+
+    relay_parser = sub.add_parser(
+        "relay", help="one Alertmanager receiver for a fleet: each alert to its own engine"
+    )
+    relay_cli.add_arguments(relay_parser)
+    relay_parser.set_defaults(func=cmd_relay)
     return parser
 
 
