@@ -19,12 +19,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from exporter.catalog import MetricSpec
+from exporter.catalog import VLLM_E2E_LATENCY, MetricSpec
 
-# Prometheus job name of the engine target in the stacks this repository generates.
+# Prometheus job names in the stacks this repository generates: the engines, Alertmanager
+# (its own metrics: failed notifications), and warden relay.
 ENGINE_JOB = "vllm-warden"
+ALERTMANAGER_JOB = "alertmanager"
+RELAY_JOB = "warden-relay"
 
 Severity = Literal["critical", "warning", "info"]
 # critical pages a person, warning goes to a queue, info routes nowhere.
@@ -38,7 +41,13 @@ GRAFANA_BASE_URL = "http://localhost:3000"
 DASHBOARD_OVERVIEW = "warden-overview"
 DASHBOARD_MEMORY = "warden-memory"
 DASHBOARD_FAULTS = "warden-faults"
-DASHBOARD_UIDS: tuple[str, ...] = (DASHBOARD_OVERVIEW, DASHBOARD_MEMORY, DASHBOARD_FAULTS)
+DASHBOARD_FLEET = "warden-fleet"
+DASHBOARD_UIDS: tuple[str, ...] = (
+    DASHBOARD_OVERVIEW,
+    DASHBOARD_MEMORY,
+    DASHBOARD_FAULTS,
+    DASHBOARD_FLEET,
+)
 
 _LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # One PromQL label matcher: name, operator, double-quoted value.
@@ -77,6 +86,27 @@ class Links(BaseModel):
     grafana_base_url: str = GRAFANA_BASE_URL
 
 
+class Thresholds(BaseModel):
+    """Thresholds of the fleet rules (the per-engine rules keep theirs in alerts/rules.py)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # WardenFleetDegraded: share of a job's engines degraded or unreachable.
+    fleet_degraded_ratio: float = Field(0.5, gt=0, le=1)
+    # SLO attainment: share of requests finished within this (a bucket of vLLM's e2e latency).
+    latency_slo_seconds: float = 10.0
+
+    @field_validator("latency_slo_seconds")
+    @classmethod
+    def _slo_is_a_bucket(cls, value: float) -> float:
+        if value not in VLLM_E2E_LATENCY.buckets:
+            raise ValueError(
+                f"{value} is not a bucket of {VLLM_E2E_LATENCY.name}: one of "
+                f"{', '.join(f'{b:g}' for b in VLLM_E2E_LATENCY.buckets)}"
+            )
+        return value
+
+
 class MixinConfig(BaseModel):
     """Everything generated from ``alerts/`` and ``dashboards/`` depends on this object only.
 
@@ -84,16 +114,23 @@ class MixinConfig(BaseModel):
     a selector's braces (``job="vllm-warden"``, ``job=~"vllm-.*", namespace="prod"``).
     ``identity_labels``: the labels that name one engine; every per-engine rule aggregates
     ``by`` them, so two engines never merge, and every per-engine alert carries them, so the
-    engine (and the relay) can tell whom an alert is about. ``instance`` must be one of them.
+    engine (and the relay) can tell whom an alert is about. ``instance`` must be one of them;
+    the others (``cluster``, ``namespace``) also name the fleet a fleet-wide alert is about,
+    with ``job``. A label the series do not carry is harmless (it groups as empty).
+    ``alertmanager_selector`` / ``relay_selector``: Alertmanager's and warden relay's own
+    series, watched for failed deliveries.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     engine_selector: str = f'job="{ENGINE_JOB}"'
-    identity_labels: tuple[str, ...] = ("instance",)
+    identity_labels: tuple[str, ...] = ("cluster", "namespace", "instance")
+    alertmanager_selector: str = f'job="{ALERTMANAGER_JOB}"'
+    relay_selector: str = f'job="{RELAY_JOB}"'
+    thresholds: Thresholds = Thresholds()
     links: Links = Links()
 
-    @field_validator("engine_selector")
+    @field_validator("engine_selector", "alertmanager_selector", "relay_selector")
     @classmethod
     def _selector_parses(cls, value: str) -> str:
         parse_matchers(value)
@@ -125,11 +162,30 @@ class MixinConfig(BaseModel):
         """``on (<identity>, extra...)``: join two per-engine vectors."""
         return f"on ({', '.join((*self.identity_labels, *extra))})"
 
-    def select(self, metric: MetricSpec | str, **labels: str) -> str:
-        """``name{<engine_selector>, label="value"}``: a raw series of the engines."""
+    @property
+    def fleet_labels(self) -> tuple[str, ...]:
+        """The identity labels above one engine (``cluster``, ``namespace``): with ``job`` they
+        name a fleet; people's notifications are grouped by them, not per engine."""
+        return tuple(label for label in self.identity_labels if label != "instance")
+
+    def by_fleet(self, *extra: str) -> str:
+        """``by (<fleet labels>, job, extra...)``: aggregate per fleet (and per ``extra``)."""
+        return f"by ({', '.join((*self.fleet_labels, 'job', *extra))})"
+
+    def select(
+        self,
+        metric: MetricSpec | str,
+        selector: str | None = None,
+        matchers: str = "",
+        **labels: str,
+    ) -> str:
+        """``name{<engine_selector>, label="value"}``: a raw series of the engines (or of what
+        ``selector`` picks); ``matchers`` adds raw ones (``outcome=~"a|b"``)."""
         name = metric.name if isinstance(metric, MetricSpec) else metric
         extra = "".join(f', {key}="{value}"' for key, value in labels.items())
-        return f"{name}{{{self.engine_selector}{extra}}}"
+        if matchers:
+            extra += f", {matchers}"
+        return f"{name}{{{selector or self.engine_selector}{extra}}}"
 
     def runbook_url(self, alertname: str) -> str:
         """Link to the alert's section in alerts/runbooks.md."""

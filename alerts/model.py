@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from alerts.config import DEFAULT, SEVERITIES, MixinConfig, Severity, Templated, render
 from exporter.catalog import ACTION_LABEL, ACTION_PARAM_LABELS, DEGRADATION_ACTIONS, MetricSpec
@@ -53,6 +53,10 @@ class AlertRule:
     webhook turns into a degradation lease. ``description`` is a Go template and must mention
     ``$labels.instance`` and ``$value``. ``expr`` and ``description`` may depend on the mixin
     config (functions of it): selectors and aggregations always do.
+
+    ``scope="fleet"``: the alert is about a whole job (no ``instance``: its description names
+    ``$labels.job``). Fleet-wide alerts page people and never carry an action: an engine applies
+    only alerts that name it (docs/fleets.md).
     """
 
     name: str
@@ -65,6 +69,7 @@ class AlertRule:
     keep_firing_for: str | None = None
     action: str | None = None
     params: Mapping[str, str] = field(default_factory=dict)
+    scope: Literal["engine", "fleet"] = "engine"
 
     def __post_init__(self) -> None:
         if not _ALERT_NAME.match(self.name):
@@ -78,13 +83,16 @@ class AlertRule:
             raise ValueError(f"{self.name}: unknown action {self.action!r}")
         if self.params and self.action is None:
             raise ValueError(f"{self.name}: action parameters without an action")
+        if self.scope == "fleet" and self.action is not None:
+            raise ValueError(f"{self.name}: a fleet-wide alert cannot carry an engine action")
         for label, value in self.params.items():
             if label not in ACTION_PARAM_LABELS:
                 raise ValueError(f"{self.name}: {label!r} is not an action parameter label")
             if not isinstance(value, str):
                 raise ValueError(f"{self.name}: label {label} must be a string")
         description = self.render_description(DEFAULT)
-        for placeholder in ("$labels.instance", "$value"):
+        subject = "$labels.job" if self.scope == "fleet" else "$labels.instance"
+        for placeholder in (subject, "$value"):
             if placeholder not in description:
                 raise ValueError(f"{self.name}: description lacks {placeholder}")
         DEFAULT.dashboard_url(self.dashboard)  # raises on an unknown uid

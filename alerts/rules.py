@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from alerts import fleet
 from alerts import recording as rec
 from alerts.config import (
     DASHBOARD_FAULTS,
@@ -548,7 +549,15 @@ LIVENESS = RuleGroup(
     ),
 )
 
-ALERT_GROUPS: tuple[RuleGroup, ...] = (MEMORY, CREEP, TRAFFIC, FAULTS, LIVENESS)
+ALERT_GROUPS: tuple[RuleGroup, ...] = (
+    MEMORY,
+    CREEP,
+    TRAFFIC,
+    FAULTS,
+    LIVENESS,
+    fleet.FLEET,
+    fleet.DELIVERY,
+)
 ALERT_RULES: tuple[AlertRule, ...] = tuple(
     rule for group in ALERT_GROUPS for rule in group.rules if isinstance(rule, AlertRule)
 )

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 Kind = Literal["counter", "gauge", "histogram"]
-Owner = Literal["warden", "vllm"]
+Owner = Literal["warden", "vllm", "alertmanager"]
 
 # Levels of warden_memory_watermark, in order of severity.
 WATERMARK_LEVELS: tuple[str, ...] = ("normal", "high", "critical", "oom_imminent")
@@ -451,7 +451,13 @@ VLLM_INTER_TOKEN_LATENCY = _v(
     "vllm:inter_token_latency_seconds", "histogram", "Time between output tokens.", unit="s"
 )
 VLLM_E2E_LATENCY = _v(
-    "vllm:e2e_request_latency_seconds", "histogram", "End-to-end request latency.", unit="s"
+    "vllm:e2e_request_latency_seconds",
+    "histogram",
+    "End-to-end request latency.",
+    unit="s",
+    # vLLM 0.32's REQUEST_LATENCY_BUCKETS (vllm/v1/metrics/buckets.py): SLOs must be one of them.
+    buckets=(0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0)
+    + (120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0),
 )
 VLLM_QUEUE_TIME = _v(
     "vllm:request_queue_time_seconds", "histogram", "Time requests spent waiting.", unit="s"
@@ -464,6 +470,15 @@ VLLM_CORRUPTED_REQUESTS = _v(
     "vllm:corrupted_requests_total",
     "counter",
     "Requests with NaN logits (VLLM_COMPUTE_NANS_IN_LOGITS=1 only).",
+)
+
+# --- Alertmanager's own metric that warden's delivery alert watches -------------------------
+ALERTMANAGER_NOTIFICATIONS_FAILED = MetricSpec(
+    "alertmanager_notifications_failed_total",
+    "counter",
+    "Notifications Alertmanager failed to deliver, by integration (webhook, email...).",
+    ("integration",),
+    "alertmanager",
 )
 
 ALL: tuple[MetricSpec, ...] = tuple(

@@ -6,6 +6,7 @@ run in test_alerts_promtool.py and test_alerts_alertmanager.py.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -30,12 +31,14 @@ from alerts.config import (
     MixinConfig,
     load_config,
 )
+from alerts.fleet import FLEET_RECORDING
 from alerts.generate import render_all
 from alerts.model import AlertRule, RecordingRule
 from alerts.recording import RECORDING_RULES, TORCH_CACHED_GAP
 from alerts.rules import ALERT_NAMES, ALERT_RULES, BACKLOG_BANDS
 from exporter import catalog
 from tests.promtool import TEST_FILES
+from tests.promtool.fleet import FLEET_RECORDING_SCENARIOS
 from tests.promtool.model import Scenario
 from tests.promtool.recording import RECORDING_SCENARIOS
 
@@ -59,6 +62,10 @@ REQUIRED_ALERTS = {
     "WardenRestartLoop",
     "WardenEngineUnhealthy",
     "WardenCollectorErrors",
+    "WardenFleetDegraded",
+    "WardenWebhookDeliveryFailing",
+    "WardenWebhookRejected",
+    "WardenRelayDeliveryFailing",
 }
 
 # --- PromQL identifiers ---------------------------------------------------------------------
@@ -111,7 +118,12 @@ def test_metric_name_parser_finds_what_it_should() -> None:
     assert selector_labels(expr) == [("warden_bogus_total", "outcome"), ("up", "job")]
 
 
-RECORDED = {rule.record: rule for rule in RECORDING_RULES.rules if hasattr(rule, "record")}
+RECORDED = {
+    rule.record: rule
+    for group in (RECORDING_RULES, FLEET_RECORDING)
+    for rule in group.rules
+    if isinstance(rule, RecordingRule)
+}
 ALL_EXPRESSIONS = [(rule.name, rule.render_expr()) for rule in ALERT_RULES] + [
     (name, rule.render_expr()) for name, rule in RECORDED.items()
 ]
@@ -139,20 +151,33 @@ def test_label_matchers_use_labels_the_series_has(owner: str, expr: str) -> None
             known = _recorded_labels(name)
         elif name in catalog.PROMETHEUS_BUILTINS:
             known = {"job", "instance"}
+        elif name.endswith("_bucket") and name.removesuffix("_bucket") in catalog.BY_NAME:
+            known = set(catalog.BY_NAME[name.removesuffix("_bucket")].labels) | {"le"}
         else:
-            known = set(catalog.BY_NAME[name].labels) | {"job", "instance"}
+            spec = catalog.BY_NAME.get(name) or catalog.BY_NAME[name.rsplit("_", 1)[0]]
+            known = set(spec.labels)
+        known |= {"job", "instance"}
         assert label in known, f"{owner}: {name} has no label {label!r}"
 
 
 def test_recording_rules_follow_naming_and_are_used() -> None:
-    metrics = {spec.base.replace(":", "_") for spec in catalog.ALL} | {TORCH_CACHED_GAP}
+    """level:metric:operations, with the level naming what the series is per: an engine
+    (``instance``...) or a fleet (``job``...); every record read by a rule or a dashboard."""
+    from dashboards.generate import dashboard_models
+
+    metrics = {spec.base.replace(":", "_") for spec in catalog.ALL} | {TORCH_CACHED_GAP, "up"}
     used = " ".join(rule.render_expr() for rule in ALERT_RULES) + " ".join(
         rule.render_expr() for rule in RECORDED.values()
     )
-    tested = {check.expr for scenario in RECORDING_SCENARIOS for check in scenario.checks}
+    used += json.dumps(dashboard_models())
+    tested = {
+        check.expr
+        for scenario in (*RECORDING_SCENARIOS, *FLEET_RECORDING_SCENARIOS)
+        for check in scenario.checks
+    }
     for name in RECORDED:
         level, metric, operations = name.split(":")
-        assert level.split("_")[0] == "instance", name
+        assert level.split("_")[0] in ("instance", "job"), name
         assert metric in metrics, f"{name}: {metric} is not a catalog metric"
         assert not metric.endswith("_total"), f"{name}: strip _total"
         assert operations, name
@@ -171,13 +196,18 @@ def test_alert_conventions(rule: AlertRule) -> None:
     assert rule.severity in ("critical", "warning", "info")
     assert "{{" not in rule.summary, "summary is static"
     description = rule.render_description()
-    assert "$labels.instance" in description and "$value" in description
+    subject = "$labels.job" if rule.scope == "fleet" else "$labels.instance"
+    assert subject in description and "$value" in description
     annotations = rule.annotations()
     assert annotations["runbook_url"] == f"{RUNBOOK_BASE_URL}#{rule.name.lower()}"
     uid = annotations["dashboard_url"].removeprefix(f"{GRAFANA_BASE_URL}/d/")
     assert uid in DASHBOARD_UIDS
     assert rule.for_ not in ("0s", "0m"), "every alert has a for, and a tested pending state"
-    assert "instance" in rule.render_expr() or "up{" in rule.render_expr()
+    if rule.scope == "fleet":
+        assert rule.action is None, "fleet-wide alerts page people; no engine applies them"
+        assert "job" in rule.render_expr()
+    else:
+        assert "instance" in rule.render_expr() or "up{" in rule.render_expr()
 
 
 def test_severity_is_consistent_within_a_name() -> None:
@@ -361,12 +391,15 @@ def test_alertmanager_routes() -> None:
     engine, pager, queue = routes
     assert engine["receiver"] == ENGINE_RECEIVER and engine["continue"] is True
     assert engine["matchers"] == [f'{catalog.ACTION_LABEL}=~".+"']
-    assert set(engine["group_by"]) >= {"alertname", "instance", catalog.ACTION_LABEL}
+    identity = set(DEFAULT.identity_labels)
+    assert set(engine["group_by"]) >= {"alertname", catalog.ACTION_LABEL} | identity
     assert set(engine["group_by"]) >= set(catalog.ACTION_PARAM_LABELS)
     lease_ttl = LeaseSettings().ttl_s
     assert _to_seconds(engine["repeat_interval"]) * 2 <= lease_ttl
     assert _to_seconds(engine["group_interval"]) <= 10
     assert pager["receiver"] == PAGER_RECEIVER and pager["matchers"] == ['severity="critical"']
+    # People get one page per alert and fleet, not one per engine.
+    assert pager["group_by"] == queue["group_by"] == ["alertname", "cluster", "namespace"]
     assert queue["receiver"] == QUEUE_RECEIVER and queue["matchers"] == ['severity="warning"']
     assert config["route"]["receiver"] not in (ENGINE_RECEIVER, PAGER_RECEIVER, QUEUE_RECEIVER)
     receivers = {r["name"]: r for r in config["receivers"]}
@@ -382,7 +415,7 @@ def test_alertmanager_routes() -> None:
         {
             "source_matchers": ['severity="critical"'],
             "target_matchers": ['severity="warning"'],
-            "equal": ["alertname", "instance"],
+            "equal": ["alertname", "cluster", "namespace", "instance"],
         }
     ]
 
@@ -439,7 +472,9 @@ def test_memory_alerts_outlast_the_peak_window() -> None:
 # --- The mixin config: every selector and aggregation comes from it ---------------------------
 CUSTOM = MixinConfig(
     engine_selector='job="my-vllm", namespace=~"prod-.*"',
-    identity_labels=("cluster", "namespace", "instance"),
+    identity_labels=("region", "namespace", "instance"),
+    alertmanager_selector='job="am", namespace="monitoring"',
+    relay_selector='job="my-relay"',
 )
 _RULES = [*ALERT_RULES, *RECORDED.values()]
 
@@ -450,13 +485,20 @@ def test_every_raw_selector_and_grouping_comes_from_the_config(
 ) -> None:
     expr = re.sub(r"#[^\n]*", "", rule.render_expr(CUSTOM))
     for name in metric_names(expr) - RECORDED.keys():
+        owner = catalog.BY_NAME.get(name, catalog.BY_NAME.get(name.rsplit("_", 1)[0]))
+        selector = {
+            "alertmanager": CUSTOM.alertmanager_selector,
+            "relay": CUSTOM.relay_selector,
+        }.get(
+            "relay" if name.startswith("warden_relay_") else getattr(owner, "owner", ""),
+            CUSTOM.engine_selector,
+        )
         occurrences = re.findall(rf"(?<![\w:]){re.escape(name)}(?![\w:])(\{{[^}}]*\}})?", expr)
         for matchers in occurrences:
-            assert matchers.startswith("{" + CUSTOM.engine_selector), (
-                f"{name} read without the engine selector in {expr!r}"
-            )
+            assert matchers.startswith("{" + selector), f"{name} read without its selector"
+    fleet = ", ".join((*CUSTOM.fleet_labels, "job"))
     for clause in re.findall(r"\b(?:by|on)\s*\(([^)]*)\)", expr):
-        assert clause.startswith(CUSTOM.identity), f"grouping ({clause}) lacks the identity"
+        assert clause.startswith((CUSTOM.identity, fleet)), f"grouping ({clause}) names no engine"
     assert "vllm-warden" not in expr
 
 
