@@ -200,8 +200,13 @@ def render_alertmanager_config(
     return dump_yaml(built, HEADER)
 
 
-def render_compose_alertmanager_config() -> str:
-    """The committed file: service names and secret path of the compose stack."""
+def render_compose_alertmanager_config(config: MixinConfig = DEFAULT) -> str:
+    """The committed file (service names and secret path of the compose stack), or a user's,
+    with the receivers their mixin config names."""
+    receivers = config.receivers
     return render_alertmanager_config(
-        COMPOSE_ENGINE_WEBHOOK_URL, COMPOSE_TOKEN_FILE, COMPOSE_PAGER_URL
+        receivers.engine_webhook_url or COMPOSE_ENGINE_WEBHOOK_URL,
+        receivers.token_file or COMPOSE_TOKEN_FILE,
+        receivers.pager_url or COMPOSE_PAGER_URL,
+        config=config,
     )

@@ -107,6 +107,19 @@ class Thresholds(BaseModel):
         return value
 
 
+class Receivers(BaseModel):
+    """Where the generated Alertmanager config sends things (unset: the compose stack's).
+
+    In a fleet, ``engine_webhook_url`` is warden relay's (``http://warden-relay:9095/warden/
+    alertmanager``): one receiver for every engine."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    engine_webhook_url: str | None = None
+    token_file: str | None = None
+    pager_url: str | None = None
+
+
 class MixinConfig(BaseModel):
     """Everything generated from ``alerts/`` and ``dashboards/`` depends on this object only.
 
@@ -129,6 +142,7 @@ class MixinConfig(BaseModel):
     relay_selector: str = f'job="{RELAY_JOB}"'
     thresholds: Thresholds = Thresholds()
     links: Links = Links()
+    receivers: Receivers = Receivers()
 
     @field_validator("engine_selector", "alertmanager_selector", "relay_selector")
     @classmethod
