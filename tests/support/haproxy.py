@@ -2,7 +2,9 @@
 
 Round robin over the engines, health-checked on warden's readiness endpoint; a request an engine
 refuses with 503 (warden's admission) is retried once on another engine (``retry-on 503`` with
-``option redispatch``), which is how a load balancer keeps a fleet serving while one engine
+``option redispatch``; ``option http-buffer-request`` so the whole request, body included, is
+in HAProxy's buffer before it is sent, which a layer-7 retry needs: without it the 503 came
+back to the client), which is how a load balancer keeps a fleet serving while one engine
 degrades. Every answer names the engine that gave it in ``X-Served-By``.
 """
 
@@ -45,6 +47,7 @@ def haproxy_config(port: int, servers: Mapping[str, str]) -> str:
         "  default_backend engines",
         "backend engines",
         "  balance roundrobin",
+        "  option http-buffer-request",
         "  option httpchk GET /warden/ready",
         "  http-check expect status 200",
         f"  http-response set-header {SERVED_BY} %s",
