@@ -1,7 +1,9 @@
 """Recording rules: per-instance series the alerts and dashboards read.
 
-Alerts compare these instead of repeating the aggregation, so every alert carries ``instance``
-and nothing else from the raw series (vLLM's ``model_name``/``engine``, warden's ``gpu``...).
+Alerts compare these instead of repeating the aggregation, so every alert carries the engine's
+identity labels (the mixin config's ``identity_labels``) and nothing else from the raw series
+(vLLM's ``model_name``/``engine``, warden's ``gpu``...). Every expression reads the engines'
+series through the config's ``select`` and aggregates with its ``by``.
 """
 
 from __future__ import annotations
@@ -80,59 +82,79 @@ RECORDING_RULES = RuleGroup(
     (
         RecordingRule(
             WATERMARK_PEAK,
-            f"max by (instance) "
-            f"(max_over_time({MEMORY_WATERMARK_PEAK.name}[{WATERMARK_PEAK_WINDOW}]))",
+            lambda c: (
+                f"max {c.by()} "
+                f"(max_over_time({c.select(MEMORY_WATERMARK_PEAK)}[{WATERMARK_PEAK_WINDOW}]))"
+            ),
         ),
         RecordingRule(
             GPU_USED_RATIO,
-            f"sum by (instance, gpu) ({GPU_MEMORY_USED.name})\n"
-            f"/\n"
-            f"sum by (instance, gpu) ({GPU_MEMORY_TOTAL.name})",
+            lambda c: (
+                f"sum {c.by('gpu')} ({c.select(GPU_MEMORY_USED)})\n"
+                f"/\n"
+                f"sum {c.by('gpu')} ({c.select(GPU_MEMORY_TOTAL)})"
+            ),
         ),
         RecordingRule(
             TORCH_RESERVED_RATIO,
-            f"sum by (instance, device) ({TORCH_RESERVED.name})\n"
-            f"/\n"
-            f"sum by (instance, device) ({TORCH_DEVICE_TOTAL.name})",
+            lambda c: (
+                f"sum {c.by('device')} ({c.select(TORCH_RESERVED)})\n"
+                f"/\n"
+                f"sum {c.by('device')} ({c.select(TORCH_DEVICE_TOTAL)})"
+            ),
         ),
         RecordingRule(
             TORCH_CACHED,
-            f"max by (instance) ({TORCH_RESERVED.name} - {TORCH_ALLOCATED.name})",
+            lambda c: f"max {c.by()} ({c.select(TORCH_RESERVED)} - {c.select(TORCH_ALLOCATED)})",
         ),
-        RecordingRule(TORCH_TOTAL, f"max by (instance) ({TORCH_DEVICE_TOTAL.name})"),
-        RecordingRule(QUEUE_WAITING, f"sum by (instance) ({VLLM_NUM_REQUESTS_WAITING.name})"),
+        RecordingRule(TORCH_TOTAL, lambda c: f"max {c.by()} ({c.select(TORCH_DEVICE_TOTAL)})"),
         RecordingRule(
-            PREEMPTIONS_RATE, f"sum by (instance) (rate({VLLM_NUM_PREEMPTIONS.name}[5m]))"
+            QUEUE_WAITING, lambda c: f"sum {c.by()} ({c.select(VLLM_NUM_REQUESTS_WAITING)})"
         ),
         RecordingRule(
-            REQUESTS_BY_OUTCOME_RATE, f"sum by (instance, outcome) (rate({REQUESTS.name}[5m]))"
+            PREEMPTIONS_RATE,
+            lambda c: f"sum {c.by()} (rate({c.select(VLLM_NUM_PREEMPTIONS)}[5m]))",
+        ),
+        RecordingRule(
+            REQUESTS_BY_OUTCOME_RATE,
+            lambda c: f"sum {c.by('outcome')} (rate({c.select(REQUESTS)}[5m]))",
         ),
         RecordingRule(
             REQUESTS_SERVED_RATE,
-            f'sum by (instance) ({REQUESTS_BY_OUTCOME_RATE}{{outcome!="{_REJECTED}"}})',
+            lambda c: f'sum {c.by()} ({REQUESTS_BY_OUTCOME_RATE}{{outcome!="{_REJECTED}"}})',
         ),
         RecordingRule(
             SERVER_ERROR_RATIO,
-            f'sum by (instance) ({REQUESTS_BY_OUTCOME_RATE}{{outcome="{_SERVER_ERROR}"}})\n'
-            f"/\n"
-            f"{REQUESTS_SERVED_RATE}",
+            lambda c: (
+                f'sum {c.by()} ({REQUESTS_BY_OUTCOME_RATE}{{outcome="{_SERVER_ERROR}"}})\n'
+                f"/\n"
+                f"{REQUESTS_SERVED_RATE}"
+            ),
         ),
         RecordingRule(
             RETRIES_RATIO,
-            f"sum by (instance) (rate({REQUEST_RETRIES.name}[5m]))\n/\n{REQUESTS_SERVED_RATE}",
+            lambda c: (
+                f"sum {c.by()} (rate({c.select(REQUEST_RETRIES)}[5m]))\n/\n{REQUESTS_SERVED_RATE}"
+            ),
         ),
         RecordingRule(
             RETRIES_EXHAUSTED_RATIO,
-            f"sum by (instance) (rate({REQUEST_RETRIES_EXHAUSTED.name}[5m]))\n"
-            f"/\n"
-            f"{REQUESTS_SERVED_RATE}",
+            lambda c: (
+                f"sum {c.by()} (rate({c.select(REQUEST_RETRIES_EXHAUSTED)}[5m]))\n"
+                f"/\n"
+                f"{REQUESTS_SERVED_RATE}"
+            ),
         ),
-        RecordingRule(NONFINITE_RATE, f"sum by (instance) (rate({NONFINITE_LOGITS.name}[5m]))"),
+        RecordingRule(
+            NONFINITE_RATE, lambda c: f"sum {c.by()} (rate({c.select(NONFINITE_LOGITS)}[5m]))"
+        ),
         RecordingRule(NONFINITE_RATIO, f"{NONFINITE_RATE}\n/\n{REQUESTS_SERVED_RATE}"),
-        RecordingRule(RESTARTS_1H, f"sum by (instance) (increase({ENGINE_RESTARTS.name}[1h]))"),
+        RecordingRule(
+            RESTARTS_1H, lambda c: f"sum {c.by()} (increase({c.select(ENGINE_RESTARTS)}[1h]))"
+        ),
         RecordingRule(
             COLLECTOR_ERRORS_RATE,
-            f"sum by (instance, collector) (rate({COLLECTOR_ERRORS.name}[5m]))",
+            lambda c: f"sum {c.by('collector')} (rate({c.select(COLLECTOR_ERRORS)}[5m]))",
         ),
     ),
 )

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from alerts import fleet
 from alerts import recording as rec
 from alerts.config import (
     DASHBOARD_FAULTS,
     DASHBOARD_MEMORY,
     DASHBOARD_OVERVIEW,
-    ENGINE_JOB,
+    MixinConfig,
     Severity,
+    Templated,
 )
 from alerts.model import AlertRule, RuleGroup
 from exporter.catalog import (
@@ -171,7 +173,7 @@ def _time_to_oom(h: CreepHorizon) -> AlertRule:
     )
     return AlertRule(
         name="WardenTimeToOOM",
-        expr=f"max by (instance, source) (\n{_indent(branches)}\n)",
+        expr=lambda c: f"max {c.by('source')} (\n{_indent(branches)}\n)",
         for_=h.for_,
         severity=h.severity,
         summary="Memory keeps growing and will run out at the current rate.",
@@ -187,13 +189,13 @@ def _indent(text: str, by: str = "  ") -> str:
     return "\n".join(by + line for line in text.splitlines())
 
 
-def _steady_for(window: str) -> str:
+def _steady_for(c: MixinConfig, window: str) -> str:
     """The engine target has been scraped for at least ``window`` and answered every scrape in
     it: no start-up and no restart inside the window.
 
     Memory moves a lot while an engine starts and warms up; growth alerts judge steady state.
     """
-    up = f'up{{job="{ENGINE_JOB}"}}'
+    up = c.select("up")
     return f"(min_over_time({up}[{window}]) == 1 and {up} offset {window})"
 
 
@@ -218,18 +220,18 @@ def _eager_fallback() -> AlertRule:
     reserved_full = _reaches_full(rec.TORCH_RESERVED_RATIO, TIME_TO_OOM_WARNING)
     return AlertRule(
         name="WardenMemoryCreepWithCudaGraphs",
-        expr=(
+        expr=lambda c: (
             f"# CUDA graphs on: vLLM captured a graph pool at start-up (0 or absent when eager)\n"
-            f"max by (instance) ({CUDAGRAPH_POOL_BYTES.name}) > 0\n"
-            f"and on (instance) (\n"
+            f"max {c.by()} ({c.select(CUDAGRAPH_POOL_BYTES)}) > 0\n"
+            f"and {c.on()} (\n"
             f"  # the allocator cache keeps growing, as for WardenAllocatorCacheGrowth\n"
-            f"  max by (instance) (\n{_indent(cache_growth, '    ')}\n  )\n"
+            f"  max {c.by()} (\n{_indent(cache_growth, '    ')}\n  )\n"
             f"  or\n"
             f"  # PyTorch reserved memory full within {TIME_TO_OOM_WARNING.horizon} at its rate\n"
-            f"  max by (instance) (\n{_indent(reserved_full, '    ')}\n  )\n"
+            f"  max {c.by()} (\n{_indent(reserved_full, '    ')}\n  )\n"
             f")\n"
             f"# not a warm-up: the engine was scraped without a gap for the whole window\n"
-            f"and on (instance) {_steady_for(CACHE_GROWTH_WINDOW)}"
+            f"and {c.on()} {_steady_for(c, CACHE_GROWTH_WINDOW)}"
         ),
         for_=EAGER_FALLBACK_FOR,
         severity="warning",
@@ -253,13 +255,13 @@ CREEP = RuleGroup(
         _time_to_oom(TIME_TO_OOM_CRITICAL),
         AlertRule(
             name="WardenAllocatorCacheGrowth",
-            expr=(
+            expr=lambda c: (
                 f"deriv({rec.TORCH_CACHED}[{CACHE_GROWTH_WINDOW}]) * 3600"
                 f" > {CACHE_GROWTH_BYTES_PER_HOUR}\n"
                 f"and deriv({rec.TORCH_CACHED}[30m]) > 0\n"
                 f"and {rec.TORCH_CACHED} / {rec.TORCH_TOTAL} > {CACHE_GAP_FLOOR_RATIO}\n"
                 f"# not a warm-up: the engine was scraped without a gap for the whole window\n"
-                f"and on (instance) {_steady_for(CACHE_GROWTH_WINDOW)}"
+                f"and {c.on()} {_steady_for(c, CACHE_GROWTH_WINDOW)}"
             ),
             for_="1h",
             severity="warning",
@@ -365,8 +367,8 @@ RETRY_RATIO = 0.1
 RETRY_EXHAUSTED_RATIO = 0.05
 
 
-def _with_traffic(expr: str) -> str:
-    return f"{expr}\nand on (instance) ({rec.REQUESTS_SERVED_RATE} >= {MIN_SERVED_PER_SECOND})"
+def _with_traffic(expr: str) -> Templated:
+    return lambda c: f"{expr}\nand {c.on()} ({rec.REQUESTS_SERVED_RATE} >= {MIN_SERVED_PER_SECOND})"
 
 
 TRAFFIC = RuleGroup(
@@ -433,7 +435,7 @@ FAULTS = RuleGroup(
     (
         AlertRule(
             name="WardenNonFiniteLogits",
-            expr=f"sum by (instance) (increase({NONFINITE_LOGITS.name}[10m])) > 0",
+            expr=lambda c: f"sum {c.by()} (increase({c.select(NONFINITE_LOGITS)}[10m])) > 0",
             for_="1m",
             severity="warning",
             summary="Some requests produced NaN or Inf logits.",
@@ -512,7 +514,7 @@ LIVENESS = RuleGroup(
     (
         AlertRule(
             name="WardenEngineStalled",
-            expr=f"max by (instance) ({ENGINE_STALLED.name}) == 1",
+            expr=lambda c: f"max {c.by()} ({c.select(ENGINE_STALLED)}) == 1",
             for_="1m",
             severity="critical",
             summary="The engine has work but makes no progress.",
@@ -524,16 +526,15 @@ LIVENESS = RuleGroup(
         ),
         AlertRule(
             name="WardenEngineDown",
-            expr=(
-                f'(\n  max by (instance) (up{{job="{ENGINE_JOB}"}})\n'
-                f'  or absent(up{{job="{ENGINE_JOB}"}}) * 0\n) == 0'
+            expr=lambda c: (
+                f"(\n  max {c.by()} ({c.select('up')})\n  or absent({c.select('up')}) * 0\n) == 0"
             ),
             for_="2m",
             severity="critical",
             summary="Prometheus cannot scrape the engine.",
-            description=(
+            description=lambda c: (
                 "Scrapes of engine target {{ $labels.instance }} fail (up = {{ $value }}); "
-                f"an empty instance means job {ENGINE_JOB} has no targets at all."
+                f"an empty instance means no target matches {{{c.engine_selector}}} at all."
             ),
             dashboard=DASHBOARD_OVERVIEW,
         ),
@@ -551,7 +552,7 @@ LIVENESS = RuleGroup(
         ),
         AlertRule(
             name="WardenEngineUnhealthy",
-            expr=f"min by (instance) ({ENGINE_HEALTHY.name}) == 0",
+            expr=lambda c: f"min {c.by()} ({c.select(ENGINE_HEALTHY)}) == 0",
             for_="5m",
             severity="critical",
             summary="vLLM reports the engine unhealthy.",
@@ -564,7 +565,15 @@ LIVENESS = RuleGroup(
     ),
 )
 
-ALERT_GROUPS: tuple[RuleGroup, ...] = (MEMORY, CREEP, TRAFFIC, FAULTS, LIVENESS)
+ALERT_GROUPS: tuple[RuleGroup, ...] = (
+    MEMORY,
+    CREEP,
+    TRAFFIC,
+    FAULTS,
+    LIVENESS,
+    fleet.FLEET,
+    fleet.DELIVERY,
+)
 ALERT_RULES: tuple[AlertRule, ...] = tuple(
     rule for group in ALERT_GROUPS for rule in group.rules if isinstance(rule, AlertRule)
 )

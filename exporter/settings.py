@@ -68,6 +68,12 @@ class WardenSettings(BaseSettings):
     nonfinite_flag_wait_s: float = Field(
         0.25, ge=0, le=10, description="middleware: longest wait for a pending non-finite flag"
     )
+    # --- identity in a fleet: the labels Prometheus puts on this engine's series -----------
+    instance: str | None = Field(
+        None, description="this engine's instance label (default: the host:port it is reached at)"
+    )
+    namespace: str | None = Field(None, description="Kubernetes namespace of this engine")
+    cluster: str | None = Field(None, description="cluster label (Prometheus external label)")
     # --- wiring between warden's own processes (set by warden, not by people) -------------
     signal_board: Path | None = Field(None, description="shared-memory signal board")
     supervisor_state: Path | None = Field(None, description="the supervisor's state file")

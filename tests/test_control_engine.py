@@ -99,6 +99,7 @@ def engine(
         "WARDEN_TEST_INJECT_NONFINITE": "1",
         "WARDEN_WEBHOOK_TOKEN_FILE": str(token_file),
         "WARDEN_CONFIG": str(config),
+        "WARDEN_INSTANCE": "engine:8000",  # the instance the test notifications name
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": otlp.url,
         "OTEL_BSP_SCHEDULE_DELAY": "200",
     }

@@ -220,6 +220,7 @@ def running_prometheus(
     ready_timeout: float = 30.0,
     extra_args: Sequence[str] = (),
     binary: str = PROMETHEUS_BINARY,
+    edit_config: Callable[[dict[str, Any]], None] | None = None,
 ) -> Iterator[PrometheusServer]:
     """Start Prometheus, yield it once ``/-/ready`` answers, always stop it afterwards.
 
@@ -227,6 +228,8 @@ def running_prometheus(
     and alerting rule files, checked by Prometheus at start (a bad file fails the start).
     ``alertmanager``: ``host:port`` or URL of an Alertmanager to send alerts to. ``workdir``:
     where config, TSDB and log go (default: a temporary directory removed afterwards).
+    ``edit_config``: changes the config dict in place before it is written (file-based
+    discovery, external labels, remote_write).
     """
     owned_dir = workdir is None
     root = Path(tempfile.mkdtemp(prefix="warden-prometheus-")) if workdir is None else workdir
@@ -238,6 +241,8 @@ def running_prometheus(
         scrape_interval,
         evaluation_interval,
     )
+    if edit_config is not None:
+        edit_config(config)
     (root / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
     server: PrometheusServer | None = None
     try:

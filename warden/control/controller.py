@@ -23,12 +23,14 @@ from warden.control import telemetry
 from warden.control.actions import REFLEX_ACTIONS, ActionRequest
 from warden.control.alertmanager import AlertEvent
 from warden.control.config import ControlConfig
+from warden.control.identity import EngineIdentity
 from warden.control.leases import Lease, LeaseTable, Outcome
 from warden.control.policy import CIRCUIT_ORDER, EffectivePolicy, combine, gauge_values
 
 log = logging.getLogger("warden.control")
 WARDEN_RID = re.compile(r"warden-[0-9a-f]{32}")
 ALERTMANAGER, REFLEX, MANUAL = catalog.LEASE_SOURCES
+NOT_FOR_THIS_ENGINE = "not_for_this_engine"
 
 
 class Controller:
@@ -50,6 +52,7 @@ class Controller:
         self._lock = threading.RLock()
         self._preempted: OrderedDict[str, float] = OrderedDict()
         self._last_lease_preempt: float | None = None  # alerts' and overrides' shared cooldown
+        self._foreign_logged: set[tuple[str, str]] = set()
         self.last_policy_change: float = clock()
         # (time, reason) of recent refusals: operators and tests read reaction times here.
         self.recent_rejections: deque[tuple[float, str]] = deque(maxlen=64)
@@ -120,14 +123,24 @@ class Controller:
 
     # --- lease writers ------------------------------------------------------------------
 
-    def apply_alerts(self, events: list[AlertEvent]) -> dict[str, int]:
-        """Apply a validated notification; return counts per outcome."""
+    def apply_alerts(
+        self, events: list[AlertEvent], identity: EngineIdentity | None = None
+    ) -> dict[str, int]:
+        """Apply a validated notification; return counts per outcome.
+
+        With ``identity`` (the webhook always passes it), alerts about another engine or about
+        the whole fleet are counted ``not_for_this_engine`` and change nothing.
+        """
         now = self.clock()
         ttl = self.config.leases.ttl_s
         counts: dict[str, int] = {}
         preempt = 0
         for event in events:
-            if event.unknown_action is not None:
+            refusal = identity.refusal(event.labels) if identity is not None else None
+            if refusal is not None:
+                self._log_foreign(event, refusal)
+                outcome = NOT_FOR_THIS_ENGINE
+            elif event.unknown_action is not None:
                 log.warning(
                     "warden: alert %s asks for unknown action %r; ignored",
                     event.alertname,
@@ -173,6 +186,17 @@ class Controller:
         if preempt and self._lease_preempt_allowed(now, "alert"):
             self.preempt_largest(preempt, "alert")
         return counts
+
+    def _log_foreign(self, event: AlertEvent, refusal: str) -> None:
+        """Say once per alert and reason that an alert was not applied here (a misrouted
+        notification is a configuration problem someone should see, not a flood)."""
+        key = (event.fingerprint, refusal)
+        if key in self._foreign_logged:
+            return
+        self._foreign_logged.add(key)
+        if len(self._foreign_logged) > 1024:
+            self._foreign_logged.clear()
+        log.warning("warden: alert %s not applied: %s", event.alertname, refusal)
 
     def set_manual(self, key: str, request: ActionRequest, ttl_s: float) -> Lease | None:
         """Take or renew a manual lease; None when the manual source holds its maximum."""

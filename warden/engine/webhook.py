@@ -23,6 +23,7 @@ from warden.control import telemetry
 from warden.control.actions import ActionError, parse_action
 from warden.control.alertmanager import PayloadError, parse_payload
 from warden.engine import routes, runtime
+from warden.engine.identity import engine_identity
 
 log = logging.getLogger("warden.control")
 router = APIRouter()
@@ -107,18 +108,27 @@ async def alertmanager_webhook(request: Request) -> JSONResponse:
             span.set_attribute("warden.outcome", "malformed")
             return _error(400, f"malformed notification: {exc}")
         span.set_attribute("warden.alertnames", sorted({e.alertname for e in events}))
+        identity = await engine_identity(request, events)
         try:
-            counts = control.apply_alerts(events)
+            counts = control.apply_alerts(events, identity)
         except Exception:
             log.exception("warden: applying a notification failed")
             outcomes.labels("error").inc()
             span.set_attribute("warden.outcome", "error")
             return _error(500, "internal error applying the notification; retry")
         outcomes.labels("applied").inc()
-        if counts.get("unknown_action"):
-            outcomes.labels("unknown_action").inc(counts["unknown_action"])
+        for counted in ("unknown_action", "not_for_this_engine"):
+            if counts.get(counted):
+                outcomes.labels(counted).inc(counts[counted])
         span.set_attribute("warden.outcome", "applied")
-        return JSONResponse({"status": "applied", "alerts": counts, **control.state_json()})
+        return JSONResponse(
+            {
+                "status": "applied",
+                "alerts": counts,
+                "identity": identity.to_json(),
+                **control.state_json(),
+            }
+        )
 
 
 @router.get("/warden/degrade")
