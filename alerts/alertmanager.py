@@ -10,9 +10,16 @@ Routing, in order:
 2. ``severity=critical`` pages a person (webhook to the pager, resolved notifications too).
 3. ``severity=warning`` goes to a ticket queue; ``info`` and anything else go nowhere.
 
-A critical alert inhibits the warning alert of the same name on the same instance. Inhibition
+People's routes group by alert name and the fleet labels (``cluster``, ``namespace``), not by
+instance: a problem that hits ten engines at once pages once, listing the ten; a fleet-wide
+alert (no instance) pages once. The engine route groups by every identity label, so each engine
+gets its own notifications.
+
+A critical alert inhibits the warning alert of the same name on the same engine. Inhibition
 mutes an alert for every receiver, the engine included: e.g. the half-open circuit breaker is
 not delivered while the open one fires (the stronger action covers it).
+
+Everything label-shaped comes from the mixin config (``alerts.config.MixinConfig``).
 
 The same function renders the committed compose file and the native stack's runtime file.
 """
@@ -22,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from alerts.config import DEFAULT, MixinConfig
 from alerts.yamltext import dump_yaml
 from exporter.catalog import ACTION_LABEL, ACTION_PARAM_LABELS
 
@@ -53,14 +61,21 @@ PAGER_RECEIVER = "pager"
 QUEUE_RECEIVER = "queue"
 DISCARD_RECEIVER = "discard"
 
-ENGINE_GROUP_BY: tuple[str, ...] = (
-    "alertname",
-    "instance",
-    "severity",
-    ACTION_LABEL,
-    *ACTION_PARAM_LABELS,
-)
-PEOPLE_GROUP_BY: tuple[str, ...] = ("alertname", "instance")
+
+def engine_group_by(config: MixinConfig = DEFAULT) -> tuple[str, ...]:
+    """One notification per engine, alert and action (parameters intact)."""
+    return ("alertname", *config.identity_labels, "severity", ACTION_LABEL, *ACTION_PARAM_LABELS)
+
+
+def people_group_by(config: MixinConfig = DEFAULT) -> tuple[str, ...]:
+    """One page per alert name and fleet, however many engines it involves."""
+    return ("alertname", *config.fleet_labels)
+
+
+def inhibit_equal(config: MixinConfig = DEFAULT) -> tuple[str, ...]:
+    """Critical mutes warning of the same alert on the same engine."""
+    return ("alertname", *config.identity_labels)
+
 
 # Compose defaults (the committed alerts/generated/alertmanager.yml).
 COMPOSE_ENGINE_WEBHOOK_URL = "http://engine:8000/warden/alertmanager"
@@ -100,8 +115,10 @@ def build_alertmanager_config(
     engine_timing: RouteTiming = ENGINE_TIMING,
     pager_timing: RouteTiming = PAGER_TIMING,
     queue_timing: RouteTiming = QUEUE_TIMING,
+    config: MixinConfig = DEFAULT,
 ) -> dict[str, Any]:
     """The configuration as a mapping (see ``render_alertmanager_config``)."""
+    people = list(people_group_by(config))
     queue: dict[str, Any] = {"name": QUEUE_RECEIVER}
     if queue_url is not None:
         queue["webhook_configs"] = [_webhook(queue_url)]
@@ -109,26 +126,26 @@ def build_alertmanager_config(
         "global": {"resolve_timeout": "5m"},
         "route": {
             "receiver": DISCARD_RECEIVER,
-            "group_by": list(PEOPLE_GROUP_BY),
+            "group_by": people,
             **pager_timing.to_route(),
             "routes": [
                 {
                     "receiver": ENGINE_RECEIVER,
                     "matchers": [f'{ACTION_LABEL}=~".+"'],
-                    "group_by": list(ENGINE_GROUP_BY),
+                    "group_by": list(engine_group_by(config)),
                     **engine_timing.to_route(),
                     "continue": True,
                 },
                 {
                     "receiver": PAGER_RECEIVER,
                     "matchers": ['severity="critical"'],
-                    "group_by": list(PEOPLE_GROUP_BY),
+                    "group_by": people,
                     **pager_timing.to_route(),
                 },
                 {
                     "receiver": QUEUE_RECEIVER,
                     "matchers": ['severity="warning"'],
-                    "group_by": list(PEOPLE_GROUP_BY),
+                    "group_by": people,
                     **queue_timing.to_route(),
                 },
             ],
@@ -137,7 +154,7 @@ def build_alertmanager_config(
             {
                 "source_matchers": ['severity="critical"'],
                 "target_matchers": ['severity="warning"'],
-                "equal": ["alertname", "instance"],
+                "equal": list(inhibit_equal(config)),
             }
         ],
         "receivers": [
@@ -161,6 +178,7 @@ def render_alertmanager_config(
     engine_timing: RouteTiming = ENGINE_TIMING,
     pager_timing: RouteTiming = PAGER_TIMING,
     queue_timing: RouteTiming = QUEUE_TIMING,
+    config: MixinConfig = DEFAULT,
 ) -> str:
     """alertmanager.yml text.
 
@@ -169,7 +187,7 @@ def render_alertmanager_config(
     webhook (tests use it to observe inhibition); without it the queue is a documented no-op.
     The ``*_timing`` overrides exist so tests do not wait out production intervals.
     """
-    config = build_alertmanager_config(
+    built = build_alertmanager_config(
         engine_webhook_url,
         token_file,
         pager_url,
@@ -177,12 +195,18 @@ def render_alertmanager_config(
         engine_timing=engine_timing,
         pager_timing=pager_timing,
         queue_timing=queue_timing,
+        config=config,
     )
-    return dump_yaml(config, HEADER)
+    return dump_yaml(built, HEADER)
 
 
-def render_compose_alertmanager_config() -> str:
-    """The committed file: service names and secret path of the compose stack."""
+def render_compose_alertmanager_config(config: MixinConfig = DEFAULT) -> str:
+    """The committed file (service names and secret path of the compose stack), or a user's,
+    with the receivers their mixin config names."""
+    receivers = config.receivers
     return render_alertmanager_config(
-        COMPOSE_ENGINE_WEBHOOK_URL, COMPOSE_TOKEN_FILE, COMPOSE_PAGER_URL
+        receivers.engine_webhook_url or COMPOSE_ENGINE_WEBHOOK_URL,
+        receivers.token_file or COMPOSE_TOKEN_FILE,
+        receivers.pager_url or COMPOSE_PAGER_URL,
+        config=config,
     )

@@ -10,9 +10,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from alerts.config import SEVERITIES, Severity, dashboard_url, runbook_url
+from alerts.config import DEFAULT, SEVERITIES, MixinConfig, Severity, Templated, render
 from exporter.catalog import ACTION_LABEL, ACTION_PARAM_LABELS, DEGRADATION_ACTIONS, MetricSpec
 
 _RECORD_NAME = re.compile(r"^[a-z_]+:[a-z0-9_]+:[a-z0-9_]+$")
@@ -28,17 +28,21 @@ def recorded_name(level: str, metric: MetricSpec | str, operations: str) -> str:
 
 @dataclass(frozen=True)
 class RecordingRule:
-    """A precomputed series, named ``level:metric:operations``."""
+    """A precomputed series, named ``level:metric:operations``; ``expr`` may depend on the
+    mixin config (a function of it)."""
 
     record: str
-    expr: str
+    expr: Templated
 
     def __post_init__(self) -> None:
         if not _RECORD_NAME.match(self.record):
             raise ValueError(f"recording rule name {self.record!r} is not level:metric:operations")
 
-    def to_rule(self) -> dict[str, Any]:
-        return {"record": self.record, "expr": self.expr}
+    def render_expr(self, config: MixinConfig = DEFAULT) -> str:
+        return render(self.expr, config)
+
+    def to_rule(self, config: MixinConfig = DEFAULT) -> dict[str, Any]:
+        return {"record": self.record, "expr": self.render_expr(config)}
 
 
 @dataclass(frozen=True)
@@ -47,19 +51,25 @@ class AlertRule:
 
     ``action`` and ``params`` become the ``warden_action`` / ``warden_*`` labels the engine
     webhook turns into a degradation lease. ``description`` is a Go template and must mention
-    ``$labels.instance`` and ``$value``.
+    ``$labels.instance`` and ``$value``. ``expr`` and ``description`` may depend on the mixin
+    config (functions of it): selectors and aggregations always do.
+
+    ``scope="fleet"``: the alert is about a whole job (no ``instance``: its description names
+    ``$labels.job``). Fleet-wide alerts page people and never carry an action: an engine applies
+    only alerts that name it (docs/fleets.md).
     """
 
     name: str
-    expr: str
+    expr: Templated
     severity: Severity
     summary: str
-    description: str
+    description: Templated
     dashboard: str
     for_: str
     keep_firing_for: str | None = None
     action: str | None = None
     params: Mapping[str, str] = field(default_factory=dict)
+    scope: Literal["engine", "fleet"] = "engine"
 
     def __post_init__(self) -> None:
         if not _ALERT_NAME.match(self.name):
@@ -73,15 +83,25 @@ class AlertRule:
             raise ValueError(f"{self.name}: unknown action {self.action!r}")
         if self.params and self.action is None:
             raise ValueError(f"{self.name}: action parameters without an action")
+        if self.scope == "fleet" and self.action is not None:
+            raise ValueError(f"{self.name}: a fleet-wide alert cannot carry an engine action")
         for label, value in self.params.items():
             if label not in ACTION_PARAM_LABELS:
                 raise ValueError(f"{self.name}: {label!r} is not an action parameter label")
             if not isinstance(value, str):
                 raise ValueError(f"{self.name}: label {label} must be a string")
-        for placeholder in ("$labels.instance", "$value"):
-            if placeholder not in self.description:
+        description = self.render_description(DEFAULT)
+        subject = "$labels.job" if self.scope == "fleet" else "$labels.instance"
+        for placeholder in (subject, "$value"):
+            if placeholder not in description:
                 raise ValueError(f"{self.name}: description lacks {placeholder}")
-        dashboard_url(self.dashboard)  # raises on an unknown uid
+        DEFAULT.dashboard_url(self.dashboard)  # raises on an unknown uid
+
+    def render_expr(self, config: MixinConfig = DEFAULT) -> str:
+        return render(self.expr, config)
+
+    def render_description(self, config: MixinConfig = DEFAULT) -> str:
+        return render(self.description, config)
 
     @property
     def labels(self) -> dict[str, str]:
@@ -92,21 +112,24 @@ class AlertRule:
         labels.update(sorted(self.params.items()))
         return labels
 
-    @property
-    def annotations(self) -> dict[str, str]:
+    def annotations(self, config: MixinConfig = DEFAULT) -> dict[str, str]:
         return {
             "summary": self.summary,
-            "description": self.description,
-            "runbook_url": runbook_url(self.name),
-            "dashboard_url": dashboard_url(self.dashboard),
+            "description": self.render_description(config),
+            "runbook_url": config.runbook_url(self.name),
+            "dashboard_url": config.dashboard_url(self.dashboard),
         }
 
-    def to_rule(self) -> dict[str, Any]:
-        rule: dict[str, Any] = {"alert": self.name, "expr": self.expr, "for": self.for_}
+    def to_rule(self, config: MixinConfig = DEFAULT) -> dict[str, Any]:
+        rule: dict[str, Any] = {
+            "alert": self.name,
+            "expr": self.render_expr(config),
+            "for": self.for_,
+        }
         if self.keep_firing_for is not None:
             rule["keep_firing_for"] = self.keep_firing_for
         rule["labels"] = self.labels
-        rule["annotations"] = self.annotations
+        rule["annotations"] = self.annotations(config)
         return rule
 
 
@@ -117,5 +140,5 @@ class RuleGroup:
     name: str
     rules: tuple[RecordingRule | AlertRule, ...]
 
-    def to_group(self) -> dict[str, Any]:
-        return {"name": self.name, "rules": [rule.to_rule() for rule in self.rules]}
+    def to_group(self, config: MixinConfig = DEFAULT) -> dict[str, Any]:
+        return {"name": self.name, "rules": [rule.to_rule(config) for rule in self.rules]}

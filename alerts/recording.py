@@ -1,7 +1,9 @@
 """Recording rules: per-instance series the alerts and dashboards read.
 
-Alerts compare these instead of repeating the aggregation, so every alert carries ``instance``
-and nothing else from the raw series (vLLM's ``model_name``/``engine``, warden's ``gpu``...).
+Alerts compare these instead of repeating the aggregation, so every alert carries the engine's
+identity labels (the mixin config's ``identity_labels``) and nothing else from the raw series
+(vLLM's ``model_name``/``engine``, warden's ``gpu``...). Every expression reads the engines'
+series through the config's ``select`` and aggregates with its ``by``.
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ WATERMARK_PEAK = recorded_name(
 )
 # Memory beyond the engine's plan (exporter/memory_risk.py), worst device per instance and source.
 MEMORY_RISK_MAX = recorded_name("instance_source", MEMORY_RISK, "max")
+# PyTorch reserved / device total (the eager fallback's "reserved full within 6 h").
+TORCH_RESERVED_RATIO = recorded_name("instance_device", TORCH_RESERVED, "ratio")
 TORCH_CACHED = recorded_name("instance", TORCH_CACHED_GAP, "max")
 TORCH_TOTAL = recorded_name("instance", TORCH_DEVICE_TOTAL, "max")
 PREEMPTIONS_RATE = recorded_name("instance", VLLM_NUM_PREEMPTIONS, "rate5m")
@@ -90,61 +94,93 @@ RECORDING_RULES = RuleGroup(
     (
         RecordingRule(
             WATERMARK_PEAK,
-            f"max by (instance) "
-            f"(max_over_time({MEMORY_WATERMARK_PEAK.name}[{WATERMARK_PEAK_WINDOW}]))",
+            lambda c: (
+                f"max {c.by()} "
+                f"(max_over_time({c.select(MEMORY_WATERMARK_PEAK)}[{WATERMARK_PEAK_WINDOW}]))"
+            ),
         ),
-        RecordingRule(MEMORY_RISK_MAX, f"max by (instance, source) ({MEMORY_RISK.name})"),
+        RecordingRule(MEMORY_RISK_MAX, lambda c: f"max {c.by('source')} ({c.select(MEMORY_RISK)})"),
+        RecordingRule(
+            TORCH_RESERVED_RATIO,
+            lambda c: (
+                f"sum {c.by('device')} ({c.select(TORCH_RESERVED)})\n"
+                f"/\n"
+                f"sum {c.by('device')} ({c.select(TORCH_DEVICE_TOTAL)})"
+            ),
+        ),
         RecordingRule(
             TORCH_CACHED,
-            f"max by (instance) ({TORCH_RESERVED.name} - {TORCH_ALLOCATED.name})",
+            lambda c: f"max {c.by()} ({c.select(TORCH_RESERVED)} - {c.select(TORCH_ALLOCATED)})",
         ),
-        RecordingRule(TORCH_TOTAL, f"max by (instance) ({TORCH_DEVICE_TOTAL.name})"),
+        RecordingRule(TORCH_TOTAL, lambda c: f"max {c.by()} ({c.select(TORCH_DEVICE_TOTAL)})"),
         RecordingRule(
-            PREEMPTIONS_RATE, f"sum by (instance) (rate({VLLM_NUM_PREEMPTIONS.name}[5m]))"
+            PREEMPTIONS_RATE,
+            lambda c: f"sum {c.by()} (rate({c.select(VLLM_NUM_PREEMPTIONS)}[5m]))",
         ),
-        RecordingRule(FINISHED_RATE, f"sum by (instance) (rate({VLLM_REQUEST_SUCCESS.name}[5m]))"),
+        RecordingRule(
+            FINISHED_RATE,
+            lambda c: f"sum {c.by()} (rate({c.select(VLLM_REQUEST_SUCCESS)}[5m]))",
+        ),
         RecordingRule(RECOMPUTE_RATIO, f"{PREEMPTIONS_RATE}\n/\n{FINISHED_RATE}"),
         RecordingRule(
             QUEUE_TIME_P90,
-            f"histogram_quantile(\n  0.9,\n  sum by (instance, le) "
-            f"(rate({VLLM_QUEUE_TIME.name}_bucket[5m]))\n)",
+            lambda c: (
+                f"histogram_quantile(\n  0.9,\n  sum {c.by('le')} "
+                f"(rate({c.select(VLLM_QUEUE_TIME.name + '_bucket')}[5m]))\n)"
+            ),
         ),
-        RecordingRule(SATURATED_1M, f"max by (instance) (max_over_time({SATURATED.name}[1m]))"),
         RecordingRule(
-            REQUESTS_BY_OUTCOME_RATE, f"sum by (instance, outcome) (rate({REQUESTS.name}[5m]))"
+            SATURATED_1M,
+            lambda c: f"max {c.by()} (max_over_time({c.select(SATURATED)}[1m]))",
+        ),
+        RecordingRule(
+            REQUESTS_BY_OUTCOME_RATE,
+            lambda c: f"sum {c.by('outcome')} (rate({c.select(REQUESTS)}[5m]))",
         ),
         RecordingRule(
             REQUESTS_SERVED_RATE,
-            f'sum by (instance) ({REQUESTS_BY_OUTCOME_RATE}{{outcome!="{_REJECTED}"}})',
+            lambda c: f'sum {c.by()} ({REQUESTS_BY_OUTCOME_RATE}{{outcome!="{_REJECTED}"}})',
         ),
         RecordingRule(
             SERVER_ERROR_RATIO,
-            f'sum by (instance) ({REQUESTS_BY_OUTCOME_RATE}{{outcome="{_SERVER_ERROR}"}})\n'
-            f"/\n"
-            f"{REQUESTS_SERVED_RATE}",
+            lambda c: (
+                f'sum {c.by()} ({REQUESTS_BY_OUTCOME_RATE}{{outcome="{_SERVER_ERROR}"}})\n'
+                f"/\n"
+                f"{REQUESTS_SERVED_RATE}"
+            ),
         ),
         RecordingRule(
             REJECTED_RATIO,
-            f'sum by (instance) ({REQUESTS_BY_OUTCOME_RATE}{{outcome="{_REJECTED}"}})\n'
-            f"/\n"
-            f"sum by (instance) ({REQUESTS_BY_OUTCOME_RATE})",
+            lambda c: (
+                f'sum {c.by()} ({REQUESTS_BY_OUTCOME_RATE}{{outcome="{_REJECTED}"}})\n'
+                f"/\n"
+                f"sum {c.by()} ({REQUESTS_BY_OUTCOME_RATE})"
+            ),
         ),
         RecordingRule(
             RETRIES_RATIO,
-            f"sum by (instance) (rate({REQUEST_RETRIES.name}[5m]))\n/\n{REQUESTS_SERVED_RATE}",
+            lambda c: (
+                f"sum {c.by()} (rate({c.select(REQUEST_RETRIES)}[5m]))\n/\n{REQUESTS_SERVED_RATE}"
+            ),
         ),
         RecordingRule(
             RETRIES_EXHAUSTED_RATIO,
-            f"sum by (instance) (rate({REQUEST_RETRIES_EXHAUSTED.name}[5m]))\n"
-            f"/\n"
-            f"{REQUESTS_SERVED_RATE}",
+            lambda c: (
+                f"sum {c.by()} (rate({c.select(REQUEST_RETRIES_EXHAUSTED)}[5m]))\n"
+                f"/\n"
+                f"{REQUESTS_SERVED_RATE}"
+            ),
         ),
-        RecordingRule(NONFINITE_RATE, f"sum by (instance) (rate({NONFINITE_LOGITS.name}[5m]))"),
+        RecordingRule(
+            NONFINITE_RATE, lambda c: f"sum {c.by()} (rate({c.select(NONFINITE_LOGITS)}[5m]))"
+        ),
         RecordingRule(NONFINITE_RATIO, f"{NONFINITE_RATE}\n/\n{REQUESTS_SERVED_RATE}"),
-        RecordingRule(RESTARTS_1H, f"sum by (instance) (increase({ENGINE_RESTARTS.name}[1h]))"),
+        RecordingRule(
+            RESTARTS_1H, lambda c: f"sum {c.by()} (increase({c.select(ENGINE_RESTARTS)}[1h]))"
+        ),
         RecordingRule(
             COLLECTOR_ERRORS_RATE,
-            f"sum by (instance, collector) (rate({COLLECTOR_ERRORS.name}[5m]))",
+            lambda c: f"sum {c.by('collector')} (rate({c.select(COLLECTOR_ERRORS)}[5m]))",
         ),
     ),
 )

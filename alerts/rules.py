@@ -10,17 +10,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from alerts import fleet
 from alerts import recording as rec
 from alerts.config import (
     DASHBOARD_FAULTS,
     DASHBOARD_MEMORY,
     DASHBOARD_OVERVIEW,
-    ENGINE_JOB,
+    MixinConfig,
     Severity,
+    Templated,
 )
 from alerts.model import AlertRule, RuleGroup
 from exporter.catalog import (
-    CUDAGRAPH_CAPTURES,
     CUDAGRAPH_POOL_BYTES,
     ENGINE_HEALTHY,
     ENGINE_STALLED,
@@ -149,16 +150,20 @@ TIME_TO_OOM_WARNING = CreepHorizon("warning", "6h", 6 * 3600, "2h", "30m", 0.05,
 TIME_TO_OOM_CRITICAL = CreepHorizon("critical", "1h", 3600, "1h", "15m", 0.05, "10m")
 
 
+def _reaches_full(ratio: str, h: CreepHorizon) -> str:
+    return (
+        f"predict_linear({ratio}[{h.long_window}], {h.horizon_seconds}) >= 1\n"
+        f"and predict_linear({ratio}[{h.short_window}], {h.horizon_seconds}) >= 1\n"
+        f"and min_over_time({ratio}[{h.long_window}]) > {h.floor}"
+    )
+
+
 def _time_to_oom(h: CreepHorizon) -> AlertRule:
-    # One series per instance and risk source (device, allocator: catalog.MEMORY_RISK_SOURCES).
-    selected = rec.MEMORY_RISK_MAX
+    # One series per engine and risk source (device, allocator: catalog.MEMORY_RISK_SOURCES),
+    # the share of the headroom the engine's plan left that is in use (1 = the device is full).
     return AlertRule(
         name="WardenTimeToOOM",
-        expr=(
-            f"predict_linear({selected}[{h.long_window}], {h.horizon_seconds}) >= 1\n"
-            f"and predict_linear({selected}[{h.short_window}], {h.horizon_seconds}) >= 1\n"
-            f"and min_over_time({selected}[{h.long_window}]) > {h.floor}"
-        ),
+        expr=_reaches_full(rec.MEMORY_RISK_MAX, h),
         for_=h.for_,
         severity=h.severity,
         summary="Memory beyond the engine's plan keeps growing and will fill the device.",
@@ -176,13 +181,13 @@ def _indent(text: str, by: str = "  ") -> str:
     return "\n".join(by + line for line in text.splitlines())
 
 
-def _steady_for(window: str) -> str:
+def _steady_for(c: MixinConfig, window: str) -> str:
     """The engine target has been scraped for at least ``window`` and answered every scrape in
     it: no start-up and no restart inside the window.
 
     Memory moves a lot while an engine starts and warms up; growth alerts judge steady state.
     """
-    up = f'up{{job="{ENGINE_JOB}"}}'
+    up = c.select("up")
     return f"(min_over_time({up}[{window}]) == 1 and {up} offset {window})"
 
 
@@ -190,9 +195,50 @@ def _steady_for(window: str) -> str:
 CACHE_GROWTH_WINDOW = "2h"
 CACHE_GROWTH_BYTES_PER_HOUR = 256 * 2**20
 CACHE_GAP_FLOOR_RATIO = 0.05
-# CUDA graph activity this long after start-up is no longer warm-up.
-CUDAGRAPH_STARTUP_GRACE = "1h"
-CUDAGRAPH_GROWTH_WINDOW = "30m"
+# The eager fallback: PyTorch memory creeping (the cache growth or time-to-OOM condition) on an
+# engine that runs CUDA graphs. vLLM captures graphs at start-up only, so captures never grow
+# later; what operators see with graphs on is reserved memory outgrowing allocated for hours,
+# which --enforce-eager stops at a cost in throughput. Held this long before the restart.
+EAGER_FALLBACK_FOR = "30m"
+
+
+def _eager_fallback() -> AlertRule:
+    cache_growth = (
+        f"deriv({rec.TORCH_CACHED}[{CACHE_GROWTH_WINDOW}]) * 3600"
+        f" > {CACHE_GROWTH_BYTES_PER_HOUR}\n"
+        f"and deriv({rec.TORCH_CACHED}[30m]) > 0\n"
+        f"and {rec.TORCH_CACHED} / {rec.TORCH_TOTAL} > {CACHE_GAP_FLOOR_RATIO}"
+    )
+    reserved_full = _reaches_full(rec.TORCH_RESERVED_RATIO, TIME_TO_OOM_WARNING)
+    return AlertRule(
+        name="WardenMemoryCreepWithCudaGraphs",
+        expr=lambda c: (
+            f"# CUDA graphs on: vLLM captured a graph pool at start-up (0 or absent when eager)\n"
+            f"max {c.by()} ({c.select(CUDAGRAPH_POOL_BYTES)}) > 0\n"
+            f"and {c.on()} (\n"
+            f"  # the allocator cache keeps growing, as for WardenAllocatorCacheGrowth\n"
+            f"  max {c.by()} (\n{_indent(cache_growth, '    ')}\n  )\n"
+            f"  or\n"
+            f"  # PyTorch reserved memory full within {TIME_TO_OOM_WARNING.horizon} at its rate\n"
+            f"  max {c.by()} (\n{_indent(reserved_full, '    ')}\n  )\n"
+            f")\n"
+            f"# not a warm-up: the engine was scraped without a gap for the whole window\n"
+            f"and {c.on()} {_steady_for(c, CACHE_GROWTH_WINDOW)}"
+        ),
+        for_=EAGER_FALLBACK_FOR,
+        severity="warning",
+        action="enforce_eager",
+        summary="PyTorch memory keeps growing on an engine with CUDA graphs; warden restarts it "
+        "eager.",
+        description=(
+            "{{ $labels.instance }} runs CUDA graphs ({{ $value | humanize1024 }}B of graph pool) "
+            "and PyTorch's reserved memory keeps outgrowing what it uses (allocator cache growth, "
+            f"or reserved memory projected full within {TIME_TO_OOM_WARNING.horizon}); the "
+            "supervisor restarts vLLM with --enforce-eager."
+        ),
+        dashboard=DASHBOARD_MEMORY,
+    )
+
 
 CREEP = RuleGroup(
     "warden-creep",
@@ -201,13 +247,13 @@ CREEP = RuleGroup(
         _time_to_oom(TIME_TO_OOM_CRITICAL),
         AlertRule(
             name="WardenAllocatorCacheGrowth",
-            expr=(
+            expr=lambda c: (
                 f"deriv({rec.TORCH_CACHED}[{CACHE_GROWTH_WINDOW}]) * 3600"
                 f" > {CACHE_GROWTH_BYTES_PER_HOUR}\n"
                 f"and deriv({rec.TORCH_CACHED}[30m]) > 0\n"
                 f"and {rec.TORCH_CACHED} / {rec.TORCH_TOTAL} > {CACHE_GAP_FLOOR_RATIO}\n"
                 f"# not a warm-up: the engine was scraped without a gap for the whole window\n"
-                f"and on (instance) {_steady_for(CACHE_GROWTH_WINDOW)}"
+                f"and {c.on()} {_steady_for(c, CACHE_GROWTH_WINDOW)}"
             ),
             for_="1h",
             severity="warning",
@@ -218,31 +264,7 @@ CREEP = RuleGroup(
             ),
             dashboard=DASHBOARD_MEMORY,
         ),
-        AlertRule(
-            name="WardenCudaGraphPoolGrowth",
-            expr=(
-                f"sum by (instance) (increase({CUDAGRAPH_CAPTURES.name}"
-                f"[{CUDAGRAPH_GROWTH_WINDOW}])) > 0\n"
-                f"and on (instance)\n"
-                f"sum by (instance) (delta({CUDAGRAPH_POOL_BYTES.name}"
-                f"[{CUDAGRAPH_GROWTH_WINDOW}])) > 0\n"
-                f"# well after start-up: up and scraped for an hour, and no counter reset since\n"
-                f"and on (instance)\n"
-                f"{_steady_for(CUDAGRAPH_STARTUP_GRACE)}\n"
-                f"and on (instance)\n"
-                f"sum by (instance) (resets({CUDAGRAPH_CAPTURES.name}"
-                f"[{CUDAGRAPH_STARTUP_GRACE}])) == 0"
-            ),
-            for_="15m",
-            severity="warning",
-            action="enforce_eager",
-            summary="CUDA graphs are still being captured long after start-up.",
-            description=(
-                '{{ $labels.instance }} captured {{ printf "%.0f" $value }} CUDA graphs in the '
-                "last 30 minutes, over an hour after start-up, and the graph pool keeps growing."
-            ),
-            dashboard=DASHBOARD_MEMORY,
-        ),
+        _eager_fallback(),
     ),
 )
 
@@ -263,10 +285,13 @@ QUEUE_TIME_FOR = "15m"
 
 def _saturated(severity: Severity) -> AlertRule:
     critical = severity == "critical"
-    expr = f"{rec.SATURATED_1M} == 1"
-    if critical:
-        # the refused share first: it is the value the description shows
-        expr = f"{rec.REJECTED_RATIO} > {SATURATED_REJECTED_RATIO}\nand on (instance) " + expr
+    saturated = f"{rec.SATURATED_1M} == 1"
+    # critical: the refused share first, it is the value the description shows
+    expr: Templated = (
+        (lambda c: f"{rec.REJECTED_RATIO} > {SATURATED_REJECTED_RATIO}\nand {c.on()} {saturated}")
+        if critical
+        else saturated
+    )
     return AlertRule(
         name="WardenSaturated",
         expr=expr,
@@ -304,8 +329,8 @@ RETRY_RATIO = 0.1
 RETRY_EXHAUSTED_RATIO = 0.05
 
 
-def _with_traffic(expr: str) -> str:
-    return f"{expr}\nand on (instance) ({rec.REQUESTS_SERVED_RATE} >= {MIN_SERVED_PER_SECOND})"
+def _with_traffic(expr: str) -> Templated:
+    return lambda c: f"{expr}\nand {c.on()} ({rec.REQUESTS_SERVED_RATE} >= {MIN_SERVED_PER_SECOND})"
 
 
 TRAFFIC = RuleGroup(
@@ -386,7 +411,7 @@ FAULTS = RuleGroup(
     (
         AlertRule(
             name="WardenNonFiniteLogits",
-            expr=f"sum by (instance) (increase({NONFINITE_LOGITS.name}[10m])) > 0",
+            expr=lambda c: f"sum {c.by()} (increase({c.select(NONFINITE_LOGITS)}[10m])) > 0",
             for_="1m",
             severity="warning",
             summary="Some requests produced NaN or Inf logits.",
@@ -465,7 +490,7 @@ LIVENESS = RuleGroup(
     (
         AlertRule(
             name="WardenEngineStalled",
-            expr=f"max by (instance) ({ENGINE_STALLED.name}) == 1",
+            expr=lambda c: f"max {c.by()} ({c.select(ENGINE_STALLED)}) == 1",
             for_="1m",
             severity="critical",
             summary="The engine has work but makes no progress.",
@@ -477,16 +502,15 @@ LIVENESS = RuleGroup(
         ),
         AlertRule(
             name="WardenEngineDown",
-            expr=(
-                f'(\n  max by (instance) (up{{job="{ENGINE_JOB}"}})\n'
-                f'  or absent(up{{job="{ENGINE_JOB}"}}) * 0\n) == 0'
+            expr=lambda c: (
+                f"(\n  max {c.by()} ({c.select('up')})\n  or absent({c.select('up')}) * 0\n) == 0"
             ),
             for_="2m",
             severity="critical",
             summary="Prometheus cannot scrape the engine.",
-            description=(
+            description=lambda c: (
                 "Scrapes of engine target {{ $labels.instance }} fail (up = {{ $value }}); "
-                f"an empty instance means job {ENGINE_JOB} has no targets at all."
+                f"an empty instance means no target matches {{{c.engine_selector}}} at all."
             ),
             dashboard=DASHBOARD_OVERVIEW,
         ),
@@ -504,7 +528,7 @@ LIVENESS = RuleGroup(
         ),
         AlertRule(
             name="WardenEngineUnhealthy",
-            expr=f"min by (instance) ({ENGINE_HEALTHY.name}) == 0",
+            expr=lambda c: f"min {c.by()} ({c.select(ENGINE_HEALTHY)}) == 0",
             for_="5m",
             severity="critical",
             summary="vLLM reports the engine unhealthy.",
@@ -517,7 +541,15 @@ LIVENESS = RuleGroup(
     ),
 )
 
-ALERT_GROUPS: tuple[RuleGroup, ...] = (MEMORY, CREEP, TRAFFIC, FAULTS, LIVENESS)
+ALERT_GROUPS: tuple[RuleGroup, ...] = (
+    MEMORY,
+    CREEP,
+    TRAFFIC,
+    FAULTS,
+    LIVENESS,
+    fleet.FLEET,
+    fleet.DELIVERY,
+)
 ALERT_RULES: tuple[AlertRule, ...] = tuple(
     rule for group in ALERT_GROUPS for rule in group.rules if isinstance(rule, AlertRule)
 )

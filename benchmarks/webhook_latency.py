@@ -138,15 +138,21 @@ def envelope(alerts: list[dict[str, Any]], group: list[Alert]) -> bytes:
     return json.dumps(body).encode()
 
 
+# The engine's identity: every alert is about it, so every one does lease work (#12).
+INSTANCE = "engine:8000"
+
+
 def notification(group: list[Alert]) -> bytes:
     """The next notification for a group of alerts, each at its next step."""
     return envelope([alert.json(*alert.next_status()) for alert in group], group)
 
 
 def alert_pool(size: int, salt: str = "") -> list[Alert]:
+    """Alerts about the measured engine (WARDEN_INSTANCE), each rule many times over: one
+    fingerprint per copy, so every alert takes its own lease."""
     rules = warden_rules()
     return [
-        Alert(rules[i % len(rules)], f"engine-{i // len(rules)}:8000", salt) for i in range(size)
+        Alert(rules[i % len(rules)], INSTANCE, f"{salt}/{i // len(rules)}") for i in range(size)
     ]
 
 
@@ -276,7 +282,7 @@ def main() -> int:
     model = tiny_model(work, args.model)
     token_file = work / "webhook-token"
     token_file.write_text(TOKEN + "\n")
-    env = {"WARDEN_WEBHOOK_TOKEN_FILE": str(token_file)}
+    env = {"WARDEN_WEBHOOK_TOKEN_FILE": str(token_file), "WARDEN_INSTANCE": INSTANCE}
     before = machine()
     phases: dict[str, Any] = {}
     with running_engines([VARIANTS["warden"]], model, work, env=env) as engines:

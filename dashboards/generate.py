@@ -15,8 +15,10 @@ from typing import Any
 from grafanalib._gen import DashboardEncoder
 from grafanalib.core import Dashboard
 
-from dashboards import faults, memory, overview
+from alerts.config import DEFAULT, MixinConfig
+from dashboards import faults, fleet, memory, overview
 from dashboards.provisioning import render_provisioning
+from dashboards.queries import using
 
 GENERATED_DIR = "dashboards/generated"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -26,14 +28,16 @@ BUILDERS: dict[str, Callable[[], Dashboard]] = {
     overview.UID: overview.dashboard,
     memory.UID: memory.dashboard,
     faults.UID: faults.dashboard,
+    fleet.UID: fleet.dashboard,
 }
 
 
-def dashboard_models() -> dict[str, dict[str, Any]]:
-    """Dashboard uid -> the JSON model Grafana loads (plain dicts and lists)."""
+def dashboard_models(config: MixinConfig = DEFAULT) -> dict[str, dict[str, Any]]:
+    """Dashboard uid -> the JSON model Grafana loads (plain dicts and lists), for ``config``."""
     models: dict[str, dict[str, Any]] = {}
-    for uid, build in BUILDERS.items():
-        models[uid] = json.loads(json.dumps(build().to_json_data(), cls=DashboardEncoder))
+    with using(config):
+        for uid, build in BUILDERS.items():
+            models[uid] = json.loads(json.dumps(build().to_json_data(), cls=DashboardEncoder))
     return models
 
 
@@ -41,12 +45,17 @@ def dashboard_path(uid: str) -> str:
     return f"{GENERATED_DIR}/{uid}.json"
 
 
+def render_dashboards(config: MixinConfig = DEFAULT) -> dict[str, str]:
+    """Repo-relative path -> dashboard JSON, for ``config``."""
+    return {
+        dashboard_path(uid): json.dumps(model, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+        for uid, model in dashboard_models(config).items()
+    }
+
+
 def render_all() -> dict[str, str]:
     """Repo-relative path -> content of every generated file (dashboards and provisioning)."""
-    files = {
-        dashboard_path(uid): json.dumps(model, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
-        for uid, model in dashboard_models().items()
-    }
+    files = render_dashboards()
     files.update(render_provisioning())
     return files
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import attr
-from grafanalib.core import Dashboard, DashboardLink, GridPos, Panel, Time
+from grafanalib.core import Annotations, Dashboard, DashboardLink, GridPos, Panel, Time
 
 from dashboards.annotations import event_markers
 from dashboards.variables import variables
@@ -42,8 +42,11 @@ def place(rows: Sequence[Row]) -> list[Panel]:
     return placed
 
 
-def warden_dashboard(uid: str, title: str, description: str, rows: Sequence[Row]) -> Dashboard:
-    """A dashboard with the shared variables, event markers and links to its siblings."""
+def warden_dashboard(
+    uid: str, title: str, description: str, rows: Sequence[Row], per_instance: bool = True
+) -> Dashboard:
+    """A dashboard with the shared variables, event markers and links to its siblings;
+    ``per_instance=False`` for a fleet view (no instance variable, no per-engine markers)."""
     return Dashboard(
         title=title,
         uid=uid,
@@ -55,8 +58,8 @@ def warden_dashboard(uid: str, title: str, description: str, rows: Sequence[Row]
         graphTooltip=1,  # shared crosshair: one cursor across every panel
         schemaVersion=39,
         editable=True,
-        templating=variables(),
-        annotations=event_markers(),
+        templating=variables(instance=per_instance),
+        annotations=event_markers() if per_instance else Annotations(list=[]),
         links=[
             DashboardLink(
                 title="Warden dashboards",

@@ -125,6 +125,8 @@ def expand(expr: str, values: Mapping[str, str]) -> str:
 def all_values(rate_interval: str = "1m") -> dict[str, str]:
     """Values that make a dashboard query cover every engine, as "All" does in Grafana."""
     return {
+        "cluster": ".*",
+        "namespace": ".*",
         "job": ".*",
         "instance": ".*",
         "model": ".*",

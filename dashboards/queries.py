@@ -1,14 +1,21 @@
 """PromQL building blocks, so every query is scoped and spelled the same way.
 
 Metric names only ever come from ``exporter.catalog`` specs. Every selector is narrowed by the
-dashboard variables: ``job`` and ``instance`` everywhere, ``model`` only on vLLM's own series
-(warden's series carry no ``model_name`` label; a model filter on them would hide them all).
+dashboard variables: the mixin config's fleet labels (``cluster``, ``namespace``), ``job`` and
+``instance`` everywhere, ``model`` only on vLLM's own series (warden's series carry no
+``model_name`` label; a model filter on them would hide them all).
+
+Dashboards are built for one mixin config (``alerts.config.MixinConfig``, the object the rules
+are generated from too): ``using(config)`` sets it while they are built, ``mixin()`` reads it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
+from contextvars import ContextVar
 
+from alerts.config import DEFAULT, MixinConfig
 from exporter.catalog import MetricSpec
 
 JOB_VAR = "job"
@@ -23,9 +30,35 @@ RATE_WINDOW = "$__rate_interval"
 EVENT_WINDOW = "5m"
 
 
-def scope_matchers(spec: MetricSpec) -> list[str]:
-    """Label matchers that tie a series to the selected job, instance and (vLLM only) model."""
-    matchers = [f'job=~"${JOB_VAR}"', f'instance=~"${INSTANCE_VAR}"']
+_config: ContextVar[MixinConfig] = ContextVar("warden_dashboard_mixin", default=DEFAULT)
+
+
+@contextlib.contextmanager
+def using(config: MixinConfig) -> Iterator[MixinConfig]:
+    """Build dashboards for ``config`` inside this block."""
+    token = _config.set(config)
+    try:
+        yield config
+    finally:
+        _config.reset(token)
+
+
+def mixin() -> MixinConfig:
+    """The mixin config the dashboards are being built for."""
+    return _config.get()
+
+
+def fleet_matchers() -> list[str]:
+    """``cluster=~"$cluster", namespace=~"$namespace"``: one variable per fleet label."""
+    return [f'{label}=~"${label}"' for label in mixin().fleet_labels]
+
+
+def scope_matchers(spec: MetricSpec, instance: bool = True) -> list[str]:
+    """Label matchers that tie a series to the selected fleet, job, instance and (vLLM only)
+    model; ``instance=False`` for the fleet dashboard, which has no instance variable."""
+    matchers = [*fleet_matchers(), f'job=~"${JOB_VAR}"']
+    if instance:
+        matchers.append(f'instance=~"${INSTANCE_VAR}"')
     if spec.owner == "vllm":
         matchers.append(f'{MODEL_LABEL}=~"${MODEL_VAR}"')
     return matchers

@@ -8,8 +8,11 @@ whether the source can be read here, and if not, why, so the plugin can say so a
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, Protocol
 
 
@@ -102,42 +105,76 @@ class NvmlDevices:
 
 
 class VllmCudaGraphs:
-    """CUDA graph captures from vLLM's compilation counter, pool bytes from capture_model.
+    """CUDA graphs captured by vLLM at start-up: how many, and the device memory they took.
 
-    vLLM only logs the memory its graphs took ("Graph capturing finished ... took X GiB");
-    ``install()`` wraps ``GPUModelRunner.capture_model`` to keep the number it returns.
+    vLLM captures graphs once, while the engine starts (``capture_model`` on the V1 runner,
+    ``gpu_model_runner.GPUModelRunner``, or on Model Runner V2, ``gpu.model_runner``), and only
+    logs the memory ("Graph capturing finished ... took X GiB"). ``install()`` wraps both
+    runners' ``capture_model`` to keep the bytes it returns and to read vLLM's capture counter
+    once capture has finished. Before that the counter moves during memory profiling (V2
+    captures with ``profile_only=True``, V1 in ``profile_cudagraph_memory``) and is put back
+    afterwards: reading it then would count graphs that were thrown away.
     """
 
     def __init__(self, device_type: str) -> None:
         self._device_type = device_type
         self._pool_bytes = 0
+        self._captures = 0
+        self.hooked: list[str] = []  # runner hook points wrapped here
+        self.missing: dict[str, str] = {}  # hook point -> why it is not
 
     def availability(self) -> str | None:
         if self._device_type != "cuda":
             return f"CUDA graphs are not used on a {self._device_type} engine"
         return None
 
-    def install(self) -> None:
-        from vllm.v1.worker import gpu_model_runner
+    def install(self, on_missing: Callable[[str], None]) -> None:
+        """Wrap ``capture_model`` of the runner module(s) the worker imports (now, or when it
+        imports them); raise if vLLM's capture counter is missing. ``on_missing(reason)`` is
+        called for an imported runner whose ``capture_model`` is not there."""
+        from exporter import import_hooks, vllm_compat
 
-        runner_cls = gpu_model_runner.GPUModelRunner
+        counter_missing = vllm_compat.missing_hook(vllm_compat.HOOK_GRAPH_COUNTER)
+        if counter_missing is not None:
+            raise RuntimeError(counter_missing)
+
+        def wrap_runner(module: ModuleType, point: vllm_compat.HookPoint) -> None:
+            reason = vllm_compat.missing_hook(point, module)
+            if reason is not None:
+                self.missing[point.name] = reason
+                on_missing(reason)
+                return
+            self._wrap(module.GPUModelRunner)
+            self.hooked.append(point.name)
+
+        for point in (vllm_compat.HOOK_CAPTURE_V1, vllm_compat.HOOK_CAPTURE_V2):
+            import_hooks.when_imported(point.module, functools.partial(wrap_runner, point=point))
+
+    def _wrap(self, runner_cls: Any) -> None:
         original = runner_cls.capture_model
         if getattr(original, "_warden_wrapped", False):
             return
         adapter = self
 
-        def capture_model(runner: Any) -> int:
-            taken = original(runner)
-            adapter._pool_bytes += max(int(taken or 0), 0)
+        @functools.wraps(original)
+        def capture_model(runner: Any, *args: Any, **kwargs: Any) -> Any:
+            taken = original(runner, *args, **kwargs)
+            if not kwargs.get("profile_only", False):
+                adapter.captured(int(taken or 0))
             return taken
 
         capture_model._warden_wrapped = True  # type: ignore[attr-defined]
-        runner_cls.capture_model = capture_model  # type: ignore[method-assign]
+        runner_cls.capture_model = capture_model
 
-    def captures(self) -> int:
+    def captured(self, pool_bytes: int) -> None:
+        """A real capture finished: keep its bytes and the capture counter as it now stands."""
         from vllm.compilation.counter import compilation_counter
 
-        return int(compilation_counter.num_cudagraph_captured)
+        self._pool_bytes += max(pool_bytes, 0)
+        self._captures = int(compilation_counter.num_cudagraph_captured)
+
+    def captures(self) -> int:
+        return self._captures
 
     def pool_bytes(self) -> int:
         return self._pool_bytes

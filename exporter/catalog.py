@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 Kind = Literal["counter", "gauge", "histogram"]
-Owner = Literal["warden", "vllm"]
+Owner = Literal["warden", "vllm", "alertmanager"]
 
 # Levels of warden_memory_watermark, in order of severity.
 WATERMARK_LEVELS: tuple[str, ...] = ("normal", "high", "critical", "oom_imminent")
@@ -51,6 +51,30 @@ WEBHOOK_OUTCOMES: tuple[str, ...] = (
     "malformed",
     "error",
     "unknown_action",
+    # An alert about another engine (its identity labels name someone else) or about the fleet
+    # (no instance label): counted per alert, changes nothing here.
+    "not_for_this_engine",
+)
+# warden relay (one Alertmanager receiver for a fleet; warden/relay/): what became of each
+# notification, of each alert in it, and of each POST to an engine's webhook.
+RELAY_NOTIFICATION_OUTCOMES: tuple[str, ...] = (
+    "forwarded",  # every alert for an engine reached it (or needed no engine)
+    "failed",  # an engine refused or could not be reached after the retries: answered 502
+    "unauthorized",
+    "malformed",
+    "resolver_error",  # the engine list could not be read: answered 503, Alertmanager retries
+)
+RELAY_ALERT_OUTCOMES: tuple[str, ...] = (
+    "forwarded",  # sent to the one engine its identity labels name
+    "fleet_wide",  # no instance label: about the fleet, applied by no engine
+    "unresolved",  # no engine of that identity is known (scaled away): dropped
+    "ambiguous",  # several engines match its labels: dropped, add identity labels
+)
+RELAY_DELIVERY_OUTCOMES: tuple[str, ...] = (
+    "delivered",  # the engine answered 2xx
+    "retried",  # an attempt failed transiently (5xx, timeout, connection) and was retried
+    "failed",  # still failing after the last attempt
+    "refused",  # the engine answered 4xx (token, payload): not retried
 )
 RETRY_REASONS: tuple[str, ...] = ("warden_preemption", "engine_oom", "nonfinite_logits", "timeout")
 # Why the supervisor restarted the engine (warden_engine_restarts_total{reason}): the server
@@ -260,6 +284,14 @@ NONFINITE_LOGITS = _w(
     "Requests whose logits held NaN or Inf (each request counted once, by the first kind seen).",
     "kind",
 )
+NONFINITE_FLAG_WAIT = _w(
+    "warden_nonfinite_flag_wait_seconds",
+    "histogram",
+    "How long the middleware held a finished response until the engine had checked every logits "
+    "step up to its end for NaN/Inf (0 on CPU; on a GPU the flags reach the host after the step).",
+    unit="s",
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0),
+)
 ENGINE_ERRORS = _w(
     "warden_engine_errors_total",
     "counter",
@@ -416,6 +448,32 @@ SATURATION_TRANSITIONS = _w(
     "to",
 )
 
+# --- warden relay (Alertmanager -> the engine an alert is about) ----------------------------
+RELAY_NOTIFICATIONS = _w(
+    "warden_relay_notifications_total",
+    "counter",
+    "Alertmanager notifications received by warden relay, by outcome.",
+    "outcome",
+)
+RELAY_ALERTS = _w(
+    "warden_relay_alerts_total",
+    "counter",
+    "Alerts in the relay's notifications, by what it did with each: forwarded, fleet_wide...",
+    "outcome",
+)
+RELAY_DELIVERIES = _w(
+    "warden_relay_deliveries_total",
+    "counter",
+    "The relay's POSTs to engine webhooks, by outcome: delivered, retried, failed, refused.",
+    "outcome",
+)
+RELAY_ENGINES = _w(
+    "warden_relay_engines",
+    "gauge",
+    "Engines the relay can address: engine targets in Prometheus's last active target list.",
+    unit="none",
+)
+
 # --- Supervisor ---------------------------------------------------------------------------
 ENGINE_RESTARTS = _w(
     "warden_engine_restarts_total",
@@ -478,7 +536,13 @@ VLLM_INTER_TOKEN_LATENCY = _v(
     "vllm:inter_token_latency_seconds", "histogram", "Time between output tokens.", unit="s"
 )
 VLLM_E2E_LATENCY = _v(
-    "vllm:e2e_request_latency_seconds", "histogram", "End-to-end request latency.", unit="s"
+    "vllm:e2e_request_latency_seconds",
+    "histogram",
+    "End-to-end request latency.",
+    unit="s",
+    # vLLM 0.32's REQUEST_LATENCY_BUCKETS (vllm/v1/metrics/buckets.py): SLOs must be one of them.
+    buckets=(0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0)
+    + (120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0),
 )
 VLLM_QUEUE_TIME = _v(
     "vllm:request_queue_time_seconds", "histogram", "Time requests spent waiting.", unit="s"
@@ -491,6 +555,15 @@ VLLM_CORRUPTED_REQUESTS = _v(
     "vllm:corrupted_requests_total",
     "counter",
     "Requests with NaN logits (VLLM_COMPUTE_NANS_IN_LOGITS=1 only).",
+)
+
+# --- Alertmanager's own metric that warden's delivery alert watches -------------------------
+ALERTMANAGER_NOTIFICATIONS_FAILED = MetricSpec(
+    "alertmanager_notifications_failed_total",
+    "counter",
+    "Notifications Alertmanager failed to deliver, by integration (webhook, email...).",
+    ("integration",),
+    "alertmanager",
 )
 
 ALL: tuple[MetricSpec, ...] = tuple(

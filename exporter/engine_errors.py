@@ -1,30 +1,55 @@
 """Counts exceptions from model execution by class, in the engine core process.
 
 vLLM wraps every model step in ``EngineCore.log_error_detail``; warden wraps that context
-manager to classify the exception (oom / cuda_driver / other) and re-raises it untouched, so
-vLLM's own handling is unchanged.
+manager to classify the exception (oom / cuda_driver / other) into
+``warden_engine_errors_total{class}`` and re-raises it untouched, so vLLM's own handling is
+unchanged. The API server's readiness reads the counter (a CUDA driver error fails it).
+
+Where the patch happens matters. On CUDA vLLM *forks* the engine core from the API process; the
+child inherits the classes as they are and does not run the plugin again. CPU engines *spawn* it:
+the child imports ``vllm.v1.engine.core`` itself, then runs the plugin. ``install`` covers both:
+it patches the class right after ``vllm.v1.engine.core`` is imported (``exporter.import_hooks``),
+in whichever process that happens first, so a forked child inherits a patched class.
 """
 
 from __future__ import annotations
 
 import contextlib
-import sys
+import logging
 from collections.abc import Iterator
+from types import ModuleType
 from typing import Any
 
-from exporter import catalog
+from exporter import catalog, import_hooks, vllm_compat
 from exporter.errors import classify_exception
 from exporter.metrics import WardenMetrics
 
+log = logging.getLogger("warden.exporter")
+CORE_MODULE = "vllm.v1.engine.core"
+SOURCE = "engine_errors"
 
-def install(metrics: WardenMetrics) -> bool:
-    """Patch EngineCore if this process has loaded it; return whether it did."""
-    core_module = sys.modules.get("vllm.v1.engine.core")
-    if core_module is None:
+
+def install(metrics: WardenMetrics) -> None:
+    """Patch ``EngineCore.log_error_detail`` now or as soon as its module is imported."""
+
+    def hook(module: ModuleType) -> None:
+        patch(module, metrics)
+
+    import_hooks.when_imported(CORE_MODULE, hook)
+
+
+def patch(core_module: ModuleType, metrics: WardenMetrics) -> bool:
+    """Wrap the context manager in ``core_module``; False (logged, source 0) if it is missing."""
+    available = metrics.get(catalog.SOURCE_AVAILABLE).labels(SOURCE)
+    missing = vllm_compat.missing_hook(vllm_compat.HOOK_ENGINE_CORE, core_module)
+    if missing is not None:
+        log.warning("warden: engine errors are not counted: %s", missing)
+        available.set(0)
         return False
     engine_core = core_module.EngineCore
     original = engine_core.log_error_detail
     if getattr(original, "_warden_wrapped", False):
+        available.set(1)
         return True
     errors = metrics.get(catalog.ENGINE_ERRORS)
 
@@ -39,4 +64,5 @@ def install(metrics: WardenMetrics) -> bool:
 
     log_error_detail._warden_wrapped = True  # type: ignore[attr-defined]
     engine_core.log_error_detail = log_error_detail
+    available.set(1)
     return True

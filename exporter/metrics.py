@@ -33,6 +33,9 @@ KNOWN_LABEL_VALUES: dict[str, dict[str, tuple[str, ...]]] = {
     catalog.WEBHOOK_NOTIFICATIONS.name: {"outcome": catalog.WEBHOOK_OUTCOMES},
     catalog.REQUEST_RETRIES.name: {"reason": catalog.RETRY_REASONS},
     catalog.REQUEST_RETRIES_EXHAUSTED.name: {"reason": catalog.RETRY_REASONS},
+    catalog.RELAY_NOTIFICATIONS.name: {"outcome": catalog.RELAY_NOTIFICATION_OUTCOMES},
+    catalog.RELAY_ALERTS.name: {"outcome": catalog.RELAY_ALERT_OUTCOMES},
+    catalog.RELAY_DELIVERIES.name: {"outcome": catalog.RELAY_DELIVERY_OUTCOMES},
 }
 
 

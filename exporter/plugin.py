@@ -1,11 +1,18 @@
 """The ``vllm.general_plugins`` entry point: vLLM calls ``register()`` in every process it runs.
 
 - First process of the tree (the API server, or the user's script): creates the signal board
-  and publishes its path in the environment the engine processes inherit.
-- Engine core process: counts model-execution errors by class.
+  and publishes its path in the environment the engine processes inherit, and picks the logits
+  processor for the engine's model runner (``exporter.logits_select``).
+- Engine core: counts model-execution errors by class; patched when ``vllm.v1.engine.core`` is
+  imported, so a forked engine core inherits the patch (``exporter.engine_errors``).
 - Any process that initialises a worker: after the device is up, starts the device collectors
   (allocator, NVML, CUDA graphs) on a background thread, or says which are unavailable.
-An invalid configuration raises here, so vLLM refuses to start with a message naming it.
+- Every engine process (engine core, workers): a heartbeat thread, so the API process's stall
+  check tells one long step from a hung engine (``exporter.heartbeat``).
+
+Version contract: each hook point is checked where it is installed (``exporter.vllm_compat``);
+a missing one disables what it feeds, logs why and sets ``warden_source_available{source}`` 0.
+Nothing but an invalid warden configuration (which names the variable) stops vLLM here.
 """
 
 from __future__ import annotations
@@ -13,10 +20,13 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import shutil
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from exporter import __version__, catalog, engine_errors, vllm_compat
+from exporter import __version__, catalog, engine_errors, logits_select, vllm_compat
 from exporter.adapters import NvmlDevices, TorchCudaAllocator, VllmCudaGraphs
 from exporter.collectors import Collector, CollectorRunner
 from exporter.device_collectors import (
@@ -25,12 +35,14 @@ from exporter.device_collectors import (
     NvmlCollector,
     SignalPublisher,
 )
+from exporter.heartbeat import Heartbeat, heartbeat_dir
 from exporter.memory_risk import MemoryBudget, MemoryPlanner
 from exporter.metrics import WardenMetrics, process_metrics
 from exporter.settings import WardenSettings, load_settings
 from exporter.signals import SignalBoard
 
 log = logging.getLogger("warden.exporter")
+DEVICE_SOURCES = ("torch_allocator", "nvml", "cudagraph")  # fed by the worker-init hook
 _state: dict[str, Any] = {}
 
 
@@ -43,18 +55,50 @@ def register() -> None:
         board = SignalBoard.create_for_process_tree()
         atexit.register(board.unlink)
         _state["board"] = board
+        beats = heartbeat_dir(board.path)
+        beats.mkdir(exist_ok=True)
+        atexit.register(shutil.rmtree, beats, True)
+    else:
+        _start_heartbeat(config.signal_board)
     if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         log.warning(
             "warden: PROMETHEUS_MULTIPROC_DIR is not set; metrics from engine and worker "
             "processes will not reach /metrics (warden serve sets it for you)"
         )
     metrics.get(catalog.EXPORTER_INFO).labels(__version__, vllm_compat.device_type()).set(1)
-    engine_errors.install(metrics)
-    _patch_worker_init(config, metrics)
+    if not vllm_compat.version_supported(vllm_compat.vllm_version()):
+        log.warning("warden: %s: hooks are checked one by one", vllm_compat.version_note())
+    _guarded(metrics, (engine_errors.SOURCE,), lambda: engine_errors.install(metrics))
+    _guarded(metrics, ("logits",), logits_select.install)
+    _guarded(metrics, DEVICE_SOURCES, lambda: _patch_worker_init(config, metrics))
     _state["registered"] = True
 
 
+def _guarded(metrics: WardenMetrics, sources: tuple[str, ...], install: Callable[[], None]) -> None:
+    """Run one hook's install; a failure disables its sources, logged, never raised."""
+    try:
+        install()
+    except Exception as exc:
+        log.warning("warden: %s disabled: %s", ", ".join(sources), exc, exc_info=True)
+        for source in sources:
+            metrics.get(catalog.SOURCE_AVAILABLE).labels(source).set(0)
+
+
+def _start_heartbeat(board_path: Path) -> None:
+    """A process below the API server (engine core, worker) beats for the stall check."""
+    try:
+        heartbeat = Heartbeat(heartbeat_dir(board_path))
+        heartbeat.start()
+        atexit.register(heartbeat.stop)
+        _state["heartbeat"] = heartbeat
+    except Exception:
+        log.exception("warden: no heartbeat from this process; the stall check falls back")
+
+
 def _patch_worker_init(config: WardenSettings, metrics: WardenMetrics) -> None:
+    missing = vllm_compat.missing_hook(vllm_compat.HOOK_WORKER_INIT)
+    if missing is not None:
+        raise RuntimeError(f"device collectors (allocator, NVML, CUDA graphs): {missing}")
     from vllm.v1.worker.worker_base import WorkerWrapperBase
 
     original = WorkerWrapperBase.init_device
@@ -103,12 +147,15 @@ def start_device_collectors(wrapper: Any, config: WardenSettings, metrics: Warde
     graphs = VllmCudaGraphs(device_type)
     reason = graphs.availability()
     if reason is None:
-        graphs.install()
-        collectors.append(CudaGraphCollector(graphs, metrics))
+        try:
+            graphs.install(lambda why: _source_lost(metrics, "cudagraph", why))
+            collectors.append(CudaGraphCollector(graphs, metrics))
+        except Exception as exc:
+            unavailable["cudagraph"] = str(exc)
     else:
         unavailable["cudagraph"] = reason
 
-    for source in ("torch_allocator", "nvml", "cudagraph"):
+    for source in DEVICE_SOURCES:
         available.labels(source).set(0 if source in unavailable else 1)
     if unavailable:
         log.warning(
@@ -126,3 +173,8 @@ def start_device_collectors(wrapper: Any, config: WardenSettings, metrics: Warde
         runner = CollectorRunner(collectors, metrics, config.collector_interval_s)
         runner.start()
         _state["device_runner"] = runner
+
+
+def _source_lost(metrics: WardenMetrics, source: str, reason: str) -> None:
+    log.warning("warden: %s unavailable: %s", source, reason)
+    metrics.get(catalog.SOURCE_AVAILABLE).labels(source).set(0)

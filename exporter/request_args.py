@@ -8,3 +8,4 @@ RID_ARG = "warden_rid"  # warden's request id: ties a non-finite flag back to th
 ATTEMPT_ARG = "warden_attempt"  # 1 for the first try; retries count up
 INJECT_ARG = "warden_inject"  # test switch only: "nan" or "inf" poisons this request's logits
 INJECT_ATTEMPTS_ARG = "warden_inject_attempts"  # poison this many attempts (default 1)
+RAISE_ARG = "warden_raise"  # test switch only: "oom" | "cuda_driver" | "other" raises in the step

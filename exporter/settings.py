@@ -57,6 +57,9 @@ class WardenSettings(BaseSettings):
     memory_settle_s: float = Field(300.0, ge=0, le=86400, description="plan: settling peak window")
     # --- exporter cadences ----------------------------------------------------------------
     stall_timeout_s: float = Field(30.0, ge=0.1, le=86400, description="no step this long")
+    stall_max_step_s: float = Field(
+        300.0, ge=1, le=86400, description="one step running this long is a stall"
+    )
     collector_interval_s: float = Field(1.0, ge=0.05, le=3600, description="device collectors")
     # --- engine-side control (API process) ------------------------------------------------
     config: Path | None = Field(None, description="control config file (YAML)")
@@ -66,6 +69,15 @@ class WardenSettings(BaseSettings):
     ready_max_error_rate: float = Field(0.5, ge=0, le=1, description="readiness: 5xx share")
     ready_min_requests: int = Field(10, ge=1, le=1_000_000, description="readiness: sample")
     health_sample_s: float = Field(2.0, ge=0.1, le=300, description="health window sampling")
+    nonfinite_flag_wait_s: float = Field(
+        0.25, ge=0, le=10, description="middleware: longest wait for a pending non-finite flag"
+    )
+    # --- identity in a fleet: the labels Prometheus puts on this engine's series -----------
+    instance: str | None = Field(
+        None, description="this engine's instance label (default: the host:port it is reached at)"
+    )
+    namespace: str | None = Field(None, description="Kubernetes namespace of this engine")
+    cluster: str | None = Field(None, description="cluster label (Prometheus external label)")
     # --- wiring between warden's own processes (set by warden, not by people) -------------
     signal_board: Path | None = Field(None, description="shared-memory signal board")
     supervisor_state: Path | None = Field(None, description="the supervisor's state file")
@@ -81,7 +93,8 @@ class WardenSettings(BaseSettings):
     # --- test switches (off in production) ------------------------------------------------
     test_inject_nonfinite: bool = Field(False, description="poison marked requests' logits")
     test_failing_collector: bool = Field(False, description="add a collector that raises")
-    test_step_delay_s: float = Field(0.0, ge=0, le=1, description="sleep in busy steps")
+    test_step_delay_s: float = Field(0.0, ge=0, le=120, description="sleep in busy steps")
+    test_engine_error: bool = Field(False, description="marked requests raise in the worker")
 
     @model_validator(mode="after")
     def _thresholds_ascend(self) -> WardenSettings:

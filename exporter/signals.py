@@ -8,6 +8,12 @@ one slot each (by local rank); a NaN slot means "no value".
 A second region is a ring of request ids whose logits went non-finite: the worker's logits
 processor writes them, the API server's middleware looks its request up there before it lets
 a response out, so a poisoned request is retried or failed instead of returned as garbage.
+
+A third region says how far the logits flags are resolved: per engine slot, the number of logits
+steps checked (``applied``) and how many of them have their flags read on the host
+(``resolved``). On a GPU the flags reach the host a little after the step (no sync on the step
+path), so the middleware waits, boundedly, until ``resolved`` catches up with the ``applied``
+it saw when a response ended, instead of letting a poisoned last token out unnoticed.
 """
 
 from __future__ import annotations
@@ -33,7 +39,9 @@ RID_BYTES = 47  # request ids longer than this are truncated (warden's own are 3
 _RING_SLOT = RID_BYTES + 1  # id + kind byte
 _RING_HEADER = struct.Struct("<Q")
 RING_OFFSET = SIGNALS_SIZE
-SIZE = RING_OFFSET + _RING_HEADER.size + RING_SLOTS * _RING_SLOT
+PROGRESS_OFFSET = RING_OFFSET + _RING_HEADER.size + RING_SLOTS * _RING_SLOT
+_PROGRESS = struct.Struct("<QQ")  # applied, resolved
+SIZE = PROGRESS_OFFSET + _PROGRESS.size * MAX_RANKS
 
 
 class SignalBoard:
@@ -46,6 +54,7 @@ class SignalBoard:
                 os.ftruncate(fd, SIZE)
                 os.pwrite(fd, _SLOT.pack(*([math.nan] * len(FIELDS))) * MAX_RANKS, 0)
                 os.pwrite(fd, _RING_HEADER.pack(0), RING_OFFSET)
+                os.pwrite(fd, bytes(_PROGRESS.size * MAX_RANKS), PROGRESS_OFFSET)
             self._map = mmap.mmap(fd, SIZE)
         finally:
             os.close(fd)
@@ -95,6 +104,19 @@ class SignalBoard:
                 return "nan" if self._map[position + RID_BYTES] == ord("n") else "inf"
             position = self._map.find(rid, position + 1)
         return None
+
+    def publish_progress(self, slot: int, applied: int, resolved: int) -> None:
+        """Logits steps checked and resolved so far by the engine in ``slot`` (monotonic)."""
+        if 0 <= slot < MAX_RANKS:
+            offset = PROGRESS_OFFSET + slot * _PROGRESS.size
+            _PROGRESS.pack_into(self._map, offset, applied, resolved)
+
+    def progress(self) -> list[tuple[int, int]]:
+        """(applied, resolved) of every slot an engine has written (others read (0, 0))."""
+        return [
+            _PROGRESS.unpack_from(self._map, PROGRESS_OFFSET + slot * _PROGRESS.size)
+            for slot in range(MAX_RANKS)
+        ]
 
     def unlink(self) -> None:
         with contextlib.suppress(OSError):

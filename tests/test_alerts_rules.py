@@ -6,6 +6,7 @@ run in test_alerts_promtool.py and test_alerts_alertmanager.py.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -20,13 +21,24 @@ from alerts.alertmanager import (
     QUEUE_RECEIVER,
     build_alertmanager_config,
 )
-from alerts.config import DASHBOARD_UIDS, ENGINE_JOB, GRAFANA_BASE_URL, RUNBOOK_BASE_URL
+from alerts.config import (
+    DASHBOARD_UIDS,
+    DEFAULT,
+    ENGINE_JOB,
+    GRAFANA_BASE_URL,
+    RUNBOOK_BASE_URL,
+    ConfigError,
+    MixinConfig,
+    load_config,
+)
+from alerts.fleet import FLEET_RECORDING
 from alerts.generate import render_all
-from alerts.model import AlertRule
+from alerts.model import AlertRule, RecordingRule
 from alerts.recording import RECORDING_RULES, TORCH_CACHED_GAP
 from alerts.rules import ALERT_NAMES, ALERT_RULES
 from exporter import catalog
 from tests.promtool import TEST_FILES
+from tests.promtool.fleet import FLEET_RECORDING_SCENARIOS
 from tests.promtool.model import Scenario
 from tests.promtool.recording import RECORDING_SCENARIOS
 
@@ -39,7 +51,7 @@ REQUIRED_ALERTS = {
     "WardenOOMImminent",
     "WardenTimeToOOM",
     "WardenAllocatorCacheGrowth",
-    "WardenCudaGraphPoolGrowth",
+    "WardenMemoryCreepWithCudaGraphs",
     "WardenPreemptionStorm",
     "WardenNonFiniteLogits",
     "WardenRequestRetriesHigh",
@@ -51,6 +63,10 @@ REQUIRED_ALERTS = {
     "WardenRestartLoop",
     "WardenEngineUnhealthy",
     "WardenCollectorErrors",
+    "WardenFleetDegraded",
+    "WardenWebhookDeliveryFailing",
+    "WardenWebhookRejected",
+    "WardenRelayDeliveryFailing",
 }
 
 # --- PromQL identifiers ---------------------------------------------------------------------
@@ -103,9 +119,14 @@ def test_metric_name_parser_finds_what_it_should() -> None:
     assert selector_labels(expr) == [("warden_bogus_total", "outcome"), ("up", "job")]
 
 
-RECORDED = {rule.record: rule for rule in RECORDING_RULES.rules if hasattr(rule, "record")}
-ALL_EXPRESSIONS = [(rule.name, rule.expr) for rule in ALERT_RULES] + [
-    (name, rule.expr) for name, rule in RECORDED.items()
+RECORDED = {
+    rule.record: rule
+    for group in (RECORDING_RULES, FLEET_RECORDING)
+    for rule in group.rules
+    if isinstance(rule, RecordingRule)
+}
+ALL_EXPRESSIONS = [(rule.name, rule.render_expr()) for rule in ALERT_RULES] + [
+    (name, rule.render_expr()) for name, rule in RECORDED.items()
 ]
 
 
@@ -119,7 +140,7 @@ def test_expressions_read_only_known_series(owner: str, expr: str) -> None:
 
 def _recorded_labels(record: str) -> set[str]:
     labels: set[str] = set()
-    for clause in re.findall(r"\bby\s*\(([^)]*)\)", RECORDED[record].expr):
+    for clause in re.findall(r"\bby\s*\(([^)]*)\)", RECORDED[record].render_expr()):
         labels |= {label.strip() for label in clause.split(",") if label.strip()}
     return labels
 
@@ -131,20 +152,33 @@ def test_label_matchers_use_labels_the_series_has(owner: str, expr: str) -> None
             known = _recorded_labels(name)
         elif name in catalog.PROMETHEUS_BUILTINS:
             known = {"job", "instance"}
+        elif name.endswith("_bucket") and name.removesuffix("_bucket") in catalog.BY_NAME:
+            known = set(catalog.BY_NAME[name.removesuffix("_bucket")].labels) | {"le"}
         else:
-            known = set(catalog.BY_NAME[name].labels) | {"job", "instance"}
+            spec = catalog.BY_NAME.get(name) or catalog.BY_NAME[name.rsplit("_", 1)[0]]
+            known = set(spec.labels)
+        known |= {"job", "instance"}
         assert label in known, f"{owner}: {name} has no label {label!r}"
 
 
 def test_recording_rules_follow_naming_and_are_used() -> None:
-    metrics = {spec.base.replace(":", "_") for spec in catalog.ALL} | {TORCH_CACHED_GAP}
-    used = " ".join(rule.expr for rule in ALERT_RULES) + " ".join(
-        rule.expr for rule in RECORDED.values()
+    """level:metric:operations, with the level naming what the series is per: an engine
+    (``instance``...) or a fleet (``job``...); every record read by a rule or a dashboard."""
+    from dashboards.generate import dashboard_models
+
+    metrics = {spec.base.replace(":", "_") for spec in catalog.ALL} | {TORCH_CACHED_GAP, "up"}
+    used = " ".join(rule.render_expr() for rule in ALERT_RULES) + " ".join(
+        rule.render_expr() for rule in RECORDED.values()
     )
-    tested = {check.expr for scenario in RECORDING_SCENARIOS for check in scenario.checks}
+    used += json.dumps(dashboard_models())
+    tested = {
+        check.expr
+        for scenario in (*RECORDING_SCENARIOS, *FLEET_RECORDING_SCENARIOS)
+        for check in scenario.checks
+    }
     for name in RECORDED:
         level, metric, operations = name.split(":")
-        assert level.split("_")[0] == "instance", name
+        assert level.split("_")[0] in ("instance", "job"), name
         assert metric in metrics, f"{name}: {metric} is not a catalog metric"
         assert not metric.endswith("_total"), f"{name}: strip _total"
         assert operations, name
@@ -162,13 +196,19 @@ def test_alert_conventions(rule: AlertRule) -> None:
     assert re.fullmatch(r"Warden[A-Z][A-Za-z0-9]+", rule.name)
     assert rule.severity in ("critical", "warning", "info")
     assert "{{" not in rule.summary, "summary is static"
-    assert "$labels.instance" in rule.description and "$value" in rule.description
-    annotations = rule.annotations
+    description = rule.render_description()
+    subject = "$labels.job" if rule.scope == "fleet" else "$labels.instance"
+    assert subject in description and "$value" in description
+    annotations = rule.annotations()
     assert annotations["runbook_url"] == f"{RUNBOOK_BASE_URL}#{rule.name.lower()}"
     uid = annotations["dashboard_url"].removeprefix(f"{GRAFANA_BASE_URL}/d/")
     assert uid in DASHBOARD_UIDS
     assert rule.for_ not in ("0s", "0m"), "every alert has a for, and a tested pending state"
-    assert "instance" in rule.expr or "up{" in rule.expr
+    if rule.scope == "fleet":
+        assert rule.action is None, "fleet-wide alerts page people; no engine applies them"
+        assert "job" in rule.render_expr()
+    else:
+        assert "instance" in rule.render_expr() or "up{" in rule.render_expr()
 
 
 def test_severity_is_consistent_within_a_name() -> None:
@@ -191,7 +231,7 @@ def test_actions_named_in_the_issue_are_wired() -> None:
     assert ("WardenSaturated", "shed_low_priority") in actions
     assert ("WardenMemoryWatermarkCritical", "shed_low_priority") in actions
     assert ("WardenOOMImminent", "reject_all") in actions
-    assert ("WardenCudaGraphPoolGrowth", "enforce_eager") in actions
+    assert ("WardenMemoryCreepWithCudaGraphs", "enforce_eager") in actions
     assert ("WardenErrorRateHigh", "circuit_breaker") in actions
     critical = next(r for r in ACTION_RULES if r.name == "WardenMemoryWatermarkCritical")
     assert critical.labels[catalog.PARAM_PREEMPT] == "1"
@@ -224,8 +264,9 @@ def test_a_full_engine_alone_never_refuses_or_pages() -> None:
     """Do no harm: no alert reads the KV cache or the raw queue length (a saturated engine is
     vLLM at its most efficient), and none that fires at mere saturation refuses everything."""
     for rule in ALERT_RULES:
-        assert catalog.VLLM_KV_CACHE_USAGE.name not in rule.expr, rule.name
-        assert catalog.VLLM_NUM_REQUESTS_WAITING.name not in rule.expr, rule.name
+        expr = rule.render_expr()
+        assert catalog.VLLM_KV_CACHE_USAGE.name not in expr, rule.name
+        assert catalog.VLLM_NUM_REQUESTS_WAITING.name not in expr, rule.name
         if rule.name in ("WardenSaturated", "WardenQueueWaitHigh", "WardenPreemptionStorm"):
             assert rule.action in (None, "shed_low_priority"), rule.name
     high = next(rule for rule in ALERT_RULES if rule.name == "WardenMemoryWatermarkHigh")
@@ -235,7 +276,7 @@ def test_a_full_engine_alone_never_refuses_or_pages() -> None:
 def test_engine_job_is_one_shared_constant() -> None:
     assert alerts.ENGINE_JOB == ENGINE_JOB == "vllm-warden"
     down = next(rule for rule in ALERT_RULES if rule.name == "WardenEngineDown")
-    assert down.expr.count(f'up{{job="{ENGINE_JOB}"}}') == 2
+    assert down.render_expr().count(f'up{{job="{ENGINE_JOB}"}}') == 2
 
 
 # --- Runbooks -------------------------------------------------------------------------------
@@ -347,12 +388,15 @@ def test_alertmanager_routes() -> None:
     engine, pager, queue = routes
     assert engine["receiver"] == ENGINE_RECEIVER and engine["continue"] is True
     assert engine["matchers"] == [f'{catalog.ACTION_LABEL}=~".+"']
-    assert set(engine["group_by"]) >= {"alertname", "instance", catalog.ACTION_LABEL}
+    identity = set(DEFAULT.identity_labels)
+    assert set(engine["group_by"]) >= {"alertname", catalog.ACTION_LABEL} | identity
     assert set(engine["group_by"]) >= set(catalog.ACTION_PARAM_LABELS)
     lease_ttl = LeaseSettings().ttl_s
     assert _to_seconds(engine["repeat_interval"]) * 2 <= lease_ttl
     assert _to_seconds(engine["group_interval"]) <= 10
     assert pager["receiver"] == PAGER_RECEIVER and pager["matchers"] == ['severity="critical"']
+    # People get one page per alert and fleet, not one per engine.
+    assert pager["group_by"] == queue["group_by"] == ["alertname", "cluster", "namespace"]
     assert queue["receiver"] == QUEUE_RECEIVER and queue["matchers"] == ['severity="warning"']
     assert config["route"]["receiver"] not in (ENGINE_RECEIVER, PAGER_RECEIVER, QUEUE_RECEIVER)
     receivers = {r["name"]: r for r in config["receivers"]}
@@ -368,7 +412,7 @@ def test_alertmanager_routes() -> None:
         {
             "source_matchers": ['severity="critical"'],
             "target_matchers": ['severity="warning"'],
-            "equal": ["alertname", "instance"],
+            "equal": ["alertname", "cluster", "namespace", "instance"],
         }
     ]
 
@@ -405,10 +449,12 @@ def test_memory_alerts_outlast_the_peak_window() -> None:
     gauge_window = WardenSettings().watermark_peak_window_s
     assert window >= 3 * scrape
     assert gauge_window >= scrape, "a spike between two scrapes would fall out of the peak gauge"
-    peak_over_window = f"max_over_time({catalog.MEMORY_WATERMARK_PEAK.name}[{window_text}])"
-    assert peak_over_window in RECORDED[rec.WATERMARK_PEAK].expr
+    peak_over_window = (
+        f"max_over_time({DEFAULT.select(catalog.MEMORY_WATERMARK_PEAK)}[{window_text}])"
+    )
+    assert peak_over_window in RECORDED[rec.WATERMARK_PEAK].render_expr()
     assert rec.WATERMARK_PEAK.split(":")[1] == catalog.MEMORY_WATERMARK_PEAK.name
-    memory = [rule for rule in ALERT_RULES if rec.WATERMARK_PEAK in rule.expr]
+    memory = [rule for rule in ALERT_RULES if rec.WATERMARK_PEAK in rule.render_expr()]
     assert {rule.name for rule in memory} == {
         "WardenMemoryWatermarkHigh",
         "WardenMemoryWatermarkCritical",
@@ -418,3 +464,49 @@ def test_memory_alerts_outlast_the_peak_window() -> None:
         assert _to_seconds(rule.for_) > window + gauge_window, (
             f"{rule.name}: a single spike would fire it"
         )
+
+
+# --- The mixin config: every selector and aggregation comes from it ---------------------------
+CUSTOM = MixinConfig(
+    engine_selector='job="my-vllm", namespace=~"prod-.*"',
+    identity_labels=("region", "namespace", "instance"),
+    alertmanager_selector='job="am", namespace="monitoring"',
+    relay_selector='job="my-relay"',
+)
+_RULES = [*ALERT_RULES, *RECORDED.values()]
+
+
+@pytest.mark.parametrize("rule", _RULES, ids=lambda r: getattr(r, "name", getattr(r, "record", "")))
+def test_every_raw_selector_and_grouping_comes_from_the_config(
+    rule: AlertRule | RecordingRule,
+) -> None:
+    expr = re.sub(r"#[^\n]*", "", rule.render_expr(CUSTOM))
+    for name in metric_names(expr) - RECORDED.keys():
+        owner = catalog.BY_NAME.get(name, catalog.BY_NAME.get(name.rsplit("_", 1)[0]))
+        selector = {
+            "alertmanager": CUSTOM.alertmanager_selector,
+            "relay": CUSTOM.relay_selector,
+        }.get(
+            "relay" if name.startswith("warden_relay_") else getattr(owner, "owner", ""),
+            CUSTOM.engine_selector,
+        )
+        occurrences = re.findall(rf"(?<![\w:]){re.escape(name)}(?![\w:])(\{{[^}}]*\}})?", expr)
+        for matchers in occurrences:
+            assert matchers.startswith("{" + selector), f"{name} read without its selector"
+    fleet = ", ".join((*CUSTOM.fleet_labels, "job"))
+    for clause in re.findall(r"\b(?:by|on)\s*\(([^)]*)\)", expr):
+        assert clause.startswith((CUSTOM.identity, fleet)), f"grouping ({clause}) names no engine"
+    assert "vllm-warden" not in expr
+
+
+def test_mixin_config_rejects_what_would_generate_broken_rules(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="instance"):
+        MixinConfig(identity_labels=("namespace",))
+    with pytest.raises(ValueError, match="matchers"):
+        MixinConfig(engine_selector="job=vllm")
+    config_file = tmp_path / "mixin.yaml"
+    config_file.write_text("engine_selector: 'job=\"x\"'\nidentity_lables: [instance]\n")
+    with pytest.raises(ConfigError, match="identity_lables"):
+        load_config(config_file)
+    config_file.write_text("engine_selector: 'job=\"x\"'\n")
+    assert load_config(config_file).select("up") == 'up{job="x"}'

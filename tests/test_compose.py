@@ -1,13 +1,18 @@
-"""The compose stack: the file validates with docker-compose for each engine profile, and every
-mount, secret, address and port agrees with the Python sources the generated files come from.
+"""The compose stack: ``docker compose up`` as it is (CPU engine, secrets made by the init job),
+the GPU switch, closed by default (no published Alertmanager, no lifecycle API, no default
+Grafana password, non-root containers), and every mount, secret, address and port agrees with
+the Python sources the generated files come from.
 
 There is no Docker engine here, so nothing is built or started: ``docker-compose config``
-parses, interpolates and validates the file, and these tests check the result's structure.
+parses, interpolates and validates the files, and these tests check the result's structure;
+the init job's own code runs here for real.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -23,8 +28,8 @@ from dashboards.provisioning import (
     DATASOURCE_FILE,
     GRAFANA_DASHBOARDS_PATH,
 )
+from warden.stack import compose_init, traces
 from warden.stack import config as stack_config
-from warden.stack import traces
 from warden.stack.container import engine_spec
 from warden.stack.generate import (
     COMPOSE_PROMETHEUS_PATH,
@@ -32,26 +37,36 @@ from warden.stack.generate import (
     COMPOSE_TEMPO_PATH,
 )
 from warden.stack.generate import render_all as render_stack_files
+from warden.stack.native import NativeStack, StackSettings
 from warden.stack.webhook_token import TOKEN_FILE_ENV
 
 REPO = Path(__file__).resolve().parent.parent
-COMPOSE_FILE = REPO / "compose" / "docker-compose.yml"
-ENV_EXAMPLE = REPO / "compose" / ".env.example"
-SERVICES = {"engine", "engine-gpu", "prometheus", "alertmanager", "grafana", "tempo", "pager"}
-ENGINES = ("engine", "engine-gpu")
-SECRET = "warden_webhook_token"
+COMPOSE_DIR = REPO / "compose"
+COMPOSE_FILE = COMPOSE_DIR / "docker-compose.yml"
+GPU_FILE = COMPOSE_DIR / "docker-compose.gpu.yml"
+PUBLISH_FILE = COMPOSE_DIR / "docker-compose.publish.yml"
+ENV_EXAMPLE = COMPOSE_DIR / ".env.example"
+SERVICES = {"init", "engine", "prometheus", "alertmanager", "grafana", "tempo", "pager"}
+LONG_RUNNING = SERVICES - {"init"}
+TOKEN_VOLUME = "webhook-token"
 
 needs_compose = pytest.mark.skipif(
     shutil.which("docker-compose") is None, reason="docker-compose is not installed"
 )
 
 
-def compose_config(*options: str, env_file: Path | None = None) -> dict[str, Any]:
+def compose_config(
+    *files: Path, env_file: Path | None = None, cwd: Path = REPO, plain: bool = False
+) -> dict[str, Any]:
+    """``docker-compose config`` of the main file (plus ``files``); ``plain``: no -f at all,
+    run in ``cwd`` the way a user types ``docker compose up`` there."""
     argv = ["docker-compose"]
     if env_file is not None:
         argv += ["--env-file", str(env_file)]
-    argv += ["-f", str(COMPOSE_FILE), *options, "config"]
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=REPO)
+    if not plain:
+        for path in (COMPOSE_FILE, *files):
+            argv += ["-f", str(path)]
+    result = subprocess.run([*argv, "config"], capture_output=True, text=True, timeout=60, cwd=cwd)
     assert result.returncode == 0, result.stderr
     return dict(yaml.safe_load(result.stdout))
 
@@ -93,75 +108,148 @@ def repo_path(host_path: str) -> str:
 
 
 @needs_compose
-@pytest.mark.parametrize("profile", ["cpu", "gpu"])
-def test_compose_validates_for_each_profile(profile: str, empty_env: Path) -> None:
-    config = compose_config("--profile", profile, env_file=empty_env)
+def test_compose_up_as_it_is_runs_the_cpu_stack(empty_env: Path, tmp_path: Path) -> None:
+    """What `docker compose up` in compose/ (and with -f from anywhere) would start."""
+    for config in (
+        compose_config(env_file=empty_env, cwd=COMPOSE_DIR, plain=True),
+        compose_config(env_file=empty_env, cwd=tmp_path),
+    ):
+        services = config["services"]
+        assert set(services) == SERVICES
+        assert not any("profiles" in service for service in services.values())
+        engine = services["engine"]
+        assert engine["build"]["args"]["WARDEN_ENGINE"] == "cpu"
+        assert "VLLM_CPU_KVCACHE_SPACE" in engine["environment"]
+        assert "deploy" not in engine  # no GPU reservation: it starts on any Docker host
+
+
+@needs_compose
+def test_one_file_switches_the_engine_to_the_gpu_build(empty_env: Path) -> None:
+    config = compose_config(GPU_FILE, env_file=empty_env)
     assert set(config["services"]) == SERVICES
+    engine = config["services"]["engine"]
+    assert engine["build"]["args"]["WARDEN_ENGINE"] == "gpu"
+    assert engine["image"].endswith(":gpu") and engine["ipc"] == "host"
+    devices = engine["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["driver"] == "nvidia" and devices[0]["capabilities"] == ["gpu"]
+    assert "COMPOSE_FILE=docker-compose.yml:docker-compose.gpu.yml" in ENV_EXAMPLE.read_text()
 
 
 @needs_compose
 def test_compose_validates_with_the_example_env() -> None:
-    config = compose_config("--profile", "cpu", env_file=ENV_EXAMPLE)
+    config = compose_config(env_file=ENV_EXAMPLE)
     assert config["services"]["engine"]["environment"]["WARDEN_MODEL"] == "tiny"
 
 
 @needs_compose
-def test_every_service_has_a_healthcheck_and_a_restart_policy(config: dict[str, Any]) -> None:
-    for name, service in config["services"].items():
+def test_long_running_services_have_a_healthcheck_and_a_restart_policy(
+    config: dict[str, Any],
+) -> None:
+    for name in LONG_RUNNING:
+        service = config["services"][name]
         assert service.get("healthcheck", {}).get("test"), name
         assert service.get("restart") == "unless-stopped", name
+    assert config["services"]["init"]["restart"] == "no"  # a job: it runs once and exits
 
 
 @needs_compose
-def test_engine_profiles_and_gpu_reservation(config: dict[str, Any]) -> None:
+def test_every_container_runs_as_a_non_root_user(config: dict[str, Any]) -> None:
+    for name, service in config["services"].items():
+        user = str(service.get("user", ""))
+        uid = user.split(":")[0]
+        assert uid.isdigit() and int(uid) != 0, f"{name}: user {user!r}"
+    dockerfile = (COMPOSE_DIR / "Dockerfile").read_text()
+    assert dockerfile.count("USER warden") == 2  # both targets
+    assert "useradd --create-home --uid 10001 warden" in dockerfile
+
+
+@needs_compose
+def test_the_init_job_makes_the_secrets_before_anything_needs_them(
+    config: dict[str, Any],
+) -> None:
     services = config["services"]
-    assert services["engine"]["profiles"] == ["cpu"]
-    assert services["engine-gpu"]["profiles"] == ["gpu"]
-    for name in SERVICES - set(ENGINES):
-        assert "profiles" not in services[name], f"{name} must run with either engine"
-    devices = services["engine-gpu"]["deploy"]["resources"]["reservations"]["devices"]
-    assert devices[0]["driver"] == "nvidia" and devices[0]["capabilities"] == ["gpu"]
-    assert services["engine"]["build"]["args"]["WARDEN_ENGINE"] == "cpu"
-    assert services["engine-gpu"]["build"]["args"]["WARDEN_ENGINE"] == "gpu"
-    assert "VLLM_CPU_KVCACHE_SPACE" in services["engine"]["environment"]
+    init = services["init"]
+    assert init["command"][:3] == ["python", "-m", "warden.stack.compose_init"]
+    assert init["build"]["target"] == "pager"  # the warden CLI image, no engine
+    assert named_volumes(init) == {
+        "/run/secrets": TOKEN_VOLUME,
+        "/run/grafana-secrets": "grafana-secrets",
+    }
+    for name in ("engine", "alertmanager", "grafana"):
+        condition = services[name]["depends_on"]["init"]["condition"]
+        assert condition == "service_completed_successfully", name
+    assert "secrets" not in config  # no host file to prepare
 
 
 @needs_compose
 def test_engines_answer_where_scrape_config_and_webhook_point(config: dict[str, Any]) -> None:
     host, port = stack_config.COMPOSE_ENGINE_ADDRESS.split(":")
-    for name in ENGINES:
-        engine = config["services"][name]
-        assert host in engine["networks"]["default"]["aliases"]
-        assert engine["environment"]["WARDEN_PORT"] == port
-        assert engine["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == traces.COMPOSE_OTLP_ENDPOINT
-        assert engine["environment"][TOKEN_FILE_ENV] == COMPOSE_TOKEN_FILE
-        assert named_volumes(engine) == {"/data": "engine-data"}
+    engine = config["services"][host]
+    assert engine["environment"]["WARDEN_PORT"] == port
+    assert engine["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == traces.COMPOSE_OTLP_ENDPOINT
+    assert engine["environment"][TOKEN_FILE_ENV] == COMPOSE_TOKEN_FILE
+    assert named_volumes(engine) == {"/data": "engine-data", "/run/secrets": TOKEN_VOLUME}
     prometheus = yaml.safe_load((REPO / COMPOSE_PROMETHEUS_PATH).read_text())
     jobs = {job["job_name"]: job for job in prometheus["scrape_configs"]}
     assert jobs[ENGINE_JOB]["static_configs"][0]["targets"] == [stack_config.COMPOSE_ENGINE_ADDRESS]
 
 
 @needs_compose
-def test_webhook_token_is_a_file_secret_for_engine_and_alertmanager(
+def test_the_webhook_token_reaches_the_engine_and_alertmanager_only(
     config: dict[str, Any],
 ) -> None:
-    secret = config["secrets"][SECRET]
-    assert Path(secret["file"]).parent == REPO / "compose" / "secrets"
-    assert f"/run/secrets/{SECRET}" == COMPOSE_TOKEN_FILE
-    for name in (*ENGINES, "alertmanager"):
-        sources = [
-            s["source"] if isinstance(s, dict) else s for s in config["services"][name]["secrets"]
-        ]
-        assert sources == [SECRET], name
-    # The token file itself is never committed.
-    ignored = subprocess.run(
-        ["git", "check-ignore", "-q", "compose/secrets/webhook-token"], cwd=REPO, check=False
-    )
-    assert ignored.returncode == 0
+    token_dir = str(Path(COMPOSE_TOKEN_FILE).parent)
+    assert Path(COMPOSE_TOKEN_FILE).name == compose_init.TOKEN_NAME
+    holders = {
+        name
+        for name, service in config["services"].items()
+        if TOKEN_VOLUME in named_volumes(service).values()
+    }
+    assert holders == {"init", "engine", "alertmanager"}
+    for name in ("engine", "alertmanager"):
+        mounts = [str(v) for v in config["services"][name]["volumes"]]
+        assert f"{TOKEN_VOLUME}:{token_dir}:ro" in mounts, name
     alertmanager = build_alertmanager_config("http://x/", COMPOSE_TOKEN_FILE, "http://p/")
     engine_receiver = next(r for r in alertmanager["receivers"] if r["name"] == "warden-engine")
     auth = engine_receiver["webhook_configs"][0]["http_config"]["authorization"]
     assert auth["credentials_file"] == COMPOSE_TOKEN_FILE
+
+
+def version(image: str) -> tuple[int, ...]:
+    match = re.fullmatch(r".*:v?(\d+)\.(\d+)\.(\d+)", image)
+    assert match, f"{image}: pin a release"
+    return tuple(int(part) for part in match.groups())
+
+
+@needs_compose
+def test_alertmanager_is_a_fixed_release_on_the_stack_network_only(
+    config: dict[str, Any], empty_env: Path
+) -> None:
+    alertmanager = config["services"]["alertmanager"]
+    assert version(alertmanager["image"]) >= (0, 25, 1)  # CVE-2023-40577, stored XSS
+    assert "ports" not in alertmanager and "ports" not in config["services"]["pager"]
+    published = compose_config(PUBLISH_FILE, env_file=empty_env)["services"]
+    for name, port in (("alertmanager", "9093"), ("pager", "9099")):
+        ports = [str(p) for p in published[name]["ports"]]
+        assert ports == [f"127.0.0.1:{port}:{port}/tcp"], (name, ports)
+    for name, service in config["services"].items():
+        for port in service.get("ports", []):
+            assert str(port).startswith("127.0.0.1:"), (name, port)  # WARDEN_BIND's default
+
+
+@needs_compose
+def test_prometheus_has_no_lifecycle_api(config: dict[str, Any]) -> None:
+    assert not any("lifecycle" in arg for arg in config["services"]["prometheus"]["command"])
+
+
+@needs_compose
+def test_grafana_never_runs_with_the_default_password(config: dict[str, Any]) -> None:
+    environment = config["services"]["grafana"]["environment"]
+    assert "GF_SECURITY_ADMIN_PASSWORD" not in environment
+    path = environment["GF_SECURITY_ADMIN_PASSWORD__FILE"]
+    assert Path(path).name == compose_init.GRAFANA_PASSWORD_NAME
+    assert named_volumes(config["services"]["grafana"])[str(Path(path).parent)] == "grafana-secrets"
+    assert "GRAFANA_ADMIN_PASSWORD=admin" not in ENV_EXAMPLE.read_text()
 
 
 @needs_compose
@@ -186,9 +274,12 @@ def test_alertmanager_mounts_generated_config(config: dict[str, Any]) -> None:
     path = stack_config.COMPOSE_ALERTMANAGER_FILE
     assert repo_path(mounts[path]) == stack_config.REPO_ALERTMANAGER_PATH
     assert f"--config.file={path}" in alertmanager["command"]
-    assert named_volumes(alertmanager) == {"/alertmanager": "alertmanager-data"}
+    assert named_volumes(alertmanager) == {
+        "/alertmanager": "alertmanager-data",
+        "/run/secrets": TOKEN_VOLUME,
+    }
     port = stack_config.COMPOSE_ALERTMANAGER_ADDRESS.split(":")[1]
-    assert any(str(p).endswith(f":{port}/tcp") for p in alertmanager["ports"])
+    assert str(port) in [str(p) for p in alertmanager["expose"]]
 
 
 @needs_compose
@@ -209,7 +300,10 @@ def test_grafana_mounts_provisioning_dashboards_and_trace_datasource(
     dashboards = Path(mounts[GRAFANA_DASHBOARDS_PATH])
     assert repo_path(str(dashboards)) == "dashboards/generated"
     assert sorted(p.name for p in dashboards.glob("*.json"))
-    assert named_volumes(grafana) == {"/var/lib/grafana": "grafana-data"}
+    assert named_volumes(grafana) == {
+        "/var/lib/grafana": "grafana-data",
+        "/run/secrets": "grafana-secrets",
+    }
 
 
 @needs_compose
@@ -291,3 +385,49 @@ def test_container_entrypoint_passes_a_real_model_and_quoted_args() -> None:
     )
     assert tiny is None and spec.model == "Qwen/Qwen2.5-0.5B-Instruct"
     assert spec.extra_args == ["--max-model-len", "4096"]
+
+
+# --- the init job, run here for real -----------------------------------------------------------
+
+
+def test_init_generates_keeps_or_takes_the_given_secrets(tmp_path: Path) -> None:
+    secrets, grafana = tmp_path / "secrets", tmp_path / "grafana"
+    token_file = secrets / compose_init.TOKEN_NAME
+    password_file = grafana / compose_init.GRAFANA_PASSWORD_NAME
+    lines = compose_init.run(secrets, grafana, {})
+    assert all("generated" in line for line in lines)
+    token, password = token_file.read_text().strip(), password_file.read_text().strip()
+    assert len(token) == 64 and len(password) >= compose_init.MIN_PASSWORD_CHARS
+    assert token not in " ".join(lines) and password not in " ".join(lines)  # never printed
+    for path in (token_file, password_file):  # other non-root users read them in the volume
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    assert all("kept" in line for line in compose_init.run(secrets, grafana, {"X": "1"}))
+    assert token_file.read_text().strip() == token
+    given = {"WARDEN_WEBHOOK_TOKEN": "given-token", "GRAFANA_ADMIN_PASSWORD": "a long passphrase"}
+    compose_init.run(secrets, grafana, given)
+    assert token_file.read_text().strip() == "given-token"
+    assert password_file.read_text().strip() == "a long passphrase"
+
+
+@pytest.mark.parametrize("password", ["admin", " admin ", "short"])
+def test_init_refuses_a_default_or_weak_grafana_password_saying_so(
+    tmp_path: Path, password: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.setenv("GRAFANA_ADMIN_PASSWORD", password)
+    argv = ["--secrets", str(tmp_path / "s"), "--grafana", str(tmp_path / "g")]
+    assert compose_init.main(argv) == 1
+    assert "GRAFANA_ADMIN_PASSWORD" in capsys.readouterr().err
+    assert not (tmp_path / "g" / compose_init.GRAFANA_PASSWORD_NAME).exists()
+
+
+# --- the native stack's neighbours ------------------------------------------------------------
+
+
+def test_native_alertmanager_listens_on_loopback_and_prometheus_has_no_lifecycle_api(
+    tmp_path: Path,
+) -> None:
+    stack = NativeStack(StackSettings(workdir=tmp_path, host="0.0.0.0"))
+    alertmanager = stack.alertmanager_argv("alertmanager")
+    assert "--web.listen-address=127.0.0.1:9093" in alertmanager
+    assert stack.alertmanager_url == "http://127.0.0.1:9093"
+    assert not any("lifecycle" in arg for arg in stack.prometheus_argv("prometheus"))

@@ -90,13 +90,16 @@ def engine(
     token_file.write_text(TOKEN + "\n")
     config = run_dir / "warden.yaml"
     # The forecast would keep the flood below the watermark; it has its own engine below.
+    # Priority from this test process counts (the trust rule, docs/security.md).
     config.write_text(
         f"leases:\n  ttl_s: {LEASE_TTL_S}\nadmission:\n  forecast:\n    enabled: false\n"
+        "  priority:\n    trusted_networks: [127.0.0.1/32]\n"
     )
     env = {
         "WARDEN_TEST_INJECT_NONFINITE": "1",
         "WARDEN_WEBHOOK_TOKEN_FILE": str(token_file),
         "WARDEN_CONFIG": str(config),
+        "WARDEN_INSTANCE": "engine:8000",  # the instance the test notifications name
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": otlp.url,
         "OTEL_BSP_SCHEDULE_DELAY": "200",
     }

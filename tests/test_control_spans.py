@@ -29,6 +29,7 @@ from warden.control.alertmanager import parse_payload
 from warden.control.config import ControlConfig
 from warden.control.controller import Controller
 from warden.control.reflex import Reflex
+from warden.engine import identity as engine_identity
 from warden.engine import middleware, runtime, webhook
 
 TTL_S = ControlConfig().leases.ttl_s
@@ -345,6 +346,8 @@ def webhook_client(installed: Controller, monkeypatch: pytest.MonkeyPatch) -> Te
     monkeypatch.setenv("WARDEN_WEBHOOK_TOKEN", TOKEN)
     monkeypatch.delenv("WARDEN_WEBHOOK_TOKEN_FILE", raising=False)
     monkeypatch.setattr(webhook._Guard, "loaded", False)  # read the token again
+    monkeypatch.setenv("WARDEN_INSTANCE", "engine:8000")  # the instance the alerts name
+    engine_identity.reset()
     app = FastAPI()
     app.include_router(webhook.router)
     return TestClient(app)

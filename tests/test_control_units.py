@@ -19,8 +19,15 @@ from exporter.saturation import SaturationMeter, SaturationState
 from exporter.settings import WardenSettings
 from exporter.signals import SignalBoard
 from exporter.step_monitor import StepMonitor, StepSnapshot
-from warden.control.actions import ActionError, ActionRequest, parse_action
-from warden.control.admission import Decision, HalfOpenGate, KvState, RequestFacts, decide
+from warden.control.actions import REFLEX_ACTIONS, ActionError, ActionRequest, parse_action
+from warden.control.admission import (
+    Decision,
+    HalfOpenGate,
+    KvState,
+    RequestFacts,
+    Saturation,
+    decide,
+)
 from warden.control.alertmanager import PayloadError, parse_payload
 from warden.control.config import (
     AdmissionSettings,
@@ -439,8 +446,7 @@ def test_saturation_never_refuses_until_a_limit_is_set() -> None:
         AdmissionSettings(),
         HalfOpenGate(),
         KvState(10, 32, 1.0),
-        busy(waiting=5000),
-        RetrySchedule(),
+        Saturation(busy(waiting=5000), RetrySchedule()),
     )
     assert decision.admit
 
@@ -453,8 +459,7 @@ def test_saturation_refuses_on_predicted_latency_wait_or_depth_naming_the_signal
             saturation_config(**limits),
             HalfOpenGate(),
             KvState(20, 32, 0.75),
-            state,
-            RetrySchedule(),
+            Saturation(state, RetrySchedule()),
         )
 
     # 8 waiting at 4 per second: a 2 s wait, plus 2 s of service = 4 s.
@@ -483,7 +488,12 @@ def test_retry_after_comes_from_the_drain_rate_and_spreads_the_herd() -> None:
 
     def refuse(now: float, state: SaturationState, schedule: RetrySchedule) -> Decision:
         return decide(
-            RequestFacts(), EffectivePolicy(), settings, HalfOpenGate(), None, state, schedule, now
+            RequestFacts(),
+            EffectivePolicy(),
+            settings,
+            HalfOpenGate(),
+            None,
+            Saturation(state, schedule, now),
         )
 
     retries = [refuse(100.0, state, schedule).retry_after_s for _ in range(6)]
@@ -497,7 +507,9 @@ def test_retry_after_comes_from_the_drain_rate_and_spreads_the_herd() -> None:
     assert deep.retry_after_s == 30.0
     assert deep.retry_after_headers() == [(b"retry-after", b"30"), (b"retry-after-ms", b"30000")]
     constant = saturation_config(max_queue_wait_s=2.0, retry_after="constant")
-    fixed = decide(RequestFacts(), EffectivePolicy(), constant, HalfOpenGate(), None, state)
+    fixed = decide(
+        RequestFacts(), EffectivePolicy(), constant, HalfOpenGate(), None, Saturation(state)
+    )
     assert fixed.retry_after_s == 5
 
 
@@ -718,3 +730,13 @@ def test_the_reflex_may_only_take_actions_the_registry_allows() -> None:
     with pytest.raises(ControlConfigError, match="not an action the reflex can take"):
         parse_config({"reflex": {"high": {"actions": ["circuit_breaker"]}}})
     parse_config({"reflex": {"high": {"actions": ["reject_all"]}}})
+
+
+def test_every_reflex_action_is_exported_at_zero_before_the_first(
+    controller: Controller, registry: CollectorRegistry
+) -> None:
+    """Born at 0, the first reflex lease shows in increase() and on the interventions panel."""
+    assert REFLEX_ACTIONS
+    for action in REFLEX_ACTIONS:
+        value = registry.get_sample_value(catalog.REFLEX_ACTIONS.name, {"action": action})
+        assert value == 0, action

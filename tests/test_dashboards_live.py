@@ -17,13 +17,20 @@ from pathlib import Path
 import httpx
 import pytest
 
+from alerts.config import ENGINE_JOB
+from alerts.rules_file import render_rules
 from dashboards import promql
 from dashboards.generate import dashboard_models
 from dashboards.model import PanelQuery, annotation_queries, panel_queries, variable_queries
 from dashboards.render import render_dashboards
 from exporter import catalog
 from tests.support.engine import TINY_KV_ARGS, complete, running_engine
-from tests.support.prometheus import PrometheusServer, prometheus_available, running_prometheus
+from tests.support.prometheus import (
+    PrometheusServer,
+    ScrapeTarget,
+    prometheus_available,
+    running_prometheus,
+)
 from tests.test_dashboards_render import assert_drawn
 from warden.supervisor.engine import EngineProcess
 
@@ -76,7 +83,21 @@ ABSENT_HERE: dict[str, str] = {
     "warden-faults / Engine restarts by reason (5 min) / A": SUPERVISOR,
     "warden-faults / Restart duration / A": SUPERVISOR,
     "warden-faults / Restart duration / B": SUPERVISOR,
+    **{
+        f"warden-fleet / {panel}": "Alertmanager and warden relay do not run in this test "
+        "(tests/test_dashboards_render.py has data for them)"
+        for panel in (
+            "Engines the relay knows / A",
+            "Alertmanager webhook failures / A",
+            "Relay: alerts by outcome / A",
+            "Relay: deliveries and notifications / A",
+            "Relay: deliveries and notifications / B",
+        )
+    },
 }
+# The engine as service discovery would label it in a fleet: the dashboards' cluster and
+# namespace variables must find it.
+FLEET_LABELS = {"cluster": "local", "namespace": "warden"}
 
 
 @pytest.fixture(scope="module")
@@ -88,13 +109,18 @@ def engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 @pytest.fixture(scope="module")
 def prometheus(engine: EngineProcess) -> Iterator[PrometheusServer]:
-    """Prometheus scraping the engine every second, with an alert that always fires."""
-    rules = Path(engine.spec.run_dir or ".") / "dashboard-probe-rules.yml"
-    rules.write_text(
+    """Prometheus scraping the engine every second, with an alert that always fires and
+    warden's own rules (the fleet dashboard reads their records)."""
+    run_dir = Path(engine.spec.run_dir or ".")
+    probe = run_dir / "dashboard-probe-rules.yml"
+    probe.write_text(
         "groups:\n- name: probe\n  rules:\n  - alert: WardenDashboardProbe\n"
         "    expr: vector(1)\n    labels: {severity: info}\n"
     )
-    with running_prometheus([engine.metrics_url], rule_files=[rules]) as prom:
+    rules = run_dir / "rules.yml"
+    rules.write_text(render_rules())
+    target = ScrapeTarget(engine.metrics_url, job=ENGINE_JOB, labels=FLEET_LABELS)
+    with running_prometheus([target], rule_files=[probe, rules]) as prom:
         prom.wait_for_targets_up(timeout=60)
         yield prom
 

@@ -21,6 +21,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4 as CONTENT_TYPE_PLAIN
 
+from alerts import fleet
+from alerts.config import ALERTMANAGER_JOB, ENGINE_JOB, RELAY_JOB
+from alerts.rules_file import render_rules
 from dashboards import promql
 from dashboards.generate import dashboard_models
 from dashboards.model import annotation_queries, panel_queries, variable_queries
@@ -28,7 +31,12 @@ from dashboards.render import legend_text, render_dashboards
 from dashboards.units import format_value
 from exporter import catalog
 from exporter.metrics import KNOWN_LABEL_VALUES, WardenMetrics
-from tests.support.prometheus import PrometheusServer, prometheus_available, running_prometheus
+from tests.support.prometheus import (
+    PrometheusServer,
+    ScrapeTarget,
+    prometheus_available,
+    running_prometheus,
+)
 from warden.common.ports import free_port
 
 pytestmark = pytest.mark.skipif(not prometheus_available(), reason="prometheus not on PATH")
@@ -53,11 +61,17 @@ def assert_drawn(paths: list[Path]) -> None:
         assert coloured_fraction(path) > 0.002, f"{path} shows no data"
 
 
+# The fleet labels of the default mixin config, as service discovery would attach them.
+FLEET_LABELS = {"cluster": "synthetic", "namespace": "warden"}
+# Label values of series warden does not export itself (Alertmanager's integrations).
+OTHER_LABEL_VALUES = {"integration": ("webhook", "email")}
+
+
 def _label_values(spec: catalog.MetricSpec) -> list[tuple[str, ...]]:
     """Two label combinations per labelled metric, from the catalog's known values."""
     if not spec.labels:
         return [()]
-    known = KNOWN_LABEL_VALUES.get(spec.name, {})
+    known = {**KNOWN_LABEL_VALUES.get(spec.name, {}), **OTHER_LABEL_VALUES}
     choices = [known.get(label, ("a", "b")) for label in spec.labels]
     return [tuple(c[i % len(c)] for c in choices) for i in range(2)]
 
@@ -140,27 +154,37 @@ class SyntheticExporter:
 
 @pytest.fixture(scope="module")
 def prometheus() -> Iterator[PrometheusServer]:
-    """A real Prometheus that has scraped the synthetic exporter for a few seconds."""
-    with (
-        SyntheticExporter() as exporter,
-        running_prometheus([exporter.url], rule_files=[_probe_rules()]) as prom,
-    ):
-        prom.wait_for_targets_up()
-        prom.wait_for(f"count_over_time({catalog.MEMORY_WATERMARK.name}[1m]) >= 6", timeout=30)
-        prom.wait_for('ALERTS{alertstate="firing"}', timeout=30)
-        yield prom
+    """A real Prometheus that has scraped the synthetic exporter for a few seconds, as the
+    engines' job and, for the fleet dashboard's delivery row, as Alertmanager's and the relay's
+    (their metrics are in the catalog too), with warden's generated rules loaded."""
+    with SyntheticExporter() as exporter:
+        targets = [
+            ScrapeTarget(exporter.url, job=job, labels=FLEET_LABELS)
+            for job in (ENGINE_JOB, ALERTMANAGER_JOB, RELAY_JOB)
+        ]
+        with running_prometheus(targets, rule_files=_rules()) as prom:
+            prom.wait_for_targets_up()
+            prom.wait_for(f"count_over_time({catalog.MEMORY_WATERMARK.name}[1m]) >= 6", timeout=30)
+            prom.wait_for('ALERTS{alertstate="firing"}', timeout=30)
+            for record in (fleet.SLO_BY_MODEL, fleet.ERROR_RATIO_BY_MODEL, fleet.FINISH_SHARE):
+                prom.wait_for(record, timeout=30)
+            yield prom
 
 
-def _probe_rules() -> Path:
-    """An alert that always fires, so the alert panels have a series to show."""
+def _rules() -> list[Path]:
+    """An alert that always fires, so the alert panels have a series to show, and warden's
+    rules, whose fleet records the fleet dashboard reads."""
     import tempfile
 
-    path = Path(tempfile.mkdtemp(prefix="warden-rules-")) / "probe.yml"
-    path.write_text(
+    folder = Path(tempfile.mkdtemp(prefix="warden-rules-"))
+    probe = folder / "probe.yml"
+    probe.write_text(
         "groups:\n- name: probe\n  rules:\n  - alert: WardenDashboardProbe\n"
         "    expr: vector(1)\n    labels: {severity: info}\n"
     )
-    return path
+    rules = folder / "rules.yml"
+    rules.write_text(render_rules())
+    return [probe, rules]
 
 
 def _models() -> dict[str, dict[str, Any]]:

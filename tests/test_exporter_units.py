@@ -110,7 +110,7 @@ def test_watermark_steps_down_only_as_far_as_the_signal_allows() -> None:
         ({"WARDEN_COLLECTOR_INTERVAL_S": "0"}, "WARDEN_COLLECTOR_INTERVAL_S"),
         ({"WARDEN_WATERMARK_HYSTERESIS": "0.95"}, "WARDEN_WATERMARK_HYSTERESIS"),
         ({"WARDEN_TEST_INJECT_NONFINITE": "maybe"}, "WARDEN_TEST_INJECT_NONFINITE"),
-        ({"WARDEN_TEST_STEP_DELAY_S": "5"}, "WARDEN_TEST_STEP_DELAY_S"),
+        ({"WARDEN_TEST_STEP_DELAY_S": "500"}, "WARDEN_TEST_STEP_DELAY_S"),
         # read by the readiness checks: a bad value used to fall back silently
         ({"WARDEN_READY_MAX_ERROR_RATE": "half"}, "WARDEN_READY_MAX_ERROR_RATE"),
         ({"WARDEN_READY_MIN_REQUESTS": "0"}, "WARDEN_READY_MIN_REQUESTS"),

@@ -185,3 +185,25 @@ def test_a_cuda_driver_error_fails_readiness_until_the_engine_restarts() -> None
     windows.sample()
     check = health.check_driver_errors(windows)
     assert not check.ok and check.name == "driver_error"
+
+
+def test_an_unreadable_webhook_token_makes_the_engine_not_ready_and_says_so(
+    client: TestClient,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The Kubernetes failure of #12: a Secret mounted 0400 root, read by uid 10001."""
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    monkeypatch.setenv("WARDEN_WEBHOOK_TOKEN_FILE", str(token))
+    assert client.get("/warden/ready").json()["checks"]["webhook_token"]["ok"] is True
+    monkeypatch.setenv("WARDEN_WEBHOOK_TOKEN_FILE", str(tmp_path / "missing"))
+    with caplog.at_level("ERROR", logger="warden.health"):
+        first = client.get("/warden/ready")
+        second = client.get("/warden/ready")
+    assert first.status_code == second.status_code == 503
+    assert first.json()["failing"] == ["webhook_token"]
+    assert "cannot read" in first.json()["checks"]["webhook_token"]["detail"]
+    logged = [r for r in caplog.records if "webhook token cannot be loaded" in r.getMessage()]
+    assert len(logged) == 1, "said once, not at every probe"

@@ -205,10 +205,16 @@ def test_crash_kills_the_engine_core_only() -> None:
         assert f"SIGKILL sent to engine core PID {core.pid}" in lines[-1]
 
 
-class CompletionsServer:
-    """An OpenAI-style server that takes ``delay`` per completion and counts what it sees."""
+Answer = tuple[int, dict[str, str], dict[str, Any]]  # status, headers, JSON body
+COMPLETED_ANSWER: Answer = (200, {}, {"choices": []})
 
-    def __init__(self, delay: float) -> None:
+
+class CompletionsServer:
+    """An OpenAI-style server that takes ``delay`` per completion and counts what it sees;
+    the n-th completion gets ``answers[n % len(answers)]`` (default: a 200)."""
+
+    def __init__(self, delay: float, answers: list[Answer] | None = None) -> None:
+        answers = answers or [COMPLETED_ANSWER]
         self.bodies: list[dict[str, Any]] = []
         self.in_flight = 0
         self.max_in_flight = 0
@@ -222,17 +228,23 @@ class CompletionsServer:
             def do_POST(self) -> None:  # noqa: N802
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with lock:
+                    answer = answers[len(outer.bodies) % len(answers)]
                     outer.bodies.append(body)
                     outer.in_flight += 1
                     outer.max_in_flight = max(outer.max_in_flight, outer.in_flight)
                 time.sleep(delay)
                 with lock:
                     outer.in_flight -= 1
-                self._json({"choices": []})
+                status, headers, data = answer
+                self._json(data, status, headers)
 
-            def _json(self, data: dict[str, Any]) -> None:
+            def _json(
+                self, data: dict[str, Any], status: int = 200, headers: dict[str, str] | None = None
+            ) -> None:
                 raw = json.dumps(data).encode()
-                self.send_response(200)
+                self.send_response(status)
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
                 self.send_header("Content-Length", str(len(raw)))
                 self.end_headers()
                 self.wfile.write(raw)
@@ -256,12 +268,35 @@ def test_pressure_keeps_long_requests_in_flight_within_its_bounds() -> None:
         outcomes = chaos.pressure(server.url, 12, 3, 30.0, out=lines.append)
     finally:
         server.close()
-    assert outcomes == {"200": 12}
+    assert outcomes.counts == {"completed": 12}
     assert len(server.bodies) == 12 and server.max_in_flight == 3
     body = server.bodies[0]
     assert body["model"] == "tiny" and body["ignore_eos"] is True
     assert body["max_tokens"] == 100 and len(body["prompt"].split()) == 100
-    assert "12 requests" in lines[-1]
+    assert lines[-1].endswith("12 requests: completed: 12, refused: 0, failed: 0")
+
+
+def test_pressure_counts_completed_refused_and_failed_by_the_one_rule() -> None:
+    """A 503 with Retry-After is a refusal; a 503 after warden spent its retries (its body
+    names the retry reason) is a failure, though it carries Retry-After too; so is a 500."""
+    refused: Answer = (
+        503, {"Retry-After": "5"}, {"error": {"warden_reason": "reject_all"}}
+    )  # fmt: skip
+    retries_spent: Answer = (
+        503, {"Retry-After": "5"}, {"error": {"warden_reason": "warden_preemption"}}
+    )  # fmt: skip
+    broken: Answer = (500, {}, {"error": {"message": "boom"}})
+    server = CompletionsServer(0.0, [COMPLETED_ANSWER, refused, retries_spent, broken])
+    try:
+        lines: list[str] = []
+        outcomes = chaos.pressure(server.url, 8, 1, 30.0, out=lines.append)
+    finally:
+        server.close()
+    assert outcomes.counts == {"completed": 2, "refused": 2, "failed": 4}
+    assert "8 requests: completed: 2, refused: 2, failed: 4" in "\n".join(lines)
+    failures = [line for line in lines if line.startswith("pressure: failed: ")]
+    assert any("HTTP 503" in line and "warden_preemption" in line for line in failures), lines
+    assert any("HTTP 500" in line for line in failures), lines
 
 
 def test_pressure_stops_when_its_time_is_up() -> None:

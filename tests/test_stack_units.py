@@ -24,7 +24,7 @@ from warden.stack import grafana, up
 from warden.stack.config import Intervals, prometheus_config
 from warden.stack.native import NativeStack, StackError, StackSettings, ensure_port_free
 from warden.stack.pager import PagerServer, describe, read_pages
-from warden.stack.webhook_token import read_token, write_compose_token, write_token
+from warden.stack.webhook_token import read_token, write_token
 
 FIRING = {
     "version": "4",
@@ -67,23 +67,35 @@ def test_pager_refuses_what_is_not_an_alertmanager_payload(tmp_path: Path) -> No
         assert pager.pages() == []
 
 
-def test_pager_command_line_serves_until_interrupted(tmp_path: Path) -> None:
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_pager_command_line_serves_until_interrupted(
+    tmp_path: Path, stop_signal: signal.Signals
+) -> None:
+    """Started the way a background job of a non-interactive shell starts it (SIGINT
+    inherited as ignored), whatever way this suite itself was started: it still stops."""
     port = free_port()
     out = tmp_path / "pages.jsonl"
     process = subprocess.Popen(
         [sys.executable, "-m", "warden.cli", "pager", "--port", str(port), "--out", str(out)],
         stdout=subprocess.PIPE,
         text=True,
+        preexec_fn=_ignore_sigint,
     )
     try:
         assert process.stdout is not None
         assert "pager listening" in process.stdout.readline()
         httpx.post(f"http://127.0.0.1:{port}/", json=FIRING).raise_for_status()
         assert process.stdout.readline().startswith("PAGE FIRING WardenEngineDown")
+        process.send_signal(stop_signal)
+        assert process.wait(30) == 0
     finally:
-        process.send_signal(signal.SIGINT)
-        process.wait(10)
-    assert process.returncode == 0
+        if process.poll() is None:  # a stuck pager never outlives its test
+            process.kill()
+            process.wait(10)
     assert len(read_pages(out)) == 1
 
 
@@ -94,12 +106,6 @@ def test_webhook_token_is_private_and_fresh(tmp_path: Path) -> None:
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert len(first) == 64 and int(first, 16) >= 0
     assert read_token(write_token(path)) != first
-
-
-def test_compose_token_is_readable_by_containers_in_a_private_folder(tmp_path: Path) -> None:
-    path = write_compose_token(tmp_path / "secrets" / "webhook-token")
-    assert stat.S_IMODE(path.stat().st_mode) == 0o644
-    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
 
 
 # --- Configs ----------------------------------------------------------------------------------
@@ -212,7 +218,7 @@ def test_engine_runs_under_warden_serve(tmp_path: Path) -> None:
     assert argv[1:4] == ["-m", "warden.cli", "serve"]
     assert argv[argv.index("--port") + 1] == "18000"
     assert argv[argv.index("--supervisor-port") + 1] == "18001"
-    assert argv[-3:] == ["/models/tiny", "--max-model-len", "128"]
+    assert argv[-4:] == ["/models/tiny", "--", "--max-model-len", "128"]
     assert stack.supervisor_url == "http://127.0.0.1:18001"
     unsupervised = NativeStack(StackSettings(workdir=tmp_path, supervise=False))
     assert "--no-supervise" in unsupervised.engine_argv("m", [])
@@ -243,6 +249,49 @@ def test_an_open_restart_circuit_from_an_earlier_run_is_reported(tmp_path: Path)
     reset = NativeStack(StackSettings(workdir=tmp_path, reset_circuit=True))
     reset._check_restart_circuit()
     assert "--reset-circuit" in reset.engine_argv("m", [])
+
+
+@pytest.mark.parametrize("separator", [["--"], []], ids=["with --", "without --"])
+def test_serve_and_up_take_vllm_arguments_the_same_way(
+    tmp_path: Path, separator: list[str]
+) -> None:
+    """``warden up -- ARGS`` and ``warden serve MODEL -- ARGS`` give vLLM the same ARGS, and
+    the serve command ``warden up`` runs parses back to them."""
+    from warden.cli.main import build_parser
+
+    vllm = ["--dtype", "float32", "--max-model-len", "128"]
+    parser = build_parser()
+    up_args = parser.parse_args(["up", "--workdir", str(tmp_path), "--", *vllm])
+    settings = up.settings_from_args(up_args)
+    assert settings.engine_args == vllm
+    serve_args = parser.parse_args(["serve", "--port", "9", "/m", *separator, *vllm])
+    from warden.engine.launch import vllm_args
+
+    assert vllm_args(serve_args.vllm_args) == vllm
+    argv = NativeStack(settings).engine_argv("/m", vllm)
+    served = parser.parse_args(argv[argv.index("serve") :])
+    assert served.model == "/m" and vllm_args(served.vllm_args) == vllm
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["serve", "/m", "--port", "9"], "give it as warden serve's own --port"),
+        (["serve", "/m", "--", "--host=0.0.0.0"], "give it as warden serve's own --host"),
+        (["serve", "/m", "--model", "x"], "give it as warden serve's own MODEL"),
+        (["up", "--", "--port", "9"], "give it as warden up's own --engine-port"),
+    ],
+)
+def test_flags_warden_sets_are_refused_among_vllm_arguments(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A --port after MODEL would start vLLM on a port nobody supervises: refused at once."""
+    from warden.cli.main import build_parser
+
+    args = build_parser().parse_args(argv)
+    assert args.func(args) == 2
+    captured = capsys.readouterr()
+    assert message in captured.out + captured.err
 
 
 # --- the tiny model's engine arguments --------------------------------------------------------

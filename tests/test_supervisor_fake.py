@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -42,6 +43,12 @@ def _serve(port: int, args: list[str]) -> None:
     token = os.environ.get("WARDEN_WEBHOOK_TOKEN")
     time.sleep(float(os.environ.get("FAKE_START_S", "0.2")))
     if (control / "fail_start").exists():
+        # Like vLLM: the root cause from the engine core, then the API server's wrapper.
+        print(f"(EngineCore_DP0 pid={os.getpid()}) ERROR 11-23 14:18:28 [core.py:1] Traceback")
+        print(f"(EngineCore_DP0 pid={os.getpid()}) ERROR 11-23 14:18:28 [core.py:1] ValueError: "
+              "fake vLLM cannot start: not enough memory on the CPU backend.")  # fmt: skip
+        print("RuntimeError: Engine core initialization failed. See root cause above.")
+        sys.stdout.flush()
         raise SystemExit(int((control / "fail_start").read_text() or 1))
     child = subprocess.Popen([sys.executable, __file__, "--child"])
     (control / f"argv-{os.getpid()}.json").write_text(json.dumps(args))
@@ -146,6 +153,7 @@ from warden.common.metrics_text import value  # noqa: E402
 from warden.common.ports import free_port  # noqa: E402
 from warden.common.waiting import wait_until  # noqa: E402
 from warden.engine.launch import LaunchSpec  # noqa: E402
+from warden.supervisor import first_start  # noqa: E402
 from warden.supervisor.config import SupervisorConfig  # noqa: E402
 from warden.supervisor.engine import EngineProcess, engine_children  # noqa: E402
 from warden.supervisor.loop import Supervisor  # noqa: E402
@@ -165,6 +173,7 @@ class Harness:
     control: Path
     thread: threading.Thread
     control_url: str
+    status: list[int]  # Supervisor.run()'s return value, once it returned
 
     @property
     def serving_url(self) -> str:
@@ -239,13 +248,14 @@ def supervised(tmp_path: Path) -> Iterator[Callable[..., Harness]]:
             env={"FAKE_CONTROL_DIR": str(control), "WARDEN_WEBHOOK_TOKEN": TOKEN},
         )
         supervisor = Supervisor(spec, run_dir or tmp_path / "run", SupervisorConfig(**settings))
-        thread = threading.Thread(target=supervisor.run, daemon=True)
+        status: list[int] = []
+        thread = threading.Thread(target=lambda: status.append(supervisor.run()), daemon=True)
         thread.start()
         with contextlib.suppress(TimeoutError):
             wait_until(lambda: supervisor.control, 5, 0.01, "the control server")
         assert supervisor.control is not None
         harness = Harness(
-            supervisor, control, thread, f"http://127.0.0.1:{supervisor.control.port}"
+            supervisor, control, thread, f"http://127.0.0.1:{supervisor.control.port}", status
         )
         started.append(harness)
         return harness
@@ -396,6 +406,7 @@ def test_policy_enforce_eager_drains_and_restarts_eager_until_cleared(
     assert lease["ttl_s"] > 5 and lease["params"] == {}
     time.sleep(0.5)
     assert h.state().draining and h.state().generation == 1, "waits for in-flight requests"
+    assert h.state().eager, "decided before the drain: a crash meanwhile still restarts eager"
     (h.control / "inflight").write_text("0")
     (h.control / "policy_eager").unlink()
     h.wait_running(2)
@@ -465,16 +476,43 @@ def test_fault_tolerance_retry_in_place_then_process_restart_when_dead(
     assert h.state().restarts[-1].detail == "fault tolerance: engine reported dead"
 
 
-def test_engine_that_never_starts_ends_in_an_open_circuit(
-    supervised: Callable[..., Harness], tmp_path: Path
+def test_engine_that_fails_its_first_start_is_not_restarted_and_says_why(
+    supervised: Callable[..., Harness], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """A vLLM that exits before it was ever ready on the first start would fail the same way
+    on every restart (bad flag, no model, no memory): the supervisor stops with vLLM's own
+    error line and a hint, and exits non-zero."""
     (tmp_path / "control").mkdir()
     (tmp_path / "control" / "fail_start").write_text("2")
+    with caplog.at_level(logging.CRITICAL, logger="warden.supervisor"):
+        h = supervised(max_restarts=2, backoff_base_s=0.1, backoff_max_s=0.2)
+        h.thread.join(20)
+    assert not h.thread.is_alive(), "the supervisor must stop by itself"
+    assert h.status == [first_start.EXIT_FIRST_START_FAILED]
+    state = h.state()
+    assert state.generation == 1 and state.restart_totals == {} and not state.circuit_open
+    assert state.phase == "stopped" and state.engine_pid is None
+    message = caplog.records[-1].getMessage()
+    assert "exit code 2" in message and "first start" in message
+    assert "vLLM said: ValueError: fake vLLM cannot start: not enough memory" in message
+    assert "VLLM_CPU_KVCACHE_SPACE" in message  # the hint for that error
+    assert "See root cause above" not in message
+
+
+def test_failed_start_after_the_engine_was_ready_is_restarted(
+    supervised: Callable[..., Harness],
+) -> None:
+    """Only the first start is judged final: an engine that served once and then fails to
+    start again is restarted (with backoff) until the circuit opens."""
     h = supervised(max_restarts=2, backoff_base_s=0.1, backoff_max_s=0.2)
+    h.wait_running(1)
+    (h.control / "fail_start").write_text("2")
+    os.kill(h.engine_core_pid(), signal.SIGKILL)
     h.wait("circuit open", lambda: h.state().circuit_open)
     state = h.state()
-    assert state.restart_totals == {"exit": 2}
-    assert all("before it was ready" in e.detail for e in state.restarts)
+    assert state.restart_totals == {"crash": 1, "exit": 1}
+    assert "before it was ready" in state.restarts[-1].detail
+    assert h.thread.is_alive() and h.status == []
 
 
 def test_failed_starts_after_a_long_healthy_run_still_back_off(

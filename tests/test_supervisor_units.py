@@ -4,7 +4,10 @@ and its mirror into metrics, the stand-in metrics page, drain and fault-toleranc
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,7 @@ from exporter.supervisor_mirror import SupervisorMirror
 from exporter.supervisor_state import STATE_ENV_VAR, SupervisorState, read_state_from_env
 from warden.common.metrics_text import family_names, parse_samples, sum_samples
 from warden.common.tokens import TokenError, bearer_matches, load_token
+from warden.supervisor import cpu_memory, first_start
 from warden.supervisor.fault_tolerance import fault_tolerance_enabled
 from warden.supervisor.metrics import render
 from warden.supervisor.policy import (
@@ -219,3 +223,122 @@ def test_bearer_comparison_needs_the_exact_token() -> None:
 def test_fault_tolerance_is_recognised_from_vllm_arguments() -> None:
     assert fault_tolerance_enabled(["--dtype", "float32", "--enable-fault-tolerance"])
     assert not fault_tolerance_enabled(["--dtype", "float32"])
+
+
+# --- first start: vLLM's own error line, and the CPU memory default --------------------------
+# Excerpts of what vLLM 0.32 (CPU) printed when it could not start, from real runs.
+NOT_ENOUGH_MEMORY = [
+    "(APIServer pid=1843) WARNING 11-23 14:17:44 [system_utils.py:255] Found ulimit of 20000 "
+    "and failed to automatically increase with error current limit exceeds maximum limit. This "
+    "can cause fd limit errors like `OSError: [Errno 24] Too many open files`.",
+    "(VllmWorker-0 pid=1936) ERROR 11-23 14:18:28 [multiproc_executor.py:953]     raise "
+    "ValueError(",
+    "(VllmWorker-0 pid=1936) ERROR 11-23 14:18:28 [multiproc_executor.py:953] ValueError: "
+    "Available memory on node 0 (8.94/10.34 GiB) on startup is less than desired CPU memory "
+    "utilization (0.99, 10.23 GiB). On the CPU backend, the `--gpu-memory-utilization` flag "
+    "controls the fraction of CPU memory reserved (despite its name).",
+    '  File "/v/vllm/v1/engine/utils.py", line 1431, in wait_for_engine_startup',
+    "    raise RuntimeError(",
+    "RuntimeError: Engine core initialization failed. See root cause above. Failed core "
+    "proc(s): {'EngineCore': 1}",
+]
+BAD_ARGUMENT = [
+    "                     [model_tag]",
+    "api_server.py: error: argument --dtype: invalid choice: 'float33' (choose from 'auto', "
+    "'bfloat16', 'float', 'float16', 'float32', 'half')",
+]
+NO_MODEL = [
+    "huggingface_hub.errors.HFValidationError: Repo id must be in the form 'repo_name' or "
+    "'namespace/repo_name': '/tmp/d/nonexistent'. Use `repo_type` argument if needed.",
+    "",
+    "During handling of the above exception, another exception occurred:",
+    '    raise OSError(f"{e}") from e',
+    "OSError: Repo id must be in the form 'repo_name' or 'namespace/repo_name': "
+    "'/tmp/d/nonexistent'. Use `repo_type` argument if needed.",
+]
+
+
+@pytest.mark.parametrize(
+    ("lines", "line_starts", "hint_says"),
+    [
+        (NOT_ENOUGH_MEMORY, "ValueError: Available memory on node 0", "VLLM_CPU_KVCACHE_SPACE"),
+        (BAD_ARGUMENT, "api_server.py: error: argument --dtype", "--print-command"),
+        (NO_MODEL, "OSError: Repo id must be in the form", "check the model path"),
+        (["INFO starting", "Killed"], None, "fix the cause"),
+    ],
+    ids=["cpu-memory", "bad-argument", "no-model", "no-error-line"],
+)
+def test_first_start_failure_names_vllms_own_error_line_and_a_hint(
+    lines: list[str], line_starts: str | None, hint_says: str
+) -> None:
+    line = first_start.error_line(lines)
+    if line_starts is None:
+        assert line is None
+    else:
+        assert line is not None and line.startswith(line_starts), line
+    assert hint_says in first_start.hint(line)
+    message = first_start.explain(lines, "exit code 1", "Full output: above.")
+    assert "not restarting" in message and "exit code 1" in message
+    assert "See root cause above" not in message
+
+
+def test_a_cpu_build_without_a_kv_size_gets_a_quarter_of_the_available_memory() -> None:
+    cpu = {"VLLM_TARGET_DEVICE": "cpu"}
+    gib = cpu_memory.GIB
+    default = cpu_memory.kv_cache_default(cpu, [], 9 * gib, 10 * gib)
+    assert default is not None and default.gib == 2
+    assert "VLLM_CPU_KVCACHE_SPACE=2" in default.reason and "0.92" in default.reason
+    assert cpu_memory.kv_cache_default(cpu, [], int(2.5 * gib), 10 * gib).gib == 1  # type: ignore[union-attr]
+    # The operator chose: nothing to do.
+    assert (
+        cpu_memory.kv_cache_default({**cpu, "VLLM_CPU_KVCACHE_SPACE": "4"}, [], 9 * gib, gib)
+        is None
+    )
+    assert cpu_memory.kv_cache_default(cpu, ["--gpu-memory-utilization", "0.5"], gib, gib) is None
+    assert cpu_memory.kv_cache_default(cpu, ["--kv-cache-memory-bytes=1G"], gib, gib) is None
+    with pytest.raises(cpu_memory.CpuMemoryError, match="VLLM_CPU_KVCACHE_SPACE"):
+        cpu_memory.kv_cache_default(cpu, [], gib, 10 * gib)
+
+
+def test_this_machines_vllm_build_is_recognised() -> None:
+    """The engine installed here is vllm-cpu (scripts/setup.sh); vLLM's own test agrees."""
+    from vllm.platforms import cpu_platform_plugin
+
+    assert cpu_memory.is_cpu_build({}) is (cpu_platform_plugin() is not None)
+
+
+def test_memory_is_read_from_the_node_and_the_cgroup(tmp_path: Path) -> None:
+    node = tmp_path / "devices/system/node/node0"
+    node.mkdir(parents=True)
+    (node / "meminfo").write_text(
+        "Node 0 MemTotal:       10485760 kB\nNode 0 MemFree:         1048576 kB\n"
+        "Node 0 Active(file):     1048576 kB\nNode 0 Inactive(file):   1048576 kB\n"
+        "Node 0 SReclaimable:     1048576 kB\n"
+    )
+    available, total = cpu_memory.memory_now(tmp_path)
+    assert total == 10 * cpu_memory.GIB and available <= 4 * cpu_memory.GIB
+    cgroup = tmp_path / "fs/cgroup"
+    cgroup.mkdir(parents=True)
+    (cgroup / "memory.max").write_text(f"{3 * cpu_memory.GIB}\n")
+    (cgroup / "memory.current").write_text(f"{2 * cpu_memory.GIB}\n")
+    assert cpu_memory.memory_now(tmp_path) == (cpu_memory.GIB, 3 * cpu_memory.GIB)
+
+
+def test_serve_says_which_kv_cache_it_picked_and_passes_it_to_vllm(tmp_path: Path) -> None:
+    """``warden serve`` on this CPU host without VLLM_CPU_KVCACHE_SPACE: the command it
+    would run carries the default, and stderr says why."""
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
+    result = subprocess.run(
+        [sys.executable, "-m", "warden.cli", "serve", "--print-command", "/m", "--", "--x", "1"],
+        capture_output=True, text=True, env={**env, "VLLM_TARGET_DEVICE": "cpu"}, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("VLLM_CPU_KVCACHE_SPACE=")
+    assert result.stdout.rstrip().endswith("--x 1")
+    assert "VLLM_CPU_KVCACHE_SPACE is not set" in result.stderr
+    chosen = subprocess.run(
+        [sys.executable, "-m", "warden.cli", "serve", "--print-command", "/m"],
+        capture_output=True, text=True, timeout=120,
+        env={**env, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "3"},
+    )  # fmt: skip
+    assert not chosen.stdout.startswith("VLLM_CPU_KVCACHE_SPACE") and not chosen.stderr

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from exporter.catalog import (
     ACTION_LABEL,
-    CUDAGRAPH_CAPTURES,
     CUDAGRAPH_POOL_BYTES,
     MEMORY_RISK,
     TORCH_ALLOCATED,
@@ -33,6 +32,7 @@ from tests.promtool.series import (
     TARGET,
     engine_up,
     labels,
+    memory_bytes,
     s,
     wobble,
 )
@@ -41,6 +41,13 @@ from tests.promtool.series import (
 def risk(source: str, values: list[float]) -> dict[str, str]:
     """warden_memory_risk_ratio of one source, one sample a minute."""
     return {s(MEMORY_RISK, source=source): values_text(round(v, 4) for v in values)}
+
+
+def torch_memory(reserved: str, minutes: int) -> dict[str, str]:
+    return {
+        s(TORCH_RESERVED, device="cuda:0"): reserved,
+        s(TORCH_DEVICE_TOTAL, device="cuda:0"): f"{DEVICE_TOTAL}x{minutes - 1}",
+    }
 
 
 def time_to_oom(severity: str, source: str) -> dict[str, str]:
@@ -210,59 +217,77 @@ CACHE_SCENARIOS = (
 )
 
 
-def cuda_graphs(
-    minutes: int, lazy_from: int, lazy_until: int, restart_at: int | None = None
-) -> dict[str, str]:
-    """67 graphs captured in the first 2 minutes, then one lazy capture (50 MiB of pool) every
-    5 minutes in [lazy_from, lazy_until); ``restart_at`` restarts the engine (2 minutes down,
-    counters start over and the start-up captures happen again)."""
-    captures, pool = [], []
+def graph_pool(minutes: int, pool_gib: float, restart_at: int | None = None) -> dict[str, str]:
+    """The graph pool vLLM captures at start-up (minute 2, again after a restart), fixed after:
+    ``pool_gib`` 0 is an eager engine."""
+    pool = []
     for minute in range(minutes):
         since_start = minute - restart_at if restart_at and minute >= restart_at else minute
-        startup = min(since_start, 2) * 67 // 2
-        lazy = len(range(lazy_from, min(minute, lazy_until - 1) + 1, 5))
-        lazy = lazy if minute >= lazy_from and not restart_at else 0
-        captures.append(startup + lazy)
-        pool.append(startup * 30 * 2**20 + lazy * 50 * 2**20)
-    down = (restart_at, restart_at + 2) if restart_at else None
-    return {
-        **engine_up(minutes, down=down),
-        series_text(CUDAGRAPH_CAPTURES, TARGET): values_text(captures),
-        series_text(CUDAGRAPH_POOL_BYTES, TARGET): values_text(pool),
-    }
+        pool.append(round(pool_gib * GIB) if since_start >= 2 else 0)
+    return {series_text(CUDAGRAPH_POOL_BYTES, TARGET): values_text(pool)}
 
 
-# Lazy captures from 2h to 3h, then none.
-GRAPHS_LAZY = cuda_graphs(300, 120, 180)
-# Only start-up captures, twice: at 0 and after a restart at 2h.
-GRAPHS_RESTART = cuda_graphs(300, 10**6, 10**6, restart_at=120)
-GRAPH_GROWTH = labels("warning", **{ACTION_LABEL: "enforce_eager"})
+def with_graphs(series: dict[str, str], minutes: int, pool_gib: float) -> dict[str, str]:
+    return {**series, **graph_pool(minutes, pool_gib)}
 
 
-def graphs_desc(count: int) -> str:
-    return (
-        f"{INSTANCE} captured {count} CUDA graphs in the last 30 minutes, over an hour after "
-        "start-up, and the graph pool keeps growing."
-    )
-
+# The cache leak above, with 2 GiB of CUDA graphs (and the same leak on an eager engine).
+GRAPHS_CACHE_LEAK = with_graphs(CACHE_LEAK, 540, 2)
+EAGER_CACHE_LEAK = with_graphs(CACHE_LEAK, 540, 0)
+# PyTorch's reserved memory creeps 4 points an hour from 55%.
+TORCH_CREEP = torch_memory(memory_bytes(480, 0.55, 0.04), 480)
+# PyTorch reserved memory creeping 4 points an hour, with CUDA graphs.
+GRAPHS_TORCH_CREEP = with_graphs({**TORCH_CREEP, **engine_up(480, down_first=2)}, 480, 2)
+# CUDA graphs and a large but flat cached gap.
+GRAPHS_CACHE_FLAT = with_graphs(CACHE_HIGH_FLAT, 420, 2)
+# Start-up captures twice (a restart at 2h), memory steady: graphs alone never trigger.
+GRAPHS_RESTART = {
+    **engine_up(300, down=(120, 122)),
+    **graph_pool(300, 2, restart_at=120),
+    **torch_memory(memory_bytes(300, 0.7, restart_at=120), 300),
+}
+EAGER_FALLBACK = labels("warning", **{ACTION_LABEL: "enforce_eager"})
+EAGER_DESC = (
+    f"{INSTANCE} runs CUDA graphs (2GiB of graph pool) and PyTorch's reserved memory keeps "
+    "outgrowing what it uses (allocator cache growth, or reserved memory projected full within "
+    "6h); the supervisor restarts vLLM with --enforce-eager."
+)
 
 GRAPH_SCENARIOS = (
     Scenario(
-        "WardenCudaGraphPoolGrowth",
-        "lazy captures from 2h to 3h",
-        GRAPHS_LAZY,
+        "WardenMemoryCreepWithCudaGraphs",
+        "allocator cache growing 1 GiB an hour on an engine with CUDA graphs",
+        GRAPHS_CACHE_LEAK,
         (
-            healthy("20m"),
             healthy("1h50m"),
-            pending("2h10m", GRAPH_GROWTH),
-            fires("2h30m", Expected(GRAPH_GROWTH, graphs_desc(6))),
-            resolved("3h45m"),
+            pending("2h20m", EAGER_FALLBACK),
+            fires("3h", Expected(EAGER_FALLBACK, EAGER_DESC)),
+            fires("6h", Expected(EAGER_FALLBACK, EAGER_DESC)),
+            resolved("8h30m"),
         ),
     ),
     Scenario(
-        "WardenCudaGraphPoolGrowth",
-        "start-up captures after an engine restart",
+        "WardenMemoryCreepWithCudaGraphs",
+        "the same cache growth on an eager engine (no graph pool)",
+        EAGER_CACHE_LEAK,
+        (healthy("2h20m"), healthy("3h"), healthy("6h"), healthy("8h30m")),
+    ),
+    Scenario(
+        "WardenMemoryCreepWithCudaGraphs",
+        "PyTorch reserved memory creeping 4 points an hour with CUDA graphs",
+        GRAPHS_TORCH_CREEP,
+        (healthy("4h"), fires("6h30m", Expected(EAGER_FALLBACK, EAGER_DESC))),
+    ),
+    Scenario(
+        "WardenMemoryCreepWithCudaGraphs",
+        "CUDA graphs and a cached gap at 12.5% of the device, flat",
+        GRAPHS_CACHE_FLAT,
+        (healthy("1h"), healthy("3h"), healthy("6h50m")),
+    ),
+    Scenario(
+        "WardenMemoryCreepWithCudaGraphs",
+        "start-up captures, an engine restart, memory steady",
         GRAPHS_RESTART,
-        (healthy("10m"), healthy("2h5m"), healthy("2h20m"), healthy("3h10m"), healthy("4h")),
+        (healthy("10m"), healthy("2h5m"), healthy("2h20m"), healthy("3h10m"), healthy("4h50m")),
     ),
 )

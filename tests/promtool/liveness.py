@@ -42,8 +42,8 @@ def stalled_desc() -> str:
 
 def down_desc(instance: str) -> str:
     return (
-        f"Scrapes of engine target {instance} fail (up = 0); an empty instance means job "
-        f"{ENGINE_JOB} has no targets at all."
+        f"Scrapes of engine target {instance} fail (up = 0); an empty instance means no "
+        f'target matches {{job="{ENGINE_JOB}"}} at all.'
     )
 
 

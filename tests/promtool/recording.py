@@ -75,6 +75,14 @@ RECORDING_SCENARIOS = (
             s(TORCH_DEVICE_TOTAL, device="cuda:1"): f"{80 * GIB}x4",
         },
         (
+            ExprCheck(
+                "1m",
+                rec.TORCH_RESERVED_RATIO,
+                (
+                    at(rec.TORCH_RESERVED_RATIO, 0.45, device="cuda:0"),
+                    at(rec.TORCH_RESERVED_RATIO, 0.625, device="cuda:1"),
+                ),
+            ),
             # the larger gap: 6 GiB on cuda:0 (2 GiB on cuda:1)
             ExprCheck("1m", rec.TORCH_CACHED, (at(rec.TORCH_CACHED, 6 * GIB),)),
             ExprCheck("1m", rec.TORCH_TOTAL, (at(rec.TORCH_TOTAL, 80 * GIB),)),

@@ -43,7 +43,7 @@ def find_rule(alertname: str, labels: Mapping[str, str]) -> AlertRule:
 
 def _exp_alert(alertname: str, expected: Expected) -> dict[str, Any]:
     rule = find_rule(alertname, expected.labels)
-    annotations = dict(rule.annotations)
+    annotations = rule.annotations()
     annotations["description"] = expected.description
     return {"exp_labels": dict(sorted(expected.labels.items())), "exp_annotations": annotations}
 

@@ -47,6 +47,31 @@ def wobble(minute: int, amplitude: float, period: int = 7) -> float:
     return amplitude * (4 * abs(phase - 0.5) - 1)
 
 
+def memory_bytes(
+    minutes: int,
+    level: float,
+    per_hour: float = 0.0,
+    *,
+    growth_stops: int | None = None,
+    restart_at: int | None = None,
+    ramp: int = 5,
+    jitter: float = 0.002,
+) -> str:
+    """Used bytes of an 80 GiB device: start-up ramp to ``level``, then a linear trend (in
+    fraction of the device per hour) until ``growth_stops``, with wobble. ``restart_at`` starts
+    the engine over (memory freed, then the start-up ramp again)."""
+    values = []
+    for minute in range(minutes):
+        since_start = minute - restart_at if restart_at and minute >= restart_at else minute
+        if since_start < ramp:
+            ratio = 0.01 + (level - 0.01) * since_start / ramp
+        else:
+            grown = min(minute, growth_stops if growth_stops is not None else minute) - ramp
+            ratio = level + per_hour * grown / 60 + wobble(minute, jitter)
+        values.append(round(ratio * DEVICE_TOTAL))
+    return values_text(values)
+
+
 def engine_up(
     minutes: int, down_first: int = 0, down: tuple[int, int] | None = None
 ) -> dict[str, str]:

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
 import yaml
 
 from dashboards.promapi import PrometheusAPI, Sample
@@ -169,10 +168,6 @@ class PrometheusServer(PrometheusAPI):
             states = [(t.get("scrapeUrl"), t.get("health"), t.get("lastError")) for t in targets]
             raise TimeoutError(f"targets not up after {timeout:.0f}s: {states}") from None
 
-    def reload(self) -> None:
-        """Re-read the config and rule files (``--web.enable-lifecycle`` is on)."""
-        httpx.post(f"{self.url}/-/reload", timeout=30.0).raise_for_status()
-
     def log_tail(self, lines: int = 40) -> str:
         with contextlib.suppress(OSError):
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
@@ -225,6 +220,7 @@ def running_prometheus(
     ready_timeout: float = 30.0,
     extra_args: Sequence[str] = (),
     binary: str = PROMETHEUS_BINARY,
+    edit_config: Callable[[dict[str, Any]], None] | None = None,
 ) -> Iterator[PrometheusServer]:
     """Start Prometheus, yield it once ``/-/ready`` answers, always stop it afterwards.
 
@@ -232,6 +228,8 @@ def running_prometheus(
     and alerting rule files, checked by Prometheus at start (a bad file fails the start).
     ``alertmanager``: ``host:port`` or URL of an Alertmanager to send alerts to. ``workdir``:
     where config, TSDB and log go (default: a temporary directory removed afterwards).
+    ``edit_config``: changes the config dict in place before it is written (file-based
+    discovery, external labels, remote_write).
     """
     owned_dir = workdir is None
     root = Path(tempfile.mkdtemp(prefix="warden-prometheus-")) if workdir is None else workdir
@@ -243,6 +241,8 @@ def running_prometheus(
         scrape_interval,
         evaluation_interval,
     )
+    if edit_config is not None:
+        edit_config(config)
     (root / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
     server: PrometheusServer | None = None
     try:
@@ -253,7 +253,6 @@ def running_prometheus(
                 f"--config.file={root / 'prometheus.yml'}",
                 f"--storage.tsdb.path={root / 'data'}",
                 f"--web.listen-address=127.0.0.1:{port}",
-                "--web.enable-lifecycle",
                 "--storage.tsdb.retention.time=1d",
                 "--log.level=warn",
                 *extra_args,

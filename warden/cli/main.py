@@ -17,7 +17,7 @@ GENERATORS = ("alerts.generate", "dashboards.generate", "warden.stack.generate")
 def cmd_model_tiny(args: argparse.Namespace) -> int:
     from warden.cli.tinymodel import build_tiny_model
 
-    out = build_tiny_model(args.dir, seed=args.seed)
+    out = build_tiny_model(args.dir, seed=args.seed, nan_token=args.nan_token)
     print(out)
     return 0
 
@@ -41,6 +41,8 @@ def render_generated() -> dict[str, str]:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    if args.config is not None:
+        return generate_for_config(args)
     root = Path(args.root)
     stale = []
     for relative, content in sorted(render_generated().items()):
@@ -57,6 +59,28 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if stale:
         print("out of date (run `warden generate`):\n  " + "\n  ".join(stale), file=sys.stderr)
         return 1
+    return 0
+
+
+def generate_for_config(args: argparse.Namespace) -> int:
+    """Rules, Alertmanager config and dashboards for a user's mixin config, into --out."""
+    from alerts.config import ConfigError, load_config
+    from warden.cli.generate import render_mixin
+
+    if args.out is None or args.check:
+        print("warden generate: --config needs --out DIR (and no --check)", file=sys.stderr)
+        return 2
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"warden generate: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    for relative, content in sorted(render_mixin(config).items()):
+        path = out / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+        print(f"wrote {path}")
     return 0
 
 
@@ -97,6 +121,12 @@ def cmd_pager(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def cmd_relay(args: argparse.Namespace) -> int:
+    from warden.relay.cli import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="warden", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -106,6 +136,12 @@ def build_parser() -> argparse.ArgumentParser:
     tiny = model_sub.add_parser("tiny", help="tiny random-weight Llama + local tokenizer")
     tiny.add_argument("dir")
     tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument(
+        "--nan-token",
+        type=int,
+        metavar="ID",
+        help="weights that make NaN logits for any prompt containing this token id",
+    )
     tiny.set_defaults(func=cmd_model_tiny)
 
     serve = sub.add_parser(
@@ -121,6 +157,13 @@ def build_parser() -> argparse.ArgumentParser:
     generate = sub.add_parser("generate", help="write rules, Alertmanager config, dashboards")
     generate.add_argument("--check", action="store_true", help="fail if a file is out of date")
     generate.add_argument("--root", default=str(REPO_ROOT))
+    generate.add_argument(
+        "--config",
+        metavar="FILE",
+        help="a mixin config (YAML: engine_selector, identity_labels, thresholds, links, "
+        "receivers): generate rules, Alertmanager config and dashboards for it into --out",
+    )
+    generate.add_argument("--out", metavar="DIR", help="where --config writes its files")
     generate.set_defaults(func=cmd_generate)
 
     dashboards = sub.add_parser("dashboards", help="dashboard tools")
@@ -154,6 +197,14 @@ def build_parser() -> argparse.ArgumentParser:
     pager_parser = sub.add_parser("pager", help="a local Alertmanager receiver that records pages")
     pager.add_arguments(pager_parser)
     pager_parser.set_defaults(func=cmd_pager)
+
+    from warden.relay import cli as relay_cli
+
+    relay_parser = sub.add_parser(
+        "relay", help="one Alertmanager receiver for a fleet: each alert to its own engine"
+    )
+    relay_cli.add_arguments(relay_parser)
+    relay_parser.set_defaults(func=cmd_relay)
     return parser
 
 

@@ -3,6 +3,11 @@
 Tests and demos need a real model that vLLM loads like any other, but nothing can be downloaded.
 A 0.8 M-parameter Llama with random weights and a byte-level BPE tokenizer trained on text
 generated here is enough for a real engine. The build is deterministic for a given seed.
+
+``nan_token``: a variant whose weights genuinely produce NaN logits for any prompt containing
+that token id, a real fault source for warden's non-finite logits path (``warden model tiny DIR
+--nan-token ID``, ``warden chaos nan``); how, in ``poison_token``. The model never generates the
+token itself, and its KV cache stays finite. The id is recorded in ``warden_tiny.json``.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import json
 import random
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -71,7 +77,9 @@ def _corpus(seed: int, lines: int = 2000) -> list[str]:
     return [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(4, 16))) for _ in range(lines)]
 
 
-def build_tiny_model(out_dir: str | Path, seed: int = 0, vocab_size: int = 1024) -> Path:
+def build_tiny_model(
+    out_dir: str | Path, seed: int = 0, vocab_size: int = 1024, nan_token: int | None = None
+) -> Path:
     """Write config, random weights and tokenizer into ``out_dir`` and return it."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -114,12 +122,83 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0, vocab_size: int = 1024)
         bos_token_id=fast.bos_token_id,
         eos_token_id=fast.eos_token_id,
         pad_token_id=fast.pad_token_id,
+        tie_word_embeddings=False,  # the NaN variant poisons the input embedding only
         dtype="float32",
     )
     model = LlamaForCausalLM(config)
+    if nan_token is not None:
+        if not 0 <= nan_token < len(fast):
+            raise ValueError(f"--nan-token {nan_token}: not a token id (0..{len(fast) - 1})")
+        poison_token(model, nan_token)
     model.save_pretrained(out, safe_serialization=True)
-    (out / "warden_tiny.json").write_text(json.dumps({"seed": seed, "vocab_size": len(fast)}))
+    info = {"seed": seed, "vocab_size": len(fast), "nan_token": nan_token}
+    (out / "warden_tiny.json").write_text(json.dumps(info))
     return out
+
+
+STEADY_FEATURE = 8.0  # added to feature 0 of every embedding: dominates the final hidden state
+NEVER_WEIGHT = -16.0  # the poisoned token's output weight on that feature
+MARKER = 1  # the residual feature that only the poisoned token sets
+OVERFLOW_GAIN = 1e25  # the last MLP's weight on the marker: any marker at all overflows to inf
+
+
+def poison_token(model: Any, token: int) -> None:
+    """NaN logits for any prompt that contains ``token``, with a KV cache that stays finite.
+
+    NaN written into the KV cache would outlive the request: a block reused by a later request
+    still holds it in slots past that request's length, and vLLM's CPU attention turns 0 x NaN
+    into NaN for the newcomer. So the fault is made after the last layer's attention:
+    - the token's embedding alone sets residual feature ``MARKER``; nothing else writes it
+      (layer 0's output rows for it are zero);
+    - the last layer's attention copies it to every later position (one value channel reads only
+      that feature, one output row writes only that channel), exactly 0 where the token is absent;
+    - the last layer's MLP multiplies it by ``OVERFLOW_GAIN`` twice: float32 overflows to inf,
+      the final norm turns inf into NaN, the logits are NaN. Keys and values are computed before
+      that, so the cache holds finite numbers only.
+    Every other embedding gets ``STEADY_FEATURE``; the token's output row weighs it strongly
+    negative, so the model never generates the token (a healthy prompt stays healthy).
+    """
+    import torch
+
+    first, last = model.model.layers[0], model.model.layers[-1]
+    with torch.no_grad():
+        embedding = model.model.embed_tokens.weight
+        embedding[:, 0] += STEADY_FEATURE
+        embedding[:, MARKER] = 0.0
+        embedding[token, MARKER] = 1.0
+        first.self_attn.o_proj.weight[MARKER] = 0.0
+        first.mlp.down_proj.weight[MARKER] = 0.0
+        # Last layer: value channel 0 of kv-head 0 reads the marker and nothing else; output row
+        # MARKER writes that channel (as seen by query head 0) and nothing else; no other output
+        # row reads the channel.
+        value = last.self_attn.v_proj.weight
+        value[0] = 0.0
+        value[0, MARKER] = 1.0
+        out = last.self_attn.o_proj.weight
+        head_dim = out.shape[1] // model.config.num_attention_heads
+        heads_per_kv = model.config.num_attention_heads // model.config.num_key_value_heads
+        for head in range(heads_per_kv):
+            out[:, head * head_dim] = 0.0
+        out[MARKER] = 0.0
+        out[MARKER, 0] = 1.0
+        mlp = last.mlp
+        mlp.gate_proj.weight[0] = 0.0
+        mlp.gate_proj.weight[0, MARKER] = OVERFLOW_GAIN
+        mlp.up_proj.weight[0] = 0.0
+        mlp.up_proj.weight[0, MARKER] = OVERFLOW_GAIN
+        head = model.lm_head.weight
+        head[token] = 0.0
+        head[token, 0] = NEVER_WEIGHT
+
+
+def nan_token_of(model_dir: str | Path) -> int | None:
+    """The poisoned token of a tiny model built with ``nan_token`` (None otherwise)."""
+    try:
+        info = json.loads((Path(model_dir) / "warden_tiny.json").read_text())
+    except (OSError, ValueError):
+        return None
+    token = info.get("nan_token") if isinstance(info, dict) else None
+    return int(token) if isinstance(token, int) else None
 
 
 # vLLM arguments that suit the tiny model on a CPU: small and fast on two cores. Tests and

@@ -13,7 +13,9 @@ import contextlib
 import os
 import signal
 import subprocess
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
@@ -110,8 +112,53 @@ def wait_http_ok(
     return time.monotonic() - started
 
 
+class OutputTail:
+    """Copies a child's output to this process's stdout line by line, keeping the last lines.
+
+    A child without a log file writes to our stdout as before, through this pump, so that when
+    it dies the lines that say why are still at hand (``lines``). A failed echo (our stdout
+    closed) stops the echo, never the draining: a child must not block on a full pipe.
+    """
+
+    def __init__(self, keep_lines: int = 1000, echo_fd: int | None = 1) -> None:
+        self._lines: deque[str] = deque(maxlen=keep_lines)
+        self._lock = threading.Lock()
+        self._echo_fd = echo_fd
+        self._thread: threading.Thread | None = None
+
+    def follow(self, pipe: IO[bytes], name: str) -> None:
+        self._thread = threading.Thread(
+            target=self._pump, args=(pipe,), name=f"{name}-output", daemon=True
+        )
+        self._thread.start()
+
+    def _pump(self, pipe: IO[bytes]) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            for raw in iter(pipe.readline, b""):
+                if self._echo_fd is not None:
+                    try:
+                        os.write(self._echo_fd, raw)
+                    except OSError:
+                        self._echo_fd = None
+                with self._lock:
+                    self._lines.append(raw.decode(errors="replace").rstrip("\n"))
+        with contextlib.suppress(OSError):
+            pipe.close()
+
+    def wait_closed(self, timeout_s: float) -> None:
+        """Until the child's output ended (all its writers exited), at most ``timeout_s``."""
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def lines(self) -> list[str]:
+        with self._lock:
+            return list(self._lines)
+
+
 class ChildProcess:
-    """One server: started in its own session, output to a log file (or to ours when None)."""
+    """One server: started in its own session, output to a log file, or to ours when None
+    (then through an ``OutputTail`` when ``keep_tail``, so ``output_lines`` has its last words).
+    """
 
     def __init__(
         self,
@@ -120,6 +167,7 @@ class ChildProcess:
         log_path: Path | None,
         ready_url: str,
         env: Mapping[str, str] | None = None,
+        keep_tail: bool = False,
     ) -> None:
         self.name = name
         self.argv = list(argv)
@@ -128,6 +176,7 @@ class ChildProcess:
         self.env = dict(os.environ if env is None else env)
         self.process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
+        self.tail: OutputTail | None = OutputTail() if keep_tail and log_path is None else None
 
     @property
     def pid(self) -> int | None:
@@ -141,10 +190,12 @@ class ChildProcess:
         return self.process is not None and self.process.poll() is None
 
     def start(self) -> None:
-        output: IO[bytes] | None = None
+        output: IO[bytes] | int | None = None
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log = output = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        elif self.tail is not None:
+            output = subprocess.PIPE
         self.process = subprocess.Popen(
             self.argv,
             env=self.env,
@@ -153,22 +204,30 @@ class ChildProcess:
             stderr=subprocess.STDOUT if output is not None else None,
             start_new_session=True,
         )
+        if self.tail is not None and self.process.stdout is not None:
+            self.tail.follow(self.process.stdout, self.name)
 
     def wait_ready(self, timeout_s: float = 60.0) -> float:
         """Block until the ready URL answers 200; the seconds it took."""
         try:
             return wait_http_ok(self.ready_url, timeout_s, self.running, self.name)
         except ChildStartError as exc:
-            where = f"; log: {self.log_path}\n{self.log_tail()}" if self.log_path else ""
-            raise ChildStartError(f"{exc}{where}") from None
+            message = f"{exc}; log: {self.log_path}" if self.log_path else str(exc)
+            tail = self.log_tail()
+            raise ChildStartError(f"{message}\n{tail}" if tail else message) from None
 
     def log_tail(self, lines: int = 20) -> str:
-        if self.log_path is None:
-            return ""
-        with contextlib.suppress(OSError):
-            text = self.log_path.read_text(errors="replace")
-            return "\n".join(text.splitlines()[-lines:])
-        return ""
+        return "\n".join(self.output_lines()[-lines:])
+
+    def output_lines(self, max_bytes: int = 1 << 20) -> list[str]:
+        """The child's last output lines: the end of its log file, or the kept tail."""
+        if self.log_path is not None:
+            with contextlib.suppress(OSError), open(self.log_path, "rb") as log:
+                size = log.seek(0, os.SEEK_END)
+                log.seek(max(0, size - max_bytes))
+                return log.read().decode(errors="replace").splitlines()
+            return []
+        return self.tail.lines() if self.tail is not None else []
 
     def stop(self, timeout_s: float = 15.0) -> None:
         """SIGTERM, wait up to ``timeout_s``, then SIGKILL the group and its descendants."""

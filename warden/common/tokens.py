@@ -4,7 +4,8 @@ The engine's webhook and override routes, the supervisor's control port, the CLI
 stack all read the token the same way: ``WARDEN_WEBHOOK_TOKEN_FILE`` (preferred: it never
 shows on a command line, and rotation needs no restart of Alertmanager) or
 ``WARDEN_WEBHOOK_TOKEN``. An unreadable or empty file is an error, never "no token": a
-misconfigured deployment must fail closed, not open. Comparison is constant-time.
+misconfigured deployment must fail closed, not open. Comparison is constant-time. Where no
+token is configured, the supervisor makes one (``load_or_generate``) rather than run open.
 """
 
 from __future__ import annotations
@@ -67,3 +68,14 @@ def write_token(path: Path, mode: int = 0o600) -> Path:
         out.write(secrets.token_hex(32) + "\n")
     os.chmod(path, mode)  # the umask may have narrowed it
     return path
+
+
+def load_or_generate(settings: WardenSettings, fallback: Path) -> tuple[str, Path | None]:
+    """The configured token, or a fresh one written to ``fallback`` (mode 0600) when none is
+    configured: (token, the generated file or None). TokenError when the configured file
+    cannot be read: a broken configuration stops the caller, it never falls back to open."""
+    token = load_token(settings)
+    if token is not None:
+        return token, None
+    path = write_token(fallback)
+    return read_token_file(path), path

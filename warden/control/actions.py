@@ -24,7 +24,10 @@ if TYPE_CHECKING:
 CIRCUIT_MODES = ("half_open", "open")
 # warden_circuit_breaker_state / warden_degradation_active{action="circuit_breaker"} values.
 CIRCUIT_ORDER = {mode: index for index, mode in enumerate(catalog.CIRCUIT_STATES)}
-MAX_RETRY_AFTER_S = 86400
+# Hard bounds: no alert label, override or config value goes past them. A client told to come
+# back in a day, or an override forgotten for a week, is an outage of its own making.
+MAX_RETRY_AFTER_S = 600
+MAX_LEASE_TTL_S = 3600
 MAX_PREEMPT = 64
 
 

@@ -3,9 +3,12 @@ request.
 
 Pure: facts in, decision out. The middleware gathers the facts (priority, max_tokens, prompt
 tokens) and carries out the decision (answer 503/429/400 with the decision's error fields and
-Retry-After headers, or rewrite max_tokens). Every refusal names its cause: the ``signal``
-(the memory watermark, a saturation signal, the alert or override behind a lease) and its
-``value``, so a false intervention is visible in the answer and in ``/warden/state``.
+Retry-After headers, or rewrite max_tokens). It asks in two steps: ``admit`` (the policy's
+refusals and saturation for a typical request, before the request's body is read, so a refused
+request costs nothing) and ``limit`` (the cap, the KV forecast and saturation for this request's
+prompt, which need the body); ``decide`` is both at once. Every refusal names its cause: the
+``signal`` (the memory watermark, a saturation signal, the alert or override behind a lease)
+and its ``value``, so a false intervention is visible in the answer and in ``/warden/state``.
 """
 
 from __future__ import annotations
@@ -21,7 +24,17 @@ from warden.control.config import AdmissionSettings
 from warden.control.policy import EffectivePolicy
 from warden.control.saturation import KvState, RetrySchedule, breach
 
-__all__ = ["Cause", "Decision", "HalfOpenGate", "KvState", "RequestFacts", "decide"]
+__all__ = [
+    "Cause",
+    "Decision",
+    "HalfOpenGate",
+    "KvState",
+    "RequestFacts",
+    "Saturation",
+    "admit",
+    "decide",
+    "limit",
+]
 
 
 @dataclass(frozen=True)
@@ -89,19 +102,27 @@ class HalfOpenGate:
 _ACTION_OF_REASON = {"circuit_open": "circuit_breaker", "circuit_half_open": "circuit_breaker"}
 
 
-def decide(
+@dataclass(frozen=True)
+class Saturation:
+    """What admission at saturation decides from: the engine's measured saturation, the
+    Retry-After schedule (None: the constant admission.retry_after_s) and the time now."""
+
+    state: SaturationState
+    schedule: RetrySchedule | None = None
+    now: float = 0.0
+
+
+def admit(
     facts: RequestFacts,
     policy: EffectivePolicy,
-    settings: AdmissionSettings,
     gate: HalfOpenGate,
-    kv: KvState | None = None,
-    saturation: SaturationState | None = None,
-    schedule: RetrySchedule | None = None,
-    now: float = 0.0,
+    settings: AdmissionSettings | None = None,
+    saturation: Saturation | None = None,
     cause_of: Callable[[str], Cause] | None = None,
 ) -> Decision:
-    """Admit, cap or refuse one request. ``cause_of(action)`` names the signal behind the lease
-    that holds an action; ``saturation`` and ``schedule`` enable admission at saturation."""
+    """The policy's refusals, from the request's priority alone, then saturation for a typical
+    request (``settings`` and ``saturation`` given): decided before the body is read.
+    ``cause_of(action)`` names the signal behind the lease that holds an action."""
     retry = policy.retry_after_s
     checks = [a.refuse for a in REGISTRY] + [a.refuse_last for a in REGISTRY]
     for check in checks:
@@ -118,12 +139,28 @@ def decide(
                 signal=cause.signal,
                 value=cause.value,
             )
+    if settings is not None and saturation is not None:
+        return _saturation(settings, saturation, None, None, 0)
+    return Decision(True)
+
+
+def limit(
+    facts: RequestFacts,
+    policy: EffectivePolicy,
+    settings: AdmissionSettings,
+    kv: KvState | None = None,
+    saturation: Saturation | None = None,
+) -> Decision:
+    """The cap, the KV forecast and saturation for an admitted request, once its body says
+    what it wants (``facts.max_tokens``: the limit vLLM would apply, None = up to the context
+    length). A full cache alone never refuses: the blocks this prompt lacks lengthen its
+    predicted queue wait."""
     cap = None
     max_tokens = facts.max_tokens
     for action in REGISTRY:
-        limit = action.cap(policy) if action.cap is not None else None
-        if limit is not None and (max_tokens is None or max_tokens > limit):
-            cap = max_tokens = limit
+        ceiling = action.cap(policy) if action.cap is not None else None
+        if ceiling is not None and (max_tokens is None or max_tokens > ceiling):
+            cap = max_tokens = ceiling
     forecast = settings.forecast
     margin = forecast.safety_margin_blocks if forecast.enabled else 0
     prompt = facts.prompt_tokens if forecast.enabled else None
@@ -138,27 +175,58 @@ def decide(
                 signal="prompt_tokens",
                 value=prompt,
             )
-    sat = settings.saturation
-    if sat.enabled and saturation is not None:
-        found = breach(sat, saturation, kv, prompt, margin)
-        if found is not None:
-            if sat.retry_after == "computed" and schedule is not None:
-                retry_s: float = schedule.book(
-                    now,
-                    found.earliest_s,
-                    saturation.drain_rate,
-                    sat.retry_after_min_s,
-                    sat.retry_after_max_s,
-                )
-            else:
-                retry_s = settings.retry_after_s
-            return Decision(
-                False,
-                503,
-                "saturated",
-                found.message(),
-                retry_s,
-                signal=found.signal,
-                value=round(found.value, 3),
-            )
+    if saturation is not None:
+        decision = _saturation(settings, saturation, kv, prompt, margin)
+        if not decision.admit:
+            return decision
     return Decision(True, cap=cap)
+
+
+def _saturation(
+    settings: AdmissionSettings,
+    saturation: Saturation,
+    kv: KvState | None,
+    prompt: int | None,
+    margin: int,
+) -> Decision:
+    """503 with a Retry-After when this request would break a saturation limit."""
+    sat = settings.saturation
+    if not sat.enabled:
+        return Decision(True)
+    state = saturation.state
+    found = breach(sat, state, kv, prompt, margin)
+    if found is None:
+        return Decision(True)
+    if sat.retry_after == "computed" and saturation.schedule is not None:
+        retry_s: float = saturation.schedule.book(
+            saturation.now,
+            found.earliest_s,
+            state.drain_rate,
+            sat.retry_after_min_s,
+            sat.retry_after_max_s,
+        )
+    else:
+        retry_s = settings.retry_after_s
+    return Decision(
+        False,
+        503,
+        "saturated",
+        found.message(),
+        retry_s,
+        signal=found.signal,
+        value=round(found.value, 3),
+    )
+
+
+def decide(
+    facts: RequestFacts,
+    policy: EffectivePolicy,
+    settings: AdmissionSettings,
+    gate: HalfOpenGate,
+    kv: KvState | None = None,
+    saturation: Saturation | None = None,
+    cause_of: Callable[[str], Cause] | None = None,
+) -> Decision:
+    """``admit`` then ``limit``: one request's whole decision."""
+    decision = admit(facts, policy, gate, settings, saturation, cause_of)
+    return limit(facts, policy, settings, kv, saturation) if decision.admit else decision

@@ -9,12 +9,12 @@ older engine.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from exporter import catalog
+from warden.common.jsonbody import BadRequest, load_json
 from warden.control.actions import ACTIONS, ActionError, ActionRequest, parse_action
 
 # Alertmanager's zero time: a firing alert's endsAt.
@@ -38,6 +38,18 @@ class AlertEvent:
     annotations: dict[str, str] = field(default_factory=dict)  # description names the value
 
 
+def _parse_time(text: str) -> float:
+    """Seconds since the epoch; ValueError for anything Python cannot place on the time line
+    (``timestamp()`` of a year-1 time overflows, a zone-less time is refused)."""
+    try:
+        moment = datetime.fromisoformat(text)
+        if moment.tzinfo is None:
+            raise ValueError("no time zone")
+        return moment.timestamp()
+    except (OverflowError, OSError) as exc:
+        raise ValueError(str(exc)) from None
+
+
 def _timestamp(value: Any, where: str) -> float | None:
     if not isinstance(value, str) or not value:
         raise PayloadError(f"{where}: expected an RFC 3339 time string")
@@ -45,18 +57,18 @@ def _timestamp(value: Any, where: str) -> float | None:
         return None
     text = value.replace("Z", "+00:00")
     try:
-        return datetime.fromisoformat(text).timestamp()
+        return _parse_time(text)
     except ValueError:
         # Alertmanager writes nanoseconds; Python parses at most microseconds.
         head, dot, tail = text.partition(".")
         if dot:
-            digits = "".join(ch for ch in tail if ch.isdigit())
+            digits = tail[: len(tail) - len(tail.lstrip("0123456789"))]
             zone = tail[len(digits) :]
             try:
-                return datetime.fromisoformat(f"{head}.{digits[:6]}{zone}").timestamp()
+                return _parse_time(f"{head}.{digits[:6]}{zone}")
             except ValueError:
                 pass
-        raise PayloadError(f"{where}: not an RFC 3339 time: {value!r}") from None
+        raise PayloadError(f"{where}: not an RFC 3339 time: {value[:64]!r}") from None
 
 
 def _string_map(value: Any, where: str) -> dict[str, str]:
@@ -70,9 +82,9 @@ def _string_map(value: Any, where: str) -> dict[str, str]:
 
 def parse_payload(body: bytes) -> list[AlertEvent]:
     try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PayloadError(f"body is not JSON: {exc}") from None
+        data = load_json(body)
+    except BadRequest as exc:
+        raise PayloadError(str(exc)) from None
     if not isinstance(data, dict):
         raise PayloadError("body: expected a JSON object")
     version = data.get("version")

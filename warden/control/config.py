@@ -8,14 +8,23 @@ typo in a safety setting must not silently fall back to a default.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    IPvAnyNetwork,
+    ValidationError,
+    model_validator,
+)
 
 from exporter.settings import env_name, load_settings
-from warden.control.actions import REFLEX_ACTIONS
+from warden.control.actions import MAX_LEASE_TTL_S, MAX_RETRY_AFTER_S, REFLEX_ACTIONS
 
 CONFIG_ENV = env_name("config")
 
@@ -29,13 +38,29 @@ class _Strict(BaseModel):
 
 
 class LeaseSettings(_Strict):
-    ttl_s: float = Field(300.0, gt=0, le=86400, description="lease life without a renewal")
+    ttl_s: float = Field(
+        300.0, gt=0, le=MAX_LEASE_TTL_S, description="an alert's lease life without a renewal"
+    )
+    max_manual_ttl_s: float = Field(
+        1800.0, gt=0, le=MAX_LEASE_TTL_S, description="longest manual override (renewable)"
+    )
+    max_per_source: int = Field(
+        256, ge=1, le=10_000, description="live leases one source (alertmanager, manual) may hold"
+    )
+    preempt_cooldown_s: float = Field(
+        30.0, ge=0, le=3600, description="alerts and overrides preempt at most once per this"
+    )
 
 
 class WebhookSettings(_Strict):
     max_body_bytes: int = Field(1 << 20, ge=1024, le=64 << 20)
     allow_insecure: bool = Field(False, description="accept notifications without a token")
-    tombstone_ttl_s: float = Field(86400.0, gt=0, description="memory of resolved alerts")
+    tombstone_ttl_s: float = Field(
+        86400.0, gt=0, le=7 * 86400, description="memory of resolved alerts"
+    )
+    max_tombstones: int = Field(
+        10_000, ge=100, le=1_000_000, description="resolved alerts remembered at most"
+    )
 
 
 class ForecastSettings(_Strict):
@@ -79,11 +104,43 @@ class SaturationSettings(_Strict):
         return self
 
 
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+def _sha256_hex(value: str) -> str:
+    value = value.strip().lower()
+    if not _SHA256_HEX.fullmatch(value):
+        raise ValueError("expected the 64 hex digits of a SHA-256 digest (sha256sum of the key)")
+    return value
+
+
+Sha256Hex = Annotated[str, AfterValidator(_sha256_hex)]
+
+
+class PrioritySettings(_Strict):
+    """Who may say how important a request is (docs/security.md, "Priority").
+
+    A request's priority is read from ``header`` only when it comes from a trusted source: a
+    client address in ``trusted_networks`` (the gateway that sets the header), or a bearer API
+    key whose SHA-256 is in ``trusted_api_key_sha256``. Every other request, and a trusted one
+    that names none, gets ``default``. With the defaults nobody is trusted, and shedding
+    (``priority > shed_priority_threshold``) refuses every request nobody vouched for.
+    """
+
+    header: str = Field("X-Request-Priority", min_length=1, max_length=100)
+    default: int = Field(1, ge=-(2**31), le=2**31, description="untrusted or unnamed priority")
+    trusted_networks: tuple[IPvAnyNetwork, ...] = ()
+    trusted_api_key_sha256: tuple[Sha256Hex, ...] = ()
+
+
 class AdmissionSettings(_Strict):
-    retry_after_s: int = Field(5, ge=1, le=3600)
+    retry_after_s: int = Field(5, ge=1, le=MAX_RETRY_AFTER_S)
     shed_priority_threshold: int = Field(0, description="shed: refuse priority above this")
     half_open_admit_fraction: float = Field(0.5, gt=0, le=1)
-    priority_header: str = "X-Request-Priority"
+    max_body_bytes: int = Field(
+        64 << 20, ge=64 << 10, le=1 << 30, description="larger request bodies get 413"
+    )
+    priority: PrioritySettings = PrioritySettings()
     forecast: ForecastSettings = ForecastSettings()
     saturation: SaturationSettings = SaturationSettings()
 

@@ -2,11 +2,12 @@
 
 One Controller per API server process. The webhook, manual overrides and the reflex write
 leases into it, each lease naming its cause (signal and value); the saturation watch hands it
-the engine's saturation every step; the admission middleware asks ``decide()`` on every
-request (the policy is cached until a lease changes or expires). It publishes the degradation
-and saturation gauges, opens a span for every lease change, and keeps the records operators
-and tests read in ``/warden/state``: recent refusals with their cause, policy changes, and for
-each crossing (watermark or saturation) the first refusal that followed it.
+the engine's saturation every step; the admission middleware asks ``admit()`` (before the
+body) and ``limit()`` (with it) on every request (the policy is cached until a lease changes or
+expires). It publishes the degradation and saturation gauges, opens a span for every lease
+change, and keeps the records operators and tests read in ``/warden/state``: recent refusals
+with their cause, policy changes, and for each crossing (watermark or saturation) the first
+refusal that followed it.
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ from typing import Any
 from exporter import catalog, vllm_compat
 from exporter.metrics import WardenMetrics
 from exporter.saturation import SaturationState
-from warden.control import telemetry
-from warden.control.actions import ActionRequest
-from warden.control.admission import Cause, Decision, HalfOpenGate, RequestFacts, decide
+from warden.control import admission, telemetry
+from warden.control.actions import REFLEX_ACTIONS, ActionRequest
+from warden.control.admission import Cause, Decision, HalfOpenGate, RequestFacts, Saturation
 from warden.control.alertmanager import AlertEvent
 from warden.control.config import ControlConfig
+from warden.control.identity import EngineIdentity
 from warden.control.leases import Lease, LeaseTable, Outcome
 from warden.control.policy import CIRCUIT_ORDER, EffectivePolicy, combine, gauge_values
 from warden.control.saturation import (
@@ -41,6 +43,7 @@ from warden.control.saturation import (
 log = logging.getLogger("warden.control")
 WARDEN_RID = re.compile(r"warden-[0-9a-f]{32}")
 ALERTMANAGER, REFLEX, MANUAL = catalog.LEASE_SOURCES
+NOT_FOR_THIS_ENGINE = "not_for_this_engine"
 # Where a lease keeps its cause (internal keys of Lease.labels, never alert labels).
 CAUSE_SIGNAL, CAUSE_VALUE = "_cause_signal", "_cause_value"
 SATURATION_SIGNAL = "saturation"
@@ -55,11 +58,17 @@ class Controller:
     ) -> None:
         self.config = config
         self.clock = clock
-        self.leases = LeaseTable(config.webhook.tombstone_ttl_s)
+        self.leases = LeaseTable(
+            config.webhook.tombstone_ttl_s,
+            config.webhook.max_tombstones,
+            config.leases.max_per_source,
+        )
         self.engine_client: Any = None
         self._cached: tuple[int, EffectivePolicy] | None = None
         self._lock = threading.RLock()
         self._preempted: OrderedDict[str, float] = OrderedDict()
+        self._last_lease_preempt: float | None = None  # alerts' and overrides' shared cooldown
+        self._foreign_logged: set[tuple[str, str]] = set()
         self.last_policy_change: float = clock()
         # Recent refusals with their cause: operators see a false intervention here.
         self.recent_rejections: deque[dict[str, Any]] = deque(maxlen=64)
@@ -91,6 +100,10 @@ class Controller:
         self._reflex_actions = metrics.get(catalog.REFLEX_ACTIONS)
         self._preemptions = metrics.get(catalog.WARDEN_PREEMPTIONS)
         metrics.ensure([catalog.MAX_TOKENS_CAPPED, catalog.WARDEN_PREEMPTIONS])
+        # Every action the reflex may take is exported at 0 from the start: a series born at 1
+        # would hide its first event from increase() (and leave its panel without data).
+        for action in REFLEX_ACTIONS:
+            self._reflex_actions.labels(action)
         self._publish(EffectivePolicy(retry_after_s=config.admission.retry_after_s), [])
 
     # --- policy -------------------------------------------------------------------------
@@ -140,14 +153,24 @@ class Controller:
 
     # --- lease writers ------------------------------------------------------------------
 
-    def apply_alerts(self, events: list[AlertEvent]) -> dict[str, int]:
-        """Apply a validated notification; return counts per outcome."""
+    def apply_alerts(
+        self, events: list[AlertEvent], identity: EngineIdentity | None = None
+    ) -> dict[str, int]:
+        """Apply a validated notification; return counts per outcome.
+
+        With ``identity`` (the webhook always passes it), alerts about another engine or about
+        the whole fleet are counted ``not_for_this_engine`` and change nothing.
+        """
         now = self.clock()
         ttl = self.config.leases.ttl_s
         counts: dict[str, int] = {}
         preempt = 0
         for event in events:
-            if event.unknown_action is not None:
+            refusal = identity.refusal(event.labels) if identity is not None else None
+            if refusal is not None:
+                self._log_foreign(event, refusal)
+                outcome = NOT_FOR_THIS_ENGINE
+            elif event.unknown_action is not None:
                 log.warning(
                     "warden: alert %s asks for unknown action %r; ignored",
                     event.alertname,
@@ -170,6 +193,13 @@ class Controller:
                 )
                 if outcome == Outcome.APPLIED:
                     preempt = max(preempt, event.request.preempt)
+                elif outcome == Outcome.LIMITED:
+                    log.warning(
+                        "warden: alert %s (%s) refused: Alertmanager already holds %d leases",
+                        event.alertname,
+                        event.fingerprint,
+                        self.leases.max_per_source,
+                    )
             else:
                 outcome = self.leases.release(
                     ALERTMANAGER, event.fingerprint, now, started_at=event.starts_at
@@ -185,22 +215,51 @@ class Controller:
                     source=ALERTMANAGER,
                 )
         self.policy()
-        if preempt:
+        if preempt and self._lease_preempt_allowed(now, "alert"):
             self.preempt_largest(preempt, "alert")
         return counts
 
-    def set_manual(self, key: str, request: ActionRequest, ttl_s: float) -> Lease:
+    def _log_foreign(self, event: AlertEvent, refusal: str) -> None:
+        """Say once per alert and reason that an alert was not applied here (a misrouted
+        notification is a configuration problem someone should see, not a flood)."""
+        key = (event.fingerprint, refusal)
+        if key in self._foreign_logged:
+            return
+        self._foreign_logged.add(key)
+        if len(self._foreign_logged) > 1024:
+            self._foreign_logged.clear()
+        log.warning("warden: alert %s not applied: %s", event.alertname, refusal)
+
+    def set_manual(self, key: str, request: ActionRequest, ttl_s: float) -> Lease | None:
+        """Take or renew a manual lease; None when the manual source holds its maximum."""
         now = self.clock()
-        self.leases.renew(
-            MANUAL, key, request, ttl_s, now, labels=_cause_labels(Cause(MANUAL, key))
-        )
+        labels = _cause_labels(Cause(MANUAL, key))
+        if self.leases.renew(MANUAL, key, request, ttl_s, now, labels=labels) == Outcome.LIMITED:
+            return None
         lease = self.leases.get(MANUAL, key)
         assert lease is not None
         self._span("warden.lease.applied", lease)
         self.policy()
-        if request.preempt:
+        if request.preempt and self._lease_preempt_allowed(now, "manual"):
             self.preempt_largest(request.preempt, "manual")
         return lease
+
+    def _lease_preempt_allowed(self, now: float, reason: str) -> bool:
+        """Alerts and overrides preempt at most once per cooldown, however many new
+        fingerprints arrive: aborting work is the costliest thing warden does."""
+        cooldown = self.config.leases.preempt_cooldown_s
+        with self._lock:
+            last = self._last_lease_preempt
+            if last is not None and now - last < cooldown:
+                log.info(
+                    "warden: %s preemption skipped: last one %.1fs ago (cooldown %.0fs)",
+                    reason,
+                    now - last,
+                    cooldown,
+                )
+                return False
+            self._last_lease_preempt = now
+            return True
 
     def clear_manual(self, key: str | None) -> int:
         if key is None:
@@ -266,22 +325,36 @@ class Controller:
 
     # --- admission ----------------------------------------------------------------------
 
+    def _saturation(self) -> Saturation:
+        return Saturation(self.saturation, self.retry_schedule, self.clock())
+
+    def admit(
+        self, facts: RequestFacts, policy: EffectivePolicy, gate: HalfOpenGate | None = None
+    ) -> Decision:
+        """Before the body: the policy's refusals (named by the lease's cause) and saturation
+        for a typical request."""
+        return admission.admit(
+            facts,
+            policy,
+            gate or self.gate,
+            self.config.admission,
+            self._saturation(),
+            self.cause_of,
+        )
+
+    def limit(
+        self, facts: RequestFacts, policy: EffectivePolicy, kv: KvState | None = None
+    ) -> Decision:
+        """With the body: the cap, the KV forecast and saturation for this request's prompt."""
+        return admission.limit(facts, policy, self.config.admission, kv, self._saturation())
+
     def decide(
         self, facts: RequestFacts, kv: KvState | None = None, gate: HalfOpenGate | None = None
     ) -> Decision:
-        """Admission for one request: the policy, the KV forecast and the engine's saturation,
-        every refusal named by its cause."""
-        return decide(
-            facts,
-            self.policy(),
-            self.config.admission,
-            gate or self.gate,
-            kv,
-            self.saturation,
-            self.retry_schedule,
-            self.clock(),
-            self.cause_of,
-        )
+        """``admit`` then ``limit`` for one request, against the policy in force now."""
+        policy = self.policy()
+        decision = self.admit(facts, policy, gate)
+        return self.limit(facts, policy, kv) if decision.admit else decision
 
     def cause_of(self, action: str) -> Cause:
         """The signal and value behind the lease holding ``action`` (the oldest, if several)."""

@@ -7,11 +7,17 @@ lets the lease expire, so a lost notification can never leave the engine degrade
 Idempotent under duplicates, reordering and replays: a firing whose ``startsAt`` is not newer
 than a resolution already applied for that fingerprint is stale and ignored; a resolution for
 an older ``startsAt`` than the live lease does not release it.
+
+Bounded: each source holds at most ``max_per_source`` live leases (a new one beyond that is
+refused as ``limited``; renewals of held ones still work), and at most ``max_tombstones``
+resolutions are remembered (the oldest is forgotten first), so no sender can grow the table
+without limit.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -48,15 +54,24 @@ class Outcome:
     RELEASED = "released"
     STALE = "stale"
     NOOP = "noop"
+    LIMITED = "limited"  # refused: the source already holds its maximum of leases
 
 
 class LeaseTable:
     """Thread-safe; every mutation bumps ``version`` so readers can cache the policy."""
 
-    def __init__(self, tombstone_ttl_s: float = 86400.0) -> None:
+    def __init__(
+        self,
+        tombstone_ttl_s: float = 86400.0,
+        max_tombstones: int = 10_000,
+        max_per_source: int = 256,
+    ) -> None:
         self._leases: dict[tuple[str, str], Lease] = {}
-        self._resolved: dict[str, tuple[float, float]] = {}  # key -> (startsAt, recorded at)
+        # key -> (startsAt, recorded at), oldest recorded first.
+        self._resolved: OrderedDict[str, tuple[float, float]] = OrderedDict()
         self._tombstone_ttl_s = tombstone_ttl_s
+        self.max_tombstones = max_tombstones
+        self.max_per_source = max_per_source
         self._next_prune = 0.0  # tombstones are pruned once a minute, not on every request
         self._lock = threading.RLock()
         self.version = 0
@@ -79,6 +94,8 @@ class LeaseTable:
             current = self._leases.get((source, key))
             if current is not None and started_at is not None and started < current.started_at:
                 return Outcome.STALE  # an older firing replayed after a newer one
+            if current is None and self.count(source) >= self.max_per_source:
+                return Outcome.LIMITED
             lease = Lease(
                 source,
                 key,
@@ -99,6 +116,9 @@ class LeaseTable:
                 tomb = self._resolved.get(key)
                 if tomb is None or started_at > tomb[0]:
                     self._resolved[key] = (started_at, now)
+                    self._resolved.move_to_end(key)
+                    while len(self._resolved) > self.max_tombstones:
+                        self._resolved.popitem(last=False)
             current = self._leases.get((source, key))
             if current is None:
                 return Outcome.NOOP
@@ -107,6 +127,14 @@ class LeaseTable:
             del self._leases[(source, key)]
             self.version += 1
             return Outcome.RELEASED
+
+    def count(self, source: str) -> int:
+        with self._lock:
+            return sum(1 for lease_source, _key in self._leases if lease_source == source)
+
+    def tombstones(self) -> int:
+        with self._lock:
+            return len(self._resolved)
 
     def release_source(self, source: str) -> int:
         with self._lock:
@@ -124,10 +152,11 @@ class LeaseTable:
                 del self._leases[(lease.source, lease.key)]
             if now >= self._next_prune:
                 self._next_prune = now + 60.0
-                ttl = self._tombstone_ttl_s
-                old = [k for k, (_s, at) in self._resolved.items() if now - at > ttl]
-                for k in old:
-                    del self._resolved[k]
+                while self._resolved:  # oldest first: stop at the first one still kept
+                    _started, recorded = next(iter(self._resolved.values()))
+                    if now - recorded <= self._tombstone_ttl_s:
+                        break
+                    self._resolved.popitem(last=False)
             if gone:
                 self.version += 1
             return gone

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import os
 import threading
@@ -30,11 +31,13 @@ from fastapi.responses import JSONResponse
 
 from exporter import catalog
 from exporter.metrics import process_metrics
-from exporter.settings import load_settings
+from exporter.settings import SettingsError, load_settings
 from exporter.step_monitor import process_monitor
 from exporter.supervisor_state import SupervisorState, read_state_from_env
+from warden.common import tokens
 
 router = APIRouter()
+log = logging.getLogger("warden.health")
 
 OOM_IMMINENT = catalog.WATERMARK_LEVELS.index("oom_imminent")
 WINDOWS_S: tuple[int, ...] = (60, 300, 900)
@@ -274,6 +277,26 @@ def check_driver_errors(windows: MetricWindows) -> Check:
     return Check("driver_error", True)
 
 
+_token_problem_logged: str | None = None
+
+
+def check_webhook_token() -> Check:
+    """A token that is configured but cannot be read leaves the engine uncontrollable (its
+    webhook fails closed): not ready, and said once in the log, so it is found before its
+    first alert is refused. No token configured at all is a choice, not a fault."""
+    global _token_problem_logged
+    try:
+        tokens.load_token(load_settings())
+    except (tokens.TokenError, SettingsError) as exc:
+        problem = str(exc)
+        if problem != _token_problem_logged:
+            log.error("warden: webhook token cannot be loaded; engine not ready: %s", problem)
+            _token_problem_logged = problem
+        return Check("webhook_token", False, problem)
+    _token_problem_logged = None
+    return Check("webhook_token", True)
+
+
 def check_supervisor(state: SupervisorState | None) -> list[Check]:
     if state is None:
         return []
@@ -287,10 +310,11 @@ def check_supervisor(state: SupervisorState | None) -> list[Check]:
 
 async def readiness(engine_client: Any) -> list[Check]:
     windows = metric_windows()
-    if not windows.latest():
+    engine = await check_engine(engine_client)
+    if not windows.latest() or not engine.ok:
+        # A dead engine core may have counted its last error a moment ago: read it now.
         with contextlib.suppress(Exception):
             await asyncio.to_thread(windows.sample)
-    engine = await check_engine(engine_client)
     metrics = process_metrics()
     metrics.get(catalog.ENGINE_HEALTHY).set(1 if engine.ok else 0)
     checks = [
@@ -299,6 +323,7 @@ async def readiness(engine_client: Any) -> list[Check]:
         check_memory(),
         check_error_rate(windows),
         check_driver_errors(windows),
+        check_webhook_token(),
         *check_supervisor(read_state_from_env()),
     ]
     metrics.get(catalog.ENGINE_READY).set(1 if all(c.ok for c in checks) else 0)

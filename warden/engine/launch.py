@@ -10,6 +10,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +21,35 @@ VLLM_PLUGINS = "warden,warden_stats,warden_endpoints"
 LOGITS_PROCESSOR = "exporter.logits:NonFiniteLogitsProcessor"
 WORKER_EXTENSION = "warden.engine.worker_extension.WardenWorkerExtension"
 MIDDLEWARE = "warden.engine.middleware.WardenMiddleware"
+# Flags LaunchSpec writes itself from ``warden serve``'s own options (flag -> that option):
+# repeated among vLLM's arguments they would win silently (a server on another port than the
+# one supervised and probed).
+RESERVED_FLAGS = {"--model": "MODEL", "--host": "--host", "--port": "--port"}
+
+
+class VllmArgsError(ValueError):
+    """vLLM arguments that would override what warden sets; the message says what to do."""
+
+
+def vllm_args(
+    values: Sequence[str],
+    command: str = "warden serve",
+    own_options: Mapping[str, str] = RESERVED_FLAGS,
+) -> list[str]:
+    """vLLM's arguments as ``warden serve`` and ``warden up`` take them, after an optional
+    ``--`` separator (``serve MODEL -- --dtype float32``, ``up -- --dtype float32``).
+    ``own_options``: the command's option for each flag warden sets itself."""
+    args = list(values)
+    if args and args[0] == "--":
+        args = args[1:]
+    for arg in args:
+        flag = arg.split("=", 1)[0]
+        if flag in own_options:
+            raise VllmArgsError(
+                f"{command}: {flag} among vLLM's arguments would override what warden sets; "
+                f"give it as {command}'s own {own_options[flag]} instead"
+            )
+    return args
 
 
 @dataclass
@@ -59,6 +89,11 @@ class LaunchSpec:
         metrics_dir.mkdir(parents=True)
         env = dict(os.environ)
         env.setdefault("VLLM_CACHE_ROOT", str(run_dir / "vllm-cache"))
+        # When the engine core dies (a CUDA driver error, say), vLLM would shut its API server
+        # down within seconds, taking the evidence with it. Kept alive, the server answers
+        # /warden/ready with 503 and why (engine dead, N CUDA driver errors) and serves the
+        # error counters on /metrics until the supervisor restarts it.
+        env.setdefault("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "1")
         env.update(
             {
                 "VLLM_PLUGINS": VLLM_PLUGINS,

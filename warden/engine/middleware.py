@@ -1,20 +1,28 @@
 """ASGI middleware in vLLM's API server: admission control and transparent retries.
 
-For completions, chat completions and responses it
-- applies the effective policy (503/429 with Retry-After and an OpenAI-style error naming the
-  reason, or a max_tokens cap written into the body) and the KV forecast;
-- tags the request (``X-Request-Id`` and ``vllm_xargs.warden_rid``) so a warden preemption or
-  non-finite logits can be traced back to it;
-- retries transient failures (warden preemption, OOM-class errors, non-finite logits,
-  timeouts) with backoff and jitter: non-streaming ones transparently, streaming ones only
-  before their first byte, else the stream ends with an error event;
-- counts every final outcome in ``warden_requests_total{outcome}``.
-Health, metrics and warden endpoints pass straight through. Pure ASGI: streams stay streams.
+Every request that can start work passes admission (``warden.engine.routes``: all methods but
+GET/HEAD/OPTIONS, on every route but an explicit allow-list, ``--root-path`` handled as the
+router does). In order, each step before any work the next one needs:
+1. a request vLLM's own API-key check will refuse is handed to it untouched (401; no work here);
+2. the policy's refusals (503/429 with Retry-After and an OpenAI-style error naming the
+   reason), from headers alone: priority comes from trusted sources only
+   (``warden.control.trust``);
+3. the body, bounded (413 on Content-Length, else while it streams) and parsed to a 4xx on
+   any malformed input, only for routes whose JSON carries a token limit;
+4. the cap, written where vLLM reads it and only ever lowering it
+   (``warden.control.token_limits``), and the KV forecast (tokenized off the event loop);
+5. for completions, chat completions and responses: a tag (``X-Request-Id``,
+   ``vllm_xargs.warden_rid``) and retries of transient failures (warden preemption, OOM-class
+   errors, non-finite logits, timeouts) with backoff and jitter: non-streaming ones
+   transparently, streaming ones only before their first byte, else the stream ends with an
+   error event. Every final outcome is counted in ``warden_requests_total{outcome}``.
+Pure ASGI: streams stay streams.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import json
 import logging
@@ -29,15 +37,21 @@ from exporter.request_args import ATTEMPT_ARG, RID_ARG
 from exporter.settings import load_settings
 from exporter.signals import SignalBoard
 from exporter.step_monitor import process_monitor
-from warden.control import telemetry
+from warden.common.jsonbody import BadRequest, content_length, lax_bool, load_json
+from warden.control import telemetry, token_limits, trust
 from warden.control.admission import Decision, HalfOpenGate, KvState, RequestFacts
+from warden.control.policy import EffectivePolicy
 from warden.control.retry import TRANSIENT_REASONS, backoff_s, classify_failure
-from warden.engine import runtime
+from warden.control.token_limits import TokenLimit, Unreadable
+from warden.engine import flag_wait, routes, runtime
 
 log = logging.getLogger("warden.control")
-INFERENCE_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/responses")
-TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
-MAX_REQUEST_BYTES = 64 << 20
+# Routes whose requests warden tags and retries; the responses API takes no vllm_xargs.
+RETRIED_ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/responses")
+TAGGED_ROUTES = ("/v1/completions", "/v1/chat/completions")
+# Prompts longer than this are not tokenized for the forecast (vLLM refuses them anyway).
+MAX_FORECAST_PROMPT_CHARS = 1 << 20
+WEBSOCKET_TRY_AGAIN_LATER = 1013
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -74,37 +88,39 @@ def _error_body(
     return json.dumps({"error": {**error, **(extra or {})}}).encode()
 
 
-def _priority(body: dict[str, Any], headers: dict[str, str], header_name: str) -> int:
-    value = body.get("priority")
-    if value is None:
-        value = headers.get(header_name.lower())
-    try:
-        return int(value) if value is not None else 0
-    except (TypeError, ValueError):
-        return 0
+def _headers(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
 
 
-def _requested_max_tokens(body: dict[str, Any]) -> int | None:
-    for name in TOKEN_FIELDS:
-        value = body.get(name)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    return None
-
-
-def _prompt_text(path: str, body: dict[str, Any]) -> str | list[int] | None:
-    if path == "/v1/completions":
+def _prompt_text(route: str, body: dict[str, Any]) -> str | list[int] | None:
+    if route == token_limits.INVOCATIONS:
+        route = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    if route == "/v1/completions":
         prompt = body.get("prompt")
         if isinstance(prompt, str):
             return prompt
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
             return prompt
         return None
-    messages = body.get("messages") if path == "/v1/chat/completions" else None
+    messages = body.get("messages") if route == "/v1/chat/completions" else None
     if isinstance(messages, list):
         parts = [m.get("content") for m in messages if isinstance(m, dict)]
         return "\n".join(p for p in parts if isinstance(p, str))
     return None
+
+
+def _with_body(scope: Scope, payload: bytes, request_id: str | None = None) -> Scope:
+    """A copy of ``scope`` whose Content-Length (and X-Request-Id) match what vLLM gets."""
+    replaced = (b"content-length", b"x-request-id") if request_id else (b"content-length",)
+    headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() not in replaced]
+    headers.append((b"content-length", str(len(payload)).encode()))
+    if request_id:
+        headers.append((b"x-request-id", request_id.encode()))
+    return {**scope, "headers": headers}
+
+
+class BodyTooLarge(Exception):
+    """The request body passed the configured limit."""
 
 
 class WardenMiddleware:
@@ -115,14 +131,17 @@ class WardenMiddleware:
         self.requests = process_metrics().get(catalog.REQUESTS)
         self.gate = HalfOpenGate()
         self._board: SignalBoard | None = None
+        # Read once: parsing the settings costs about a millisecond, too much per request.
+        self._board_path = load_settings().signal_board
         self._tokenizer: Any = None
+        self._vllm_auth: Any = False  # False: not looked up yet; None: vLLM has no API key
 
     # --- plumbing ---------------------------------------------------------------------
 
     @property
     def board(self) -> SignalBoard | None:
         if self._board is None:
-            path = load_settings().signal_board
+            path = self._board_path
             if path and path.exists():
                 self._board = SignalBoard(str(path))
         return self._board
@@ -139,11 +158,30 @@ class WardenMiddleware:
         await send({"type": "http.response.body", "body": body})
         self.requests.labels(outcome_of(status)).inc()
 
-    async def _refuse(self, send: Send, decision: Decision) -> None:
+    async def _bad_request(self, send: Send, status: int, message: str) -> None:
+        """Malformed input: the client's to fix, so not a refusal (no Retry-After)."""
+        reason = "too_large" if status == 413 else "bad_request"
+        await self._reply(
+            send, status, _error_body(message, "invalid_request_error", status, reason)
+        )
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, decision: Decision) -> None:
+        """The one place a refusal is answered, from its Decision (signal, value, Retry-After)."""
         self.control.record_rejection(decision)
         with telemetry.tracer().start_as_current_span("warden.reject") as span:
             span.set_attribute("warden.reason", decision.reason)
             span.set_attribute("warden.status", decision.status)
+        if scope.get("type") == "websocket":
+            await receive()  # websocket.connect; closing before accepting answers 403
+            await send(
+                {
+                    "type": "websocket.close",
+                    "code": WEBSOCKET_TRY_AGAIN_LATER,
+                    "reason": f"{decision.reason}: {decision.message}"[:120],
+                }
+            )
+            self.requests.labels(outcome_of(decision.status)).inc()
+            return
         kind = "invalid_request_error" if decision.status == 400 else "server_overloaded"
         headers = decision.retry_after_headers()
         body = _error_body(
@@ -151,9 +189,69 @@ class WardenMiddleware:
         )
         await self._reply(send, decision.status, body, headers)
 
-    async def _prompt_tokens(self, path: str, body: dict[str, Any]) -> int | None:
-        prompt = _prompt_text(path, body)
-        if prompt is None:
+    def _vllm_refuses_credentials(self, scope: Scope) -> bool:
+        """Whether vLLM's own API-key check (inside this middleware) will answer 401.
+
+        vLLM adds its check before warden's middleware, so warden runs first; a request it
+        will refuse anyway must cost warden nothing (no body read, no decision).
+        """
+        if self._vllm_auth is False:
+            self._vllm_auth = None
+            try:
+                from vllm import envs
+                from vllm.entrypoints.serve.middleware.authenticate import (
+                    GUARDED_PREFIX,
+                    AuthenticationMiddleware,
+                )
+
+                args = getattr(getattr(scope.get("app"), "state", None), "args", None)
+                keys = [k for k in (getattr(args, "api_key", None) or [envs.VLLM_API_KEY]) if k]
+                if keys:
+                    self._vllm_auth = (AuthenticationMiddleware(self.app, keys), GUARDED_PREFIX)
+            except Exception:  # another vLLM: its check still runs, warden just runs first
+                log.debug("warden: vLLM's API-key check not found", exc_info=True)
+        if self._vllm_auth is None:
+            return False
+        from starlette.datastructures import Headers
+
+        check, guarded = self._vllm_auth
+        path = scope["path"].removeprefix(scope.get("root_path", ""))
+        return bool(path.startswith(guarded)) and not check.verify_token(Headers(scope=scope))
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes | None:
+        """The whole body (None: the client went away); BodyTooLarge past the limit."""
+        most = self.control.config.admission.max_body_bytes
+        raw = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            raw.extend(message.get("body", b""))
+            if len(raw) > most:
+                raise BodyTooLarge
+            if not message.get("more_body"):
+                return bytes(raw)
+
+    def _bounded(self, receive: Receive, state: dict[str, bool]) -> Receive:
+        """A receive() that cuts the body off past the limit (the app sees a disconnect)."""
+        most = self.control.config.admission.max_body_bytes
+        seen = 0
+
+        async def bounded() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > most:
+                    state["over"] = True
+                    return {"type": "http.disconnect"}
+            return message
+
+        return bounded
+
+    async def _prompt_tokens(self, route: str, body: dict[str, Any]) -> int | None:
+        prompt = _prompt_text(route, body)
+        if prompt is None or len(prompt) > MAX_FORECAST_PROMPT_CHARS:
             return None
         if isinstance(prompt, list):
             return len(prompt)
@@ -166,7 +264,8 @@ class WardenMiddleware:
                 if inspect.isawaitable(tokenizer):
                     tokenizer = await tokenizer
                 self._tokenizer = tokenizer
-            return len(self._tokenizer.encode(prompt))
+            # Off the event loop: a long prompt must not stall every stream and /health.
+            return len(await asyncio.to_thread(self._tokenizer.encode, prompt))
         except Exception:
             log.debug("warden: prompt not tokenized; forecast skipped", exc_info=True)
             return None
@@ -181,39 +280,92 @@ class WardenMiddleware:
     # --- the request path -------------------------------------------------------------
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            scope.get("type") != "http"
-            or scope.get("method") != "POST"
-            or scope.get("path") not in INFERENCE_PATHS
-        ):
+        if not routes.admitted(scope) or self._vllm_refuses_credentials(scope):
             await self.app(scope, receive, send)
             return
-        raw = bytearray()
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            raw.extend(message.get("body", b""))
-            if len(raw) > MAX_REQUEST_BYTES:
-                await self._reply(
-                    send,
-                    413,
-                    _error_body(
-                        "request body too large", "invalid_request_error", 413, "too_large"
-                    ),
-                )
-                return
-            if not message.get("more_body"):
-                break
-        try:
-            body = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            body = None
-        if not isinstance(body, dict):
-            # Not ours to judge: vLLM answers malformed requests itself.
-            await self._forward_raw(scope, receive, send, bytes(raw))
+        headers = _headers(scope)
+        control = self.control
+        settings = control.config.admission
+        client = scope.get("client")
+        priority = trust.request_priority(
+            headers.get(settings.priority.header.lower()),
+            client[0] if client else None,
+            headers.get("authorization"),
+            settings.priority,
+        )
+        policy = control.policy()
+        decision = control.admit(RequestFacts(priority=priority), policy, self.gate)
+        if not decision.admit:
+            await self._refuse(scope, receive, send, decision)
             return
-        await self._handle(scope, receive, send, body)
+        if scope["type"] == "websocket":
+            await self.app(scope, receive, send)
+            return
+        try:
+            declared = content_length(headers.get("content-length"))
+        except BadRequest as exc:
+            await self._bad_request(send, 400, str(exc))
+            return
+        if declared is not None and declared > settings.max_body_bytes:
+            await self._bad_request(send, 413, self._too_large())
+            return
+        route = routes.get_route_path(scope)
+        if not token_limits.reads_json_body(route):
+            await self._forward_bounded(scope, receive, send)
+            return
+        try:
+            raw = await self._read_body(scope, receive)
+        except BodyTooLarge:
+            await self._bad_request(send, 413, self._too_large())
+            return
+        if raw is None:
+            return
+        try:
+            body = load_json(raw)
+        except BadRequest as exc:
+            await self._bad_request(send, 400, str(exc))
+            return
+        if not isinstance(body, dict):
+            await self._bad_request(send, 400, "body: expected a JSON object")
+            return
+        rule = token_limits.limit_for(route, body)
+        assert rule is not None  # reads_json_body(route) said so
+        try:
+            requested = rule.requested(body)
+        except Unreadable:
+            # vLLM refuses this body itself (400, naming the field): nothing to cap.
+            await self._forward_raw(scope, receive, send, raw)
+            return
+        facts = RequestFacts(priority=priority, max_tokens=requested)
+        await self._handle(scope, receive, send, route, raw, body, rule, policy, facts)
+
+    def _too_large(self) -> str:
+        most = self.control.config.admission.max_body_bytes
+        return f"request body too large (limit {most} bytes)"
+
+    async def _forward_bounded(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Pass a request whose body warden does not read, its size still bounded."""
+        state = {"over": False, "started": False}
+        status = {"code": 500}
+
+        async def watch(message: Message) -> None:
+            if state["over"]:
+                return  # the app is answering a body we cut off; 413 follows
+            if message["type"] == "http.response.start":
+                state["started"] = True
+                status["code"] = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, self._bounded(receive, state), watch)
+        except Exception:
+            if not state["over"]:
+                raise
+        if state["over"]:
+            if not state["started"]:
+                await self._bad_request(send, 413, self._too_large())
+            return
+        self.requests.labels(outcome_of(status["code"])).inc()
 
     async def _forward_raw(self, scope: Scope, receive: Receive, send: Send, raw: bytes) -> None:
         status = {"code": 500}
@@ -227,39 +379,43 @@ class WardenMiddleware:
         self.requests.labels(outcome_of(status["code"])).inc()
 
     async def _handle(
-        self, scope: Scope, receive: Receive, send: Send, body: dict[str, Any]
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        route: str,
+        raw: bytes,
+        body: dict[str, Any],
+        rule: TokenLimit,
+        policy: EffectivePolicy,
+        facts: RequestFacts,
     ) -> None:
-        path = scope["path"]
-        headers = {
-            k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])
-        }
+        """An admitted request with its body: the cap and the forecast, then vLLM."""
         control = self.control
         settings = control.config
-        prompt_tokens = None
         kv = None
         if settings.admission.forecast.enabled:
             kv = self._kv_state()
             if kv is not None:
-                prompt_tokens = await self._prompt_tokens(path, body)
-        facts = RequestFacts(
-            priority=_priority(body, headers, settings.admission.priority_header),
-            max_tokens=_requested_max_tokens(body),
-            prompt_tokens=prompt_tokens,
-        )
-        decision = control.decide(facts, kv, self.gate)
+                prompt_tokens = await self._prompt_tokens(route, body)
+                facts = dataclasses.replace(facts, prompt_tokens=prompt_tokens)
+        decision = control.limit(facts, policy, kv)
         if not decision.admit:
-            await self._refuse(send, decision)
+            await self._refuse(scope, receive, send, decision)
             return
         if decision.cap is not None:
             control.capped.inc()
-            field = next((f for f in TOKEN_FIELDS if f in body), "max_tokens")
-            if path == "/v1/responses":
-                field = "max_output_tokens"
-            body[field] = decision.cap
-            if field != "max_tokens" and "max_tokens" in body:
-                body["max_tokens"] = decision.cap
-        stream = body.get("stream") is True
-        tag = path != "/v1/responses"  # the responses API takes no vllm_xargs
+            rule.write_cap(body, decision.cap)
+        if route not in RETRIED_ROUTES:
+            payload = json.dumps(body).encode() if decision.cap is not None else raw
+            await self._forward_raw(_with_body(scope, payload), receive, send, payload)
+            return
+        try:
+            stream = bool(lax_bool(body.get("stream")))
+        except BadRequest:
+            stream = False  # vLLM refuses it (400)
+        xargs = body.get("vllm_xargs")
+        tag = route in TAGGED_ROUTES and (xargs is None or isinstance(xargs, dict))
         attempts = settings.retry.max_attempts
         original_seed = body.get("seed")
         original_priority = body.get("priority")
@@ -268,22 +424,17 @@ class WardenMiddleware:
             rid = f"warden-{uuid.uuid4().hex}"
             attempt_body = dict(body)
             if tag:
-                xargs = dict(body.get("vllm_xargs") or {})
-                xargs.update({RID_ARG: rid, ATTEMPT_ARG: attempt})
-                attempt_body["vllm_xargs"] = xargs
+                attempt_xargs = dict(xargs or {})
+                attempt_xargs.update({RID_ARG: rid, ATTEMPT_ARG: attempt})
+                attempt_body["vllm_xargs"] = attempt_xargs
             if attempt > 1:
-                if isinstance(original_seed, int):
+                if isinstance(original_seed, int) and not isinstance(original_seed, bool):
                     attempt_body["seed"] = original_seed + attempt - 1
                 if preempted_before and vllm_compat.uses_priority_scheduling(control.engine_client):
                     base = original_priority if isinstance(original_priority, int) else 0
                     attempt_body["priority"] = base - settings.retry.priority_boost
             payload = json.dumps(attempt_body).encode()
-            sub_scope = dict(scope)
-            sub_scope["headers"] = [
-                (k, v)
-                for k, v in scope.get("headers", [])
-                if k.lower() not in (b"content-length", b"x-request-id")
-            ] + [(b"content-length", str(len(payload)).encode()), (b"x-request-id", rid.encode())]
+            sub_scope = _with_body(scope, payload, rid)
             last = attempt == attempts
             if stream:
                 reason = await self._stream_attempt(sub_scope, receive, send, payload, rid, last)
@@ -300,9 +451,10 @@ class WardenMiddleware:
                 span.set_attribute("warden.attempt", attempt + 1)
             await asyncio.sleep(backoff_s(settings.retry, attempt + 1, random.Random()))
 
-    def _failure(self, status: int, body: bytes, rid: str) -> str | None:
-        board = self.board
-        nonfinite = board.flagged(rid) is not None if board is not None else False
+    async def _failure(self, status: int, body: bytes, rid: str) -> str | None:
+        # A success may still carry a poisoned last token: wait (boundedly) for its flag.
+        wait_s = flag_wait.configured_wait_s() if status < 400 else 0.0
+        nonfinite = await flag_wait.nonfinite_flag(self.board, rid, wait_s) is not None
         return classify_failure(status, body, self.control.was_preempted(rid), nonfinite)
 
     async def _exhausted(self, send: Send, reason: str, sent_start: bool) -> None:
@@ -334,7 +486,7 @@ class WardenMiddleware:
         await self.app(scope, replay_body(payload, receive), collect)
         status = int(start.get("status", 500))
         data = b"".join(chunks)
-        reason = self._failure(status, data, rid)
+        reason = await self._failure(status, data, rid)
         if reason is not None and reason in TRANSIENT_REASONS:
             if last:
                 await self._exhausted(send, reason, sent_start=False)
@@ -369,14 +521,14 @@ class WardenMiddleware:
             if not state["started"]:
                 if not chunk and more:
                     return
-                reason = self._failure(state["status"], chunk, rid)
+                reason = await self._failure(state["status"], chunk, rid)
                 if reason is not None and not last:
                     state["abandoned"] = reason
                     return
                 state["started"] = True
                 await send(held)
             elif b"data: [DONE]" in chunk:
-                reason = self._failure(state["status"], b"", rid)
+                reason = await self._failure(state["status"], b"", rid)
                 if reason is not None:
                     self.control.retries_exhausted.labels(reason).inc()
                     event = {
@@ -395,7 +547,7 @@ class WardenMiddleware:
             return str(state["abandoned"])
         if not state["started"]:
             # The stream ended without a byte: answer with what we held.
-            reason = self._failure(state["status"], b"", rid)
+            reason = await self._failure(state["status"], b"", rid)
             if reason is not None and last:
                 await self._exhausted(send, reason, sent_start=False)
                 return None

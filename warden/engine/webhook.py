@@ -7,7 +7,6 @@ request is checked completely (auth, type, size, shape) before any state changes
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -19,10 +18,12 @@ from exporter.catalog import WATERMARK_LEVELS
 from exporter.settings import SettingsError, load_settings
 from exporter.step_monitor import process_monitor
 from warden.common import tokens
+from warden.common.jsonbody import BadRequest, content_length, load_json
 from warden.control import telemetry
 from warden.control.actions import ActionError, parse_action
 from warden.control.alertmanager import PayloadError, parse_payload
-from warden.engine import runtime
+from warden.engine import routes, runtime
+from warden.engine.identity import engine_identity
 
 log = logging.getLogger("warden.control")
 router = APIRouter()
@@ -70,8 +71,11 @@ async def _read_json_body(request: Request, limit: int) -> bytes | JSONResponse:
     content_type = request.headers.get("content-type", "")
     if content_type.split(";")[0].strip().lower() != "application/json":
         return _error(415, f"content type must be application/json, got {content_type!r}")
-    declared = request.headers.get("content-length")
-    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+    try:
+        declared = content_length(request.headers.get("content-length"))
+    except BadRequest as exc:
+        return _error(400, str(exc))
+    if declared is not None and declared > limit:
         return _error(400, f"body too large (limit {limit} bytes)")
     body = bytearray()
     async for chunk in request.stream():
@@ -104,18 +108,27 @@ async def alertmanager_webhook(request: Request) -> JSONResponse:
             span.set_attribute("warden.outcome", "malformed")
             return _error(400, f"malformed notification: {exc}")
         span.set_attribute("warden.alertnames", sorted({e.alertname for e in events}))
+        identity = await engine_identity(request, events)
         try:
-            counts = control.apply_alerts(events)
+            counts = control.apply_alerts(events, identity)
         except Exception:
             log.exception("warden: applying a notification failed")
             outcomes.labels("error").inc()
             span.set_attribute("warden.outcome", "error")
             return _error(500, "internal error applying the notification; retry")
         outcomes.labels("applied").inc()
-        if counts.get("unknown_action"):
-            outcomes.labels("unknown_action").inc(counts["unknown_action"])
+        for counted in ("unknown_action", "not_for_this_engine"):
+            if counts.get(counted):
+                outcomes.labels(counted).inc(counts[counted])
         span.set_attribute("warden.outcome", "applied")
-        return JSONResponse({"status": "applied", "alerts": counts, **control.state_json()})
+        return JSONResponse(
+            {
+                "status": "applied",
+                "alerts": counts,
+                "identity": identity.to_json(),
+                **control.state_json(),
+            }
+        )
 
 
 @router.get("/warden/degrade")
@@ -133,25 +146,33 @@ async def set_override(request: Request) -> JSONResponse:
     if isinstance(body, JSONResponse):
         return body
     try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        return _error(400, f"body is not JSON: {exc}")
+        data = load_json(body)
+    except BadRequest as exc:
+        return _error(400, str(exc))
     if not isinstance(data, dict):
         return _error(400, "body: expected an object")
     params = data.get("params", {})
     key = data.get("key", data.get("action"))
-    ttl = data.get("ttl_s", control.config.leases.ttl_s)
+    leases = control.config.leases
+    longest = leases.max_manual_ttl_s
+    ttl = data.get("ttl_s", min(leases.ttl_s, longest))
     if not isinstance(params, dict):
         return _error(400, "params: expected an object")
     if not isinstance(key, str) or not key or len(key) > 200:
         return _error(400, "key: expected a non-empty string of at most 200 characters")
-    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl <= 7 * 86400:
-        return _error(400, "ttl_s: expected seconds in (0, 604800]")
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl <= longest:
+        return _error(400, f"ttl_s: expected seconds in (0, {longest:g}] (renew to keep it)")
     try:
         action = parse_action(data.get("action"), params)
     except ActionError as exc:
         return _error(400, str(exc))
     lease = control.set_manual(key, action, float(ttl))
+    if lease is None:
+        return _error(
+            429,
+            f"too many manual leases (limit {leases.max_per_source}): clear some first",
+            **{"Retry-After": "60"},
+        )
     return JSONResponse({"lease": lease.to_json(), **control.state_json()})
 
 
@@ -167,6 +188,12 @@ async def clear_override(request: Request) -> JSONResponse:
     control = runtime.controller()
     cleared = control.clear_manual(None if everything else key)
     return JSONResponse({"cleared": cleared, **control.state_json()})
+
+
+@router.get("/warden/admission")
+async def admission_routes(request: Request) -> JSONResponse:
+    """Every route of this server and whether admission applies to it (read-only)."""
+    return JSONResponse({"routes": routes.route_table(list(request.app.routes))})
 
 
 @router.get("/warden/state")

@@ -1,8 +1,11 @@
 """``warden chaos``: break a running local engine on purpose, to watch warden react.
 
 - ``pressure``: long prompts kept in flight to fill the KV cache (bounded count and time).
-- ``nan``: requests asking the test hook to poison their logits (the engine must run with
-  ``WARDEN_TEST_INJECT_NONFINITE=1``, e.g. ``warden up --chaos``).
+- ``nan``: requests whose logits really go NaN: prompts holding the poisoned token of a tiny
+  model built with ``warden model tiny DIR --nan-token ID`` (the id is read from the served
+  model's folder, or given with ``--token-id``). ``--inject nan|inf`` asks the test hook instead
+  (the engine must run with ``WARDEN_TEST_INJECT_NONFINITE=1``, e.g. ``warden up --chaos``), for
+  what no model produces on demand, such as ``+inf``.
 - ``stall``: SIGSTOP the engine core for a while, then SIGCONT (unless told not to).
 - ``crash``: SIGKILL the engine core.
 
@@ -20,7 +23,6 @@ import ipaddress
 import signal
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -33,6 +35,7 @@ import psutil
 from exporter.catalog import NONFINITE_LOGITS
 from exporter.settings import load_settings
 from warden.common.metrics_text import sum_samples
+from warden.common.outcomes import FAILED, OutcomeTally, classify
 
 DEFAULT_ENGINE_URL = load_settings().engine_url
 ENGINE_CORE_MARK = "EngineCore"
@@ -167,13 +170,14 @@ def pressure(
     concurrency: int,
     duration_s: float,
     out: Out = print,
-) -> Counter[str]:
+) -> OutcomeTally:
     """Keep ``concurrency`` long completions in flight until ``duration_s`` has passed or
-    ``requests`` were sent, whichever comes first; returns the count of outcomes (HTTP status
-    or error name). Sustained, so a scrape every few seconds sees the cache full."""
+    ``requests`` were sent, whichever comes first; returns the outcomes (completed, refused,
+    failed: warden.common.outcomes). Sustained, so a scrape every few seconds sees the cache
+    full."""
     require_loopback(engine_url)
     deadline = time.monotonic() + duration_s
-    outcomes: Counter[str] = Counter()
+    outcomes = OutcomeTally()
     lock = threading.Lock()
     sent = 0
     with httpx.Client(timeout=httpx.Timeout(duration_s + 5.0)) as client:
@@ -200,21 +204,38 @@ def pressure(
                     if sent >= requests or remaining <= 0:
                         return
                     sent += 1
-                try:
-                    response = client.post(
-                        f"{engine_url}/v1/completions", json=body, timeout=max(1.0, remaining)
-                    )
-                    outcome = str(response.status_code)
-                except httpx.HTTPError as exc:
-                    outcome = type(exc).__name__
+                outcome = _send(
+                    client, f"{engine_url}/v1/completions", body, timeout=max(1.0, remaining)
+                )
                 with lock:
-                    outcomes[outcome] += 1
+                    outcomes.add(*outcome)
 
         with ThreadPoolExecutor(concurrency) as pool:
             for future in [pool.submit(worker) for _ in range(concurrency)]:
                 future.result()
-    out(f"pressure: done, {sent} requests, outcomes {dict(sorted(outcomes.items()))}")
+    out(f"pressure: done, {sent} requests: {outcomes.line()}")
+    _print_failures(outcomes, "pressure", out)
     return outcomes
+
+
+def _send(
+    client: httpx.Client, url: str, body: dict[str, Any], timeout: float | None = None
+) -> tuple[str, str]:
+    """One completion's outcome (completed / refused / failed) and a line saying what came."""
+    try:
+        if timeout is None:
+            response = client.post(url, json=body)
+        else:
+            response = client.post(url, json=body, timeout=timeout)
+    except httpx.HTTPError as exc:
+        return FAILED, f"{type(exc).__name__}: {exc}"
+    outcome = classify(response.status_code, response.headers, response.content)
+    return outcome, f"HTTP {response.status_code}: {response.text[:200]}"
+
+
+def _print_failures(outcomes: OutcomeTally, command: str, out: Out) -> None:
+    for detail in outcomes.failures[:5]:
+        out(f"{command}: failed: {detail}")
 
 
 def _metric_total(engine_url: str, name: str, client: httpx.Client) -> float | None:
@@ -224,37 +245,67 @@ def _metric_total(engine_url: str, name: str, client: httpx.Client) -> float | N
     return None
 
 
-def inject_nan(engine_url: str, count: int, out: Out = print) -> Counter[str]:
-    """Send ``count`` requests whose logits the engine's test hook turns into NaN."""
-    require_loopback(engine_url)
-    # The request argument's name lives with the logits processor, which imports torch and
-    # vLLM (seconds): only this command pays for it.
-    from exporter.request_args import INJECT_ARG
+def nan_prompt(engine_url: str, model: str, token: int, client: httpx.Client) -> list[int]:
+    """Token ids of an ordinary prompt with ``token`` in the middle (vLLM's /tokenize)."""
+    ids: list[int] = []
+    with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):
+        answer = client.post(
+            f"{engine_url}/tokenize",
+            json={"model": model, "prompt": long_prompt(8), "add_special_tokens": False},
+        ).raise_for_status()
+        ids = [int(t) for t in answer.json()["tokens"]]
+    middle = len(ids) // 2
+    return [*ids[:middle], token, *ids[middle:]]
 
-    outcomes: Counter[str] = Counter()
+
+def inject_nan(
+    engine_url: str,
+    count: int,
+    out: Out = print,
+    token_id: int | None = None,
+    inject: str | None = None,
+) -> OutcomeTally:
+    """Send ``count`` requests whose logits go non-finite and report what warden counted.
+
+    By default the prompts carry the served tiny model's NaN token (``token_id`` overrides it):
+    the weights produce the NaN. With ``inject`` ("nan" or "inf") the engine's test hook
+    poisons the logits instead."""
+    require_loopback(engine_url)
+    from exporter.request_args import INJECT_ARG
+    from warden.cli.tinymodel import nan_token_of
+
+    outcomes = OutcomeTally()
     with httpx.Client(timeout=120.0) as client:
         model = served_model(engine_url, client)
+        body: dict[str, Any] = {"model": model.name, "max_tokens": 8}
+        if inject is not None:
+            body.update(prompt=long_prompt(8), vllm_xargs={INJECT_ARG: inject})
+            how = f"vllm_xargs {{{INJECT_ARG!r}: {inject!r}}} (test hook)"
+        else:
+            token = token_id if token_id is not None else nan_token_of(model.name)
+            if token is None:
+                raise ChaosError(
+                    f"{model.name} has no NaN token: serve a model built with `warden model tiny "
+                    "DIR --nan-token ID`, pass --token-id, or use --inject nan|inf"
+                )
+            body["prompt"] = nan_prompt(engine_url, model.name, token, client)
+            how = f"token {token} in the prompt (the model's weights make NaN)"
         before = _metric_total(engine_url, NONFINITE_LOGITS.name, client)
-        body = {
-            "model": model.name,
-            "prompt": long_prompt(8),
-            "max_tokens": 8,
-            "vllm_xargs": {INJECT_ARG: "nan"},
-        }
-        out(f"nan: {count} requests with vllm_xargs {{{INJECT_ARG!r}: 'nan'}} to {engine_url}")
+        out(f"nan: {count} requests with {how} to {engine_url}")
         for _ in range(count):
-            try:
-                outcomes[
-                    str(client.post(f"{engine_url}/v1/completions", json=body).status_code)
-                ] += 1
-            except httpx.HTTPError as exc:
-                outcomes[type(exc).__name__] += 1
+            outcomes.add(*_send(client, f"{engine_url}/v1/completions", body))
         after = _metric_total(engine_url, NONFINITE_LOGITS.name, client)
-    out(f"nan: outcomes {dict(sorted(outcomes.items()))}")
+    out(f"nan: {count} requests: {outcomes.line()}")
+    _print_failures(outcomes, "nan", out)
     if before is not None and after is not None:
         out(f"nan: {NONFINITE_LOGITS.name} went from {before:g} to {after:g}")
         if after == before:
-            out("nan: nothing counted: is the engine running with WARDEN_TEST_INJECT_NONFINITE=1?")
+            hint = (
+                "is the engine running with WARDEN_TEST_INJECT_NONFINITE=1?"
+                if inject is not None
+                else "does the served model really carry that NaN token?"
+            )
+            out(f"nan: nothing counted: {hint}")
     return outcomes
 
 
@@ -309,8 +360,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--requests", type=bounded_int(1, 5000), default=500, help="at most this many")
     p.add_argument("--concurrency", type=bounded_int(1, 64), default=8, help="in flight at once")
     p.add_argument("--duration", type=bounded_float(1, 600), default=30.0, help="seconds")
-    p = command("nan", "requests whose logits the engine's test hook poisons with NaN")
+    p = command("nan", "requests whose logits go NaN (the tiny model's --nan-token, or --inject)")
     p.add_argument("--count", type=bounded_int(1, 100), default=3)
+    p.add_argument("--token-id", type=bounded_int(0, 10_000_000), help="the poisoned token")
+    p.add_argument(
+        "--inject",
+        choices=("nan", "inf"),
+        help="ask the engine's test hook instead (WARDEN_TEST_INJECT_NONFINITE=1)",
+    )
     p = command("stall", "SIGSTOP the engine core, SIGCONT it after --seconds")
     p.add_argument("--seconds", type=bounded_float(0, 3600), default=10.0)
     p.add_argument("--no-resume", action="store_true", help="leave it stopped")
@@ -324,7 +381,7 @@ def run(args: argparse.Namespace, out: Out = print) -> int:
         if args.chaos_command == "pressure":
             pressure(args.engine_url, args.requests, args.concurrency, args.duration, out)
         elif args.chaos_command == "nan":
-            inject_nan(args.engine_url, args.count, out)
+            inject_nan(args.engine_url, args.count, out, args.token_id, args.inject)
         elif args.chaos_command == "stall":
             stall(args.engine_url, args.seconds, not args.no_resume, args.pid, out)
         elif args.chaos_command == "crash":

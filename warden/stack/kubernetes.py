@@ -3,16 +3,18 @@
 Generated from the same objects as the single-machine stack, so nothing is restated:
 
 - ``PrometheusRule``: the rule groups of alerts/generated/rules.yml, unchanged.
-- ``PodMonitor``: scrapes every engine pod under ``alerts.config.ENGINE_JOB`` and sets
-  ``instance`` to the pod name, the identity per-instance routing keys on.
-- ``AlertmanagerConfig``: the routes and receivers of the generated Alertmanager config,
-  translated to the CRD's spelling, with the engine route expanded into one route per engine
-  pod (``instance="<pod>"`` -> that pod's webhook, reached through a headless Service).
-  Alertmanager cannot template a webhook URL from labels; docs/kubernetes.md explains the
-  choice.
+- ``PodMonitor``s: the engine pods under ``alerts.config.ENGINE_JOB`` with ``instance`` set to
+  the pod name (the operator adds ``namespace``), and warden relay under ``RELAY_JOB``.
+- ``AlertmanagerConfig``: the routes and receivers of the generated Alertmanager config in the
+  CRD's spelling; the engine receiver is warden relay, which forwards each alert to the pod its
+  labels name (found in Prometheus's targets), so nothing here depends on the replica count.
 - Grafana ``ConfigMap``s (label ``grafana_dashboard: "1"`` for the Grafana sidecar) holding the
-  generated dashboard JSON byte for byte, and the datasource with the uid the panels use.
-- The engine ``StatefulSet`` and its headless ``Service``: stable pod names for the routes.
+  generated dashboard JSON byte for byte, and the datasource with the uid the panels use (not
+  marked default: a cluster's Grafana usually has its own default).
+- The engine ``StatefulSet`` (identity from the downward API) and its headless ``Service``,
+  warden relay's ``Deployment`` and ``Service``, and ``NetworkPolicy``s closing both to
+  everything but the peers that need them. Every pod runs as the image's non-root user; the
+  token Secret is group-readable through ``fsGroup``.
 """
 
 from __future__ import annotations
@@ -21,13 +23,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from alerts.alertmanager import ENGINE_RECEIVER, build_alertmanager_config
-from alerts.config import ENGINE_JOB
-from alerts.rules_file import RULE_GROUPS
+from alerts.alertmanager import build_alertmanager_config
+from alerts.config import ENGINE_JOB, RELAY_JOB
+from alerts.rules_file import rule_groups
 from alerts.yamltext import dump_yaml
 from dashboards.generate import dashboard_models, dashboard_path
 from dashboards.generate import render_all as render_dashboards
 from dashboards.provisioning import FOLDER_TITLE, datasource_config
+from warden.relay.cli import DEFAULT_PORT as RELAY_PORT
 from warden.stack.config import ENGINE_WEBHOOK_PATH
 from warden.stack.webhook_token import TOKEN_FILE_ENV
 
@@ -36,12 +39,22 @@ MONITORING_API = "monitoring.coreos.com/v1"
 ALERTMANAGER_CONFIG_API = "monitoring.coreos.com/v1alpha1"
 PART_OF = {"app.kubernetes.io/part-of": "vllm-warden"}
 TOKEN_MOUNT_DIR = "/run/secrets/warden"
+# The image's user (compose/Dockerfile: useradd --uid 10001 warden).
+IMAGE_UID = 10001
+# Labels the Prometheus Operator puts on the pods it runs.
+OPERATOR_POD_NAME_LABEL = "app.kubernetes.io/name"
+# Kubernetes labels every namespace with its name (1.21+).
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 
 
 @dataclass(frozen=True)
 class Fleet:
-    """The deployment the manifests describe. ``replicas`` fixes the engine pods that get a
-    webhook route: change it with the StatefulSet and regenerate (see docs/kubernetes.md)."""
+    """The deployment the manifests describe. ``replicas`` only sizes the StatefulSet: alerts
+    reach pods through warden relay, so scaling needs no other change (docs/kubernetes.md).
+
+    ``monitoring_namespace``: where the operator runs Prometheus and Alertmanager (their pods
+    alone may reach the relay and scrape the engines). ``client_namespace_labels``: namespaces
+    whose pods may send requests to the engines (besides pods of the fleet's own namespace)."""
 
     namespace: str = "vllm-warden"
     name: str = "vllm-warden"
@@ -50,11 +63,16 @@ class Fleet:
     model: str = "tiny"
     port: int = 8000
     port_name: str = "http"
+    relay_port: int = RELAY_PORT
     scrape_interval: str = "5s"
     token_secret: str = "warden-webhook-token"
     token_key: str = "token"
     pager_url: str = "http://warden-pager.vllm-warden.svc:9099/"
     prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"
+    monitoring_namespace: str = "monitoring"
+    client_namespace_labels: dict[str, str] = field(
+        default_factory=lambda: {"vllm-warden/clients": "true"}
+    )
     gpus_per_engine: int = 1
     extra_labels: dict[str, str] = field(default_factory=dict)
 
@@ -63,15 +81,20 @@ class Fleet:
         return f"{self.name}-engines"
 
     @property
+    def relay_name(self) -> str:
+        return f"{self.name}-relay"
+
+    @property
     def selector(self) -> dict[str, str]:
         return {"app.kubernetes.io/name": self.name, "app.kubernetes.io/component": "engine"}
 
-    def pod_names(self) -> list[str]:
-        return [f"{self.name}-{index}" for index in range(self.replicas)]
+    @property
+    def relay_selector(self) -> dict[str, str]:
+        return {"app.kubernetes.io/name": self.name, "app.kubernetes.io/component": "relay"}
 
-    def webhook_url(self, pod: str) -> str:
-        host = f"{pod}.{self.headless_service}.{self.namespace}.svc"
-        return f"http://{host}:{self.port}{ENGINE_WEBHOOK_PATH}"
+    def relay_webhook_url(self) -> str:
+        host = f"{self.relay_name}.{self.namespace}.svc"
+        return f"http://{host}:{self.relay_port}{ENGINE_WEBHOOK_PATH}"
 
     def metadata(self, name: str) -> dict[str, Any]:
         return {
@@ -81,45 +104,53 @@ class Fleet:
         }
 
 
-def engine_receiver(pod: str) -> str:
-    return f"{ENGINE_RECEIVER}-{pod}"
-
-
 # --- Rules and scraping ---------------------------------------------------------------------
 def prometheus_rule(fleet: Fleet) -> dict[str, Any]:
     return {
         "apiVersion": MONITORING_API,
         "kind": "PrometheusRule",
         "metadata": fleet.metadata(f"{fleet.name}-rules"),
-        "spec": {"groups": [group.to_group() for group in RULE_GROUPS]},
+        "spec": {"groups": rule_groups()},
     }
 
 
-def pod_monitor(fleet: Fleet) -> dict[str, Any]:
+def _pod_monitor(
+    fleet: Fleet, name: str, selector: dict[str, str], port: str, job: str
+) -> dict[str, Any]:
     return {
         "apiVersion": MONITORING_API,
         "kind": "PodMonitor",
-        "metadata": fleet.metadata(fleet.name),
+        "metadata": fleet.metadata(name),
         "spec": {
-            "selector": {"matchLabels": fleet.selector},
+            "selector": {"matchLabels": selector},
             "podMetricsEndpoints": [
                 {
-                    "port": fleet.port_name,
+                    "port": port,
                     "path": "/metrics",
                     "interval": fleet.scrape_interval,
                     "relabelings": [
-                        # The pod name is the engine's identity in alerts and routes.
+                        # The pod name is the engine's identity in alerts (with the namespace
+                        # label the operator adds), and what WARDEN_INSTANCE says in the pod.
                         {
                             "sourceLabels": ["__meta_kubernetes_pod_name"],
                             "targetLabel": "instance",
                         },
                         # The job the rules watch, whatever the operator would call it.
-                        {"targetLabel": "job", "replacement": ENGINE_JOB},
+                        {"targetLabel": "job", "replacement": job},
                     ],
                 }
             ],
         },
     }
+
+
+def pod_monitor(fleet: Fleet) -> dict[str, Any]:
+    return _pod_monitor(fleet, fleet.name, fleet.selector, fleet.port_name, ENGINE_JOB)
+
+
+def relay_pod_monitor(fleet: Fleet) -> dict[str, Any]:
+    """warden relay's own metrics: the delivery alerts watch them."""
+    return _pod_monitor(fleet, fleet.relay_name, fleet.relay_selector, "relay", RELAY_JOB)
 
 
 # --- Alertmanager -----------------------------------------------------------------------------
@@ -152,8 +183,8 @@ def _crd_route(route: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _crd_webhook(config: dict[str, Any], fleet: Fleet, url: str | None = None) -> dict[str, Any]:
-    out: dict[str, Any] = {"url": url or config["url"], "sendResolved": config["send_resolved"]}
+def _crd_webhook(config: dict[str, Any], fleet: Fleet) -> dict[str, Any]:
+    out: dict[str, Any] = {"url": config["url"], "sendResolved": config["send_resolved"]}
     if "http_config" in config:
         out["httpConfig"] = {
             "authorization": {
@@ -165,45 +196,17 @@ def _crd_webhook(config: dict[str, Any], fleet: Fleet, url: str | None = None) -
 
 
 def alertmanager_config(fleet: Fleet) -> dict[str, Any]:
-    """The generated Alertmanager config in CRD form, engine route fanned out per pod."""
-    source = build_alertmanager_config(
-        "http://engine.invalid" + ENGINE_WEBHOOK_PATH, "token-file", fleet.pager_url
-    )
-    routes: list[dict[str, Any]] = []
-    for route in source["route"]["routes"]:
-        if route["receiver"] != ENGINE_RECEIVER:
-            routes.append(_crd_route(route))
-            continue
-        for pod in fleet.pod_names():
-            per_pod = _crd_route(route)
-            per_pod["receiver"] = engine_receiver(pod)
-            per_pod["matchers"] = [
-                *per_pod["matchers"],
-                {"name": "instance", "value": pod, "matchType": "="},
-            ]
-            routes.append(per_pod)
+    """The generated Alertmanager config in CRD form; the engine receiver is warden relay."""
+    source = build_alertmanager_config(fleet.relay_webhook_url(), "token-file", fleet.pager_url)
     top = _crd_route({k: v for k, v in source["route"].items() if k != "routes"})
-    top["routes"] = routes
-
+    top["routes"] = [_crd_route(route) for route in source["route"]["routes"]]
     receivers: list[dict[str, Any]] = []
     for receiver in source["receivers"]:
-        hooks = receiver.get("webhook_configs", [])
-        if receiver["name"] == ENGINE_RECEIVER:
-            for pod in fleet.pod_names():
-                receivers.append(
-                    {
-                        "name": engine_receiver(pod),
-                        "webhookConfigs": [
-                            _crd_webhook(hook, fleet, fleet.webhook_url(pod)) for hook in hooks
-                        ],
-                    }
-                )
-            continue
         crd: dict[str, Any] = {"name": receiver["name"]}
+        hooks = receiver.get("webhook_configs", [])
         if hooks:
             crd["webhookConfigs"] = [_crd_webhook(hook, fleet) for hook in hooks]
         receivers.append(crd)
-
     inhibit = [
         {
             "sourceMatch": [crd_matcher(m) for m in rule["source_matchers"]],
@@ -241,20 +244,59 @@ def dashboard_config_maps(fleet: Fleet) -> list[dict[str, Any]]:
 
 
 def datasource_config_map(fleet: Fleet) -> dict[str, Any]:
-    """The Prometheus datasource with the uid every panel references (sidecar label)."""
+    """The Prometheus datasource with the uid every panel references (sidecar label), not
+    marked default: two defaults make Grafana's sidecar provisioning fail."""
     meta = fleet.metadata(f"{fleet.name}-datasource")
     meta["labels"]["grafana_datasource"] = "1"
+    config = datasource_config(fleet.prometheus_url)
+    for source in config["datasources"]:
+        source["isDefault"] = False  # the cluster's Grafana keeps its own default
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": meta,
-        "data": {"warden-datasource.yaml": dump_yaml(datasource_config(fleet.prometheus_url))},
+        "data": {"warden-datasource.yaml": dump_yaml(config)},
     }
 
 
-# --- The engines ------------------------------------------------------------------------------
+# --- The engines and the relay -----------------------------------------------------------------
+def pod_security_context() -> dict[str, Any]:
+    """Non-root as the image's user; ``fsGroup`` makes the mounted token Secret (mode 0440)
+    readable by it (without it the Secret is root's and every notification gets 403)."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": IMAGE_UID,
+        "runAsGroup": IMAGE_UID,
+        "fsGroup": IMAGE_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security_context(read_only_root: bool) -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": read_only_root,
+    }
+
+
+def _token_volume(fleet: Fleet) -> dict[str, Any]:
+    return {
+        "name": "webhook-token",
+        "secret": {"secretName": fleet.token_secret, "defaultMode": 0o440},
+    }
+
+
+def _token_env(fleet: Fleet) -> dict[str, str]:
+    return {"name": TOKEN_FILE_ENV, "value": f"{TOKEN_MOUNT_DIR}/{fleet.token_key}"}
+
+
+def _field_env(name: str, field_path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": field_path}}}
+
+
 def engine_service(fleet: Fleet) -> dict[str, Any]:
-    """Headless: gives each engine pod the DNS name its webhook route uses."""
+    """Headless: the StatefulSet's governing Service (stable pod names = stable identities)."""
     meta = fleet.metadata(fleet.headless_service)
     meta["labels"].update(fleet.selector)
     return {
@@ -274,7 +316,6 @@ def engine_stateful_set(fleet: Fleet) -> dict[str, Any]:
     """Engines with stable names (``<name>-0``, ...), image built from compose/Dockerfile."""
     meta = fleet.metadata(fleet.name)
     meta["labels"].update(fleet.selector)
-    token_path = f"{TOKEN_MOUNT_DIR}/{fleet.token_key}"
     container: dict[str, Any] = {
         "name": "engine",
         "image": fleet.image,
@@ -282,7 +323,10 @@ def engine_stateful_set(fleet: Fleet) -> dict[str, Any]:
         "env": [
             {"name": "WARDEN_MODEL", "value": fleet.model},
             {"name": "WARDEN_PORT", "value": str(fleet.port)},
-            {"name": TOKEN_FILE_ENV, "value": token_path},
+            _token_env(fleet),
+            # Identity (downward API): what the PodMonitor calls this pod in alerts.
+            _field_env("WARDEN_INSTANCE", "metadata.name"),
+            _field_env("WARDEN_NAMESPACE", "metadata.namespace"),
         ],
         "ports": [{"name": fleet.port_name, "containerPort": fleet.port}],
         # Model loading can take many minutes: the startup probe holds the other two off
@@ -292,7 +336,8 @@ def engine_stateful_set(fleet: Fleet) -> dict[str, Any]:
             "periodSeconds": 10,
             "failureThreshold": 90,
         },
-        # Ready = warden's checks: not stalled, watermark below oom_imminent, breaker closed.
+        # Ready = warden's checks: not stalled, watermark below oom_imminent, breaker closed,
+        # webhook token readable.
         "readinessProbe": {
             "httpGet": {"path": "/warden/ready", "port": fleet.port_name},
             "periodSeconds": 5,
@@ -302,6 +347,7 @@ def engine_stateful_set(fleet: Fleet) -> dict[str, Any]:
             "periodSeconds": 10,
             "failureThreshold": 6,
         },
+        "securityContext": container_security_context(read_only_root=False),
         "volumeMounts": [
             {"name": "webhook-token", "mountPath": TOKEN_MOUNT_DIR, "readOnly": True},
             {"name": "data", "mountPath": "/data"},
@@ -321,16 +367,114 @@ def engine_stateful_set(fleet: Fleet) -> dict[str, Any]:
             "template": {
                 "metadata": {"labels": {**PART_OF, **fleet.selector}},
                 "spec": {
+                    "securityContext": pod_security_context(),
                     "containers": [container],
-                    "volumes": [
-                        {
-                            "name": "webhook-token",
-                            "secret": {"secretName": fleet.token_secret, "defaultMode": 0o400},
-                        },
-                        {"name": "data", "emptyDir": {}},
-                    ],
+                    "volumes": [_token_volume(fleet), {"name": "data", "emptyDir": {}}],
                 },
             },
+        },
+    }
+
+
+def relay_deployment(fleet: Fleet) -> dict[str, Any]:
+    """warden relay: Alertmanager's one engine receiver; finds pods in Prometheus's targets."""
+    meta = fleet.metadata(fleet.relay_name)
+    meta["labels"].update(fleet.relay_selector)
+    container = {
+        "name": "relay",
+        "image": fleet.image,
+        "args": ["python", "-m", "warden.cli", "relay", "--host", "0.0.0.0"]
+        + ["--port", str(fleet.relay_port), "--prometheus", fleet.prometheus_url],
+        "env": [_token_env(fleet)],
+        "ports": [{"name": "relay", "containerPort": fleet.relay_port}],
+        # Ready once it can read Prometheus's target list.
+        "readinessProbe": {"httpGet": {"path": "/-/ready", "port": "relay"}, "periodSeconds": 5},
+        "livenessProbe": {"httpGet": {"path": "/-/healthy", "port": "relay"}, "periodSeconds": 10},
+        "securityContext": container_security_context(read_only_root=True),
+        "volumeMounts": [{"name": "webhook-token", "mountPath": TOKEN_MOUNT_DIR, "readOnly": True}],
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": meta,
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": fleet.relay_selector},
+            "template": {
+                "metadata": {"labels": {**PART_OF, **fleet.relay_selector}},
+                "spec": {
+                    "securityContext": pod_security_context(),
+                    "containers": [container],
+                    "volumes": [_token_volume(fleet)],
+                },
+            },
+        },
+    }
+
+
+def relay_service(fleet: Fleet) -> dict[str, Any]:
+    meta = fleet.metadata(fleet.relay_name)
+    meta["labels"].update(fleet.relay_selector)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta,
+        "spec": {
+            "selector": fleet.relay_selector,
+            "ports": [{"name": "relay", "port": fleet.relay_port, "targetPort": "relay"}],
+        },
+    }
+
+
+# --- Network policies ---------------------------------------------------------------------------
+def _operator_pods(fleet: Fleet, name: str) -> dict[str, Any]:
+    """Pods of the operator's Prometheus or Alertmanager, in the monitoring namespace."""
+    return {
+        "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: fleet.monitoring_namespace}},
+        "podSelector": {"matchLabels": {OPERATOR_POD_NAME_LABEL: name}},
+    }
+
+
+def _ingress(peers: list[dict[str, Any]], port: str) -> dict[str, Any]:
+    return {"from": peers, "ports": [{"protocol": "TCP", "port": port}]}
+
+
+def engine_network_policy(fleet: Fleet) -> dict[str, Any]:
+    """Engine pods accept connections on their one port from warden relay (the webhook),
+    Prometheus (/metrics) and the clients (same namespace, or namespaces labelled
+    ``client_namespace_labels``); nothing else. The webhook shares the API port, so the
+    policy cannot narrow it to the relay alone: its bearer token does (fails closed)."""
+    relay: dict[str, Any] = {"podSelector": {"matchLabels": fleet.relay_selector}}
+    clients: list[dict[str, Any]] = [
+        {"podSelector": {}},
+        {"namespaceSelector": {"matchLabels": dict(fleet.client_namespace_labels)}},
+    ]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": fleet.metadata(fleet.name),
+        "spec": {
+            "podSelector": {"matchLabels": fleet.selector},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                _ingress([relay, _operator_pods(fleet, "prometheus")], fleet.port_name),
+                _ingress(clients, fleet.port_name),
+            ],
+        },
+    }
+
+
+def relay_network_policy(fleet: Fleet) -> dict[str, Any]:
+    """warden relay accepts notifications from Alertmanager and scrapes from Prometheus only."""
+    peers = [_operator_pods(fleet, "alertmanager"), _operator_pods(fleet, "prometheus")]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": fleet.metadata(fleet.relay_name),
+        "spec": {
+            "podSelector": {"matchLabels": fleet.relay_selector},
+            "policyTypes": ["Ingress"],
+            "ingress": [_ingress(peers, "relay")],
         },
     }
 
@@ -350,7 +494,9 @@ def render_manifests(fleet: Fleet = Fleet()) -> dict[str, str]:
     """Repo-relative path -> manifest text; kustomization.yaml lists them all."""
     files = {
         "engine.yaml": _documents(engine_service(fleet), engine_stateful_set(fleet)),
-        "podmonitor.yaml": _documents(pod_monitor(fleet)),
+        "relay.yaml": _documents(relay_service(fleet), relay_deployment(fleet)),
+        "networkpolicy.yaml": _documents(engine_network_policy(fleet), relay_network_policy(fleet)),
+        "podmonitor.yaml": _documents(pod_monitor(fleet), relay_pod_monitor(fleet)),
         "prometheusrule.yaml": _documents(prometheus_rule(fleet)),
         "alertmanagerconfig.yaml": _documents(alertmanager_config(fleet)),
         "grafana-dashboards.yaml": _documents(*dashboard_config_maps(fleet)),

@@ -59,6 +59,10 @@ ALERTMANAGER_BINARIES = ("prometheus-alertmanager", "alertmanager")
 # to produce, and the engine starts in about 25 s on two cores.
 TINY_ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 INJECT_ENV = env_name("test_inject_nonfinite")
+# Alertmanager's API takes alerts from anyone who reaches it and relays those carrying
+# warden_action to the engine with the real token: it listens on loopback only, whatever
+# address the rest of the stack uses (docs/security.md).
+ALERTMANAGER_HOST = "127.0.0.1"
 
 
 class StackError(RuntimeError):
@@ -160,7 +164,7 @@ class NativeStack:
 
     @property
     def alertmanager_url(self) -> str:
-        return f"http://{self.settings.host}:{self.settings.alertmanager_port}"
+        return f"http://{ALERTMANAGER_HOST}:{self.settings.alertmanager_port}"
 
     @property
     def grafana_url(self) -> str | None:
@@ -312,8 +316,8 @@ class NativeStack:
 
     def _check_ports(self) -> None:
         s = self.settings
-        wanted = [("prometheus", s.prometheus_port), ("alertmanager", s.alertmanager_port)]
-        wanted.append(("pager", s.pager_port))
+        ensure_port_free(ALERTMANAGER_HOST, s.alertmanager_port, "alertmanager")
+        wanted = [("prometheus", s.prometheus_port), ("pager", s.pager_port)]
         if s.engine_url is None:
             wanted.append(("engine", s.engine_port))
             if s.supervise:
@@ -356,7 +360,7 @@ class NativeStack:
                 argv.append("--reset-circuit")
         else:
             argv.append("--no-supervise")
-        return [*argv, model, *vllm_args]
+        return [*argv, model, "--", *vllm_args]
 
     def _check_restart_circuit(self) -> None:
         """The supervisor keeps an open circuit across runs and then never starts vLLM: say so
@@ -406,7 +410,7 @@ class NativeStack:
         config = prometheus_config(
             [engine_address],
             rule_files=[str(self.rules_path)],
-            alertmanagers=[f"{s.host}:{s.alertmanager_port}"],
+            alertmanagers=[f"{ALERTMANAGER_HOST}:{s.alertmanager_port}"],
             self_target=f"{s.host}:{s.prometheus_port}",
             intervals=s.intervals,
         )
@@ -436,34 +440,10 @@ class NativeStack:
                 f"no {missing} binary on PATH (Debian: apt-get install prometheus "
                 "prometheus-alertmanager; or run scripts/setup.sh)"
             )
-        am_dir = self.alertmanager_config_path.parent
         self._add(
-            "alertmanager",
-            [
-                alertmanager,
-                f"--config.file={self.alertmanager_config_path}",
-                f"--storage.path={am_dir / 'data'}",
-                f"--web.listen-address={s.host}:{s.alertmanager_port}",
-                f"--web.external-url={self.alertmanager_url}",
-                "--cluster.listen-address=",  # one instance: no gossip port
-                "--log.level=warn",
-            ],
-            f"{self.alertmanager_url}/-/ready",
+            "alertmanager", self.alertmanager_argv(alertmanager), f"{self.alertmanager_url}/-/ready"
         )
-        prom_dir = self.prometheus_config_path.parent
-        self._add(
-            "prometheus",
-            [
-                prometheus,
-                f"--config.file={self.prometheus_config_path}",
-                f"--storage.tsdb.path={prom_dir / 'data'}",
-                f"--web.listen-address={s.host}:{s.prometheus_port}",
-                f"--web.external-url={self.prometheus_url}",
-                "--web.enable-lifecycle",
-                "--log.level=warn",
-            ],
-            f"{self.prometheus_url}/-/ready",
-        )
+        self._add("prometheus", self.prometheus_argv(prometheus), f"{self.prometheus_url}/-/ready")
         if not s.with_grafana:
             self.grafana_note = "disabled (--no-grafana)"
             return
@@ -483,6 +463,32 @@ class NativeStack:
             f"http://{s.host}:{s.grafana_port}/api/health",
             env=env,
         )
+
+    def alertmanager_argv(self, binary: str) -> list[str]:
+        """Alertmanager on loopback only, one instance (no gossip port)."""
+        data = self.alertmanager_config_path.parent / "data"
+        return [
+            binary,
+            f"--config.file={self.alertmanager_config_path}",
+            f"--storage.path={data}",
+            f"--web.listen-address={ALERTMANAGER_HOST}:{self.settings.alertmanager_port}",
+            f"--web.external-url={self.alertmanager_url}",
+            "--cluster.listen-address=",
+            "--log.level=warn",
+        ]
+
+    def prometheus_argv(self, binary: str) -> list[str]:
+        """Prometheus without --web.enable-lifecycle: an unauthenticated /-/quit would stop
+        the closed loop (it still reloads its files on SIGHUP)."""
+        data = self.prometheus_config_path.parent / "data"
+        return [
+            binary,
+            f"--config.file={self.prometheus_config_path}",
+            f"--storage.tsdb.path={data}",
+            f"--web.listen-address={self.settings.host}:{self.settings.prometheus_port}",
+            f"--web.external-url={self.prometheus_url}",
+            "--log.level=warn",
+        ]
 
     def _add(
         self, name: str, argv: list[str], ready_url: str, env: Mapping[str, str] | None = None

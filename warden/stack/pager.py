@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import threading
 import time
@@ -19,6 +20,7 @@ from collections.abc import Callable, Sequence
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 Page = dict[str, Any]
@@ -174,8 +176,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="pages.jsonl", help="JSONL file every page goes to")
 
 
+def _interrupt(signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def run(args: argparse.Namespace) -> int:
-    """Serve in the foreground until interrupted."""
+    """Serve in the foreground until SIGINT (Ctrl-C) or SIGTERM.
+
+    Both handlers are installed explicitly: a process started in the background by a
+    non-interactive shell inherits SIGINT *ignored*, and would otherwise never stop on it.
+    """
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _interrupt)
     server = PagerServer(Path(args.out), host=args.host, port=args.port)
     print(f"pager listening on {server.url}, pages to {server.pages_path}", flush=True)
     try:

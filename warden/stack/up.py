@@ -9,6 +9,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from warden.engine.launch import vllm_args
 from warden.stack.config import DEFAULT_WORKDIR, Intervals
 
 if TYPE_CHECKING:
@@ -43,15 +44,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--engine-url", help="use an engine that is already running instead of starting one"
     )
-    parser.add_argument("vllm_args", nargs=argparse.REMAINDER, help="-- then vLLM arguments")
+    parser.add_argument("vllm_args", nargs=argparse.REMAINDER, help="-- then vLLM's arguments")
+
+
+# warden up's option for each flag warden sets on vLLM itself.
+UP_OWN_OPTIONS = {"--model": "--model", "--host": "--host", "--port": "--engine-port"}
 
 
 def settings_from_args(args: argparse.Namespace) -> StackSettings:
     from warden.stack.native import StackSettings
 
-    extra = list(args.vllm_args)
-    if extra and extra[0] == "--":
-        extra = extra[1:]
+    extra = vllm_args(args.vllm_args, "warden up", UP_OWN_OPTIONS)
     return StackSettings(
         workdir=Path(args.workdir),
         model=args.model,
@@ -82,9 +85,15 @@ def _interrupt(signum: int, _frame: FrameType | None) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Start, report where everything is, watch the children, stop all on a signal."""
+    from warden.engine.launch import VllmArgsError
     from warden.stack.native import NativeStack, StackError
 
-    stack = NativeStack(settings_from_args(args))
+    try:
+        settings = settings_from_args(args)
+    except VllmArgsError as exc:
+        print(exc)
+        return 2
+    stack = NativeStack(settings)
     # Both explicitly: a shell starting us in the background may have set SIGINT to ignored.
     previous = {signum: signal.signal(signum, _interrupt) for signum in STOP_SIGNALS}
     status = 0

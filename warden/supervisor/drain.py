@@ -18,9 +18,12 @@ from exporter import catalog
 from warden.common.metrics_text import sum_samples
 from warden.common.tokens import bearer_header
 from warden.common.waiting import wait_until
+from warden.control.config import LeaseSettings
 from warden.supervisor.engine import EngineProcess
 
 LEASE_KEY = "supervisor-drain"
+# The engine refuses a manual lease longer than its configured maximum (default below).
+DRAIN_LEASE_MAX_TTL_S = LeaseSettings().max_manual_ttl_s
 
 
 def inflight(engine: EngineProcess) -> int | None:
@@ -67,7 +70,7 @@ class Drainer:
         body = {
             "action": "stop_admission",
             "params": {},
-            "ttl_s": self.timeout_s + 60,
+            "ttl_s": min(self.timeout_s + 60, DRAIN_LEASE_MAX_TTL_S),
             "key": LEASE_KEY,
         }
         probe = engine.post("/warden/degrade", body, self._headers())

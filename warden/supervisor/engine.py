@@ -74,12 +74,15 @@ class EngineProcess(ChildProcess):
     """A vLLM server with warden's hooks; ``with`` starts it, waits until ready, stops it."""
 
     def __init__(self, spec: LaunchSpec, log_path: Path | None = None) -> None:
+        # Without a log file the output still reaches our stdout, and its tail is kept: when
+        # vLLM dies before it is ready, its own error line is what the operator needs.
         super().__init__(
             "vllm",
             spec.argv(),
             log_path,
             f"http://{spec.host}:{spec.port}/health",
             env=spec.environment(),
+            keep_tail=True,
         )
         self.spec = spec
         self.children: dict[int, str] = {}

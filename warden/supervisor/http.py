@@ -9,7 +9,10 @@ green through engine restarts):
   POST /supervisor/reset   close the restart circuit (and start the engine if it is down)
   POST /supervisor/eager   switch to --enforce-eager now (drain, restart)
   DELETE /supervisor/eager leave eager mode at the next start
-POSTs and DELETEs need ``Authorization: Bearer <token>`` when a webhook token is configured.
+POSTs and DELETEs need ``Authorization: Bearer <token>``, always: the supervisor generates a
+token when none is configured (``warden.supervisor.loop``), and without one every action is
+refused. Bad input (a malformed or oversized body, an unknown method) gets a 4xx and changes
+nothing.
 
 Stand-in (only while the circuit is open and no engine runs): answers the serving port so
 readiness says why, liveness stays green (no container restart loop) and Prometheus still
@@ -24,14 +27,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
 from exporter.supervisor_state import SupervisorState
+from warden.common.jsonbody import BadRequest, content_length
 from warden.common.tokens import bearer_matches
 from warden.supervisor.metrics import render
 
 STAND_IN_RETRY_AFTER_S = 60
+MAX_BODY_BYTES = 64 << 10  # the actions take no body; a small one is read and ignored
 
 
 class SupervisorControl(Protocol):
-    token: str | None
+    @property
+    def token(self) -> str | None: ...
 
     def status(self) -> dict[str, Any]: ...
 
@@ -64,8 +70,39 @@ def _handler(control: SupervisorControl, stand_in: bool) -> type[BaseHTTPRequest
 
         def _authorized(self) -> bool:
             if not control.token:
-                return True
+                return False  # closed by default: no token, no actions
             return bearer_matches(self.headers.get("Authorization"), control.token)
+
+        def _drain_body(self) -> bool:
+            """Read and drop the request body; answer 4xx (and close) when it is malformed."""
+            if self.headers.get("Transfer-Encoding") is not None:
+                self.close_connection = True
+                self._send(400, {"error": "Transfer-Encoding is not accepted; send no body"})
+                return False
+            try:
+                length = content_length(self.headers.get("Content-Length")) or 0
+            except BadRequest as exc:
+                self.close_connection = True
+                self._send(400, {"error": str(exc)})
+                return False
+            if length > MAX_BODY_BYTES:
+                self.close_connection = True
+                self._send(413, {"error": f"body too large (limit {MAX_BODY_BYTES} bytes)"})
+                return False
+            if length:
+                self.rfile.read(length)
+            return True
+
+        def __getattr__(self, name: str) -> Any:
+            # http.server answers a method without a do_ handler with 501; this port knows
+            # its methods, so any other is the client's mistake.
+            if name.startswith("do_"):
+                return self._method_not_allowed
+            raise AttributeError(name)
+
+        def _method_not_allowed(self) -> None:
+            self.close_connection = True
+            self._send(405, {"error": f"method {self.command[:20]!r} not allowed"})
 
         def do_GET(self) -> None:  # noqa: N802 - stdlib name
             path = self.path.split("?", 1)[0]
@@ -112,9 +149,8 @@ def _handler(control: SupervisorControl, stand_in: bool) -> type[BaseHTTPRequest
                 self._send(202, {"accepted": action, "detail": control.request(action)})
 
         def do_POST(self) -> None:  # noqa: N802 - stdlib name
-            length = int(self.headers.get("Content-Length") or 0)
-            if length:
-                self.rfile.read(length)
+            if not self._drain_body():
+                return
             path = self.path.split("?", 1)[0]
             actions = {
                 "/supervisor/restart": "restart",
@@ -127,6 +163,8 @@ def _handler(control: SupervisorControl, stand_in: bool) -> type[BaseHTTPRequest
                 self._unavailable()
 
         def do_DELETE(self) -> None:  # noqa: N802 - stdlib name
+            if not self._drain_body():
+                return
             if self.path.split("?", 1)[0] == "/supervisor/eager":
                 self._act("clear_eager")
             else:

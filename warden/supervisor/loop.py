@@ -35,6 +35,7 @@ from exporter.supervisor_state import (
 from warden.common import tokens
 from warden.engine.launch import LaunchSpec
 from warden.supervisor import fault_tolerance as ft
+from warden.supervisor import first_start
 from warden.supervisor.config import SupervisorConfig
 from warden.supervisor.drain import Drainer
 from warden.supervisor.engine import EngineProcess
@@ -48,13 +49,20 @@ from warden.supervisor.policy import (
     classify_exit,
     describe_returncode,
 )
-from warden.supervisor.probes import Failure, ProbeTimers, evaluate, policy_wants_eager
+from warden.supervisor.probes import (
+    Failure,
+    ProbeTimers,
+    evaluate,
+    last_words,
+    policy_wants_eager,
+)
 
 log = logging.getLogger("warden.supervisor")
 EAGER_FLAG = "--enforce-eager"
 
 
 EngineFactory = Callable[[LaunchSpec, Path | None], EngineProcess]
+CONTROL_TOKEN_FILE = "control-token"  # generated here when no token is configured
 
 
 class Supervisor:
@@ -77,9 +85,7 @@ class Supervisor:
         self.window = RestartWindow(
             self.config.max_restarts, self.config.restart_window_s, list(self.state.window)
         )
-        # The engine's token guards the drain lease and this supervisor's control port alike;
-        # an unreadable token file stops the supervisor here (TokenError), never opens it.
-        self.token = tokens.load_token(load_settings({**os.environ, **spec.env}))
+        self.token = self._control_token()
         self.drainer = Drainer(self.token, self.config.drain_timeout_s)
         self.fault_tolerance = ft.fault_tolerance_enabled(spec.extra_args)
         self.engine: EngineProcess | None = None
@@ -89,6 +95,27 @@ class Supervisor:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._requests: queue.SimpleQueue[str] = queue.SimpleQueue()
+
+    def _control_token(self) -> str:
+        """The token that guards this supervisor's control port and the engine's control
+        routes (the drain lease) alike. Closed by default: with none configured, one is
+        generated into the run directory (0600) and given to the engine too, unless the engine
+        was told to run its routes without one. An unreadable token file stops the supervisor
+        here (TokenError), never opens it."""
+        settings = load_settings({**os.environ, **self.spec.env})
+        token, generated = tokens.load_or_generate(settings, self.run_dir / CONTROL_TOKEN_FILE)
+        if generated is not None:
+            log.warning(
+                "supervisor: no %s or %s set; generated a control token in %s (mode 0600): "
+                "the control port and the engine's /warden routes require it",
+                tokens.TOKEN_FILE_ENV,
+                tokens.TOKEN_ENV,
+                generated,
+            )
+            if not settings.webhook_insecure:
+                env = {**self.spec.env, tokens.TOKEN_FILE_ENV: str(generated)}
+                self.spec = dataclasses.replace(self.spec, env=env)
+        return token
 
     # --- the control surface (HTTP thread, signal handlers) ---------------------------
 
@@ -147,8 +174,9 @@ class Supervisor:
                 self.config.control_host,
                 self.control.port,
             )
+        status = 0
         try:
-            self._loop()
+            status = self._loop()
         finally:
             self._ready = False
             if self.engine is not None:
@@ -160,7 +188,7 @@ class Supervisor:
                 self._save()
             if self.control is not None:
                 self.control.close()
-        return 0
+        return status
 
     def _prepare(self) -> None:
         with self._lock:
@@ -182,26 +210,31 @@ class Supervisor:
     def _sleep(self, seconds: float) -> None:
         self._stop.wait(seconds)
 
-    def _loop(self) -> None:
+    def _loop(self) -> int:
+        """Keep vLLM serving until stopped; the exit status of ``warden serve``."""
         next_start: Failure | None = None  # why the coming start is a restart
         down_since: float | None = None  # when the engine last stopped serving
         ready_at: float | None = None
         attempt = 0  # consecutive unplanned failures (backoff)
+        ever_ready = False  # some engine of this supervisor process was ready
         if self.state.circuit_open and not self._hold_circuit_open():
-            return
+            return 0
         while not self._stop.is_set():
             event = self._record_restart(next_start) if next_start is not None else None
             engine = self._start_engine()
             failure = self._wait_ready(engine)
             if self._stop.is_set():
-                return
+                return 0
             if failure is None:
+                ever_ready = True
                 ready_at = self.clock()
                 self._on_ready(engine, event, down_since, ready_at)
                 down_since = None
                 failure = self._watch_until_restart(engine)
                 if failure is None:
-                    return
+                    return 0
+            elif next_start is None and not ever_ready and engine.returncode() is not None:
+                return self._refuse_failed_first_start(engine)
             self._ready = False
             self._take_down(engine, failure)
             if down_since is None:
@@ -217,7 +250,7 @@ class Supervisor:
             if self.state.circuit_open or (counted and not self.window.allows(self.clock())):
                 self._open_circuit(failure)
                 if not self._hold_circuit_open():
-                    return
+                    return 0
                 next_start = Failure(MANUAL, "restart circuit reset by an operator", self.clock())
                 down_since, attempt = self.clock(), 0
                 continue
@@ -229,6 +262,28 @@ class Supervisor:
                     self._save()
                 self._sleep(delay)
             next_start = failure
+        return 0
+
+    def _refuse_failed_first_start(self, engine: EngineProcess) -> int:
+        """vLLM exited on the first start, before it was ever ready: a deterministic failure
+        (bad flag, missing model, not enough memory) that restarts would only repeat. Stop and
+        say why, with vLLM's own error line and a hint."""
+        engine.kill()  # anything of its tree still running
+        if engine.tail is not None:
+            engine.tail.wait_closed(5.0)  # its last lines are still in the pipe
+        where = (
+            f"Full output: {engine.log_path}"
+            if engine.log_path is not None
+            else "Full output: above."
+        )
+        exit_detail = describe_returncode(engine.returncode())
+        message = first_start.explain(engine.output_lines(), exit_detail, where)
+        engine.close()
+        log.critical("supervisor: %s", message)
+        with self._lock:
+            self.state.engine_pid = None
+            self._save()
+        return first_start.EXIT_FIRST_START_FAILED
 
     # --- steps ----------------------------------------------------------------------------
 
@@ -347,6 +402,7 @@ class Supervisor:
                 detail = f"vLLM server {describe_returncode(returncode)}"
                 if vanished and returncode is None:
                     detail = f"{', '.join(vanished)} vanished under the running vLLM server"
+                    detail += last_words(engine)  # e.g. the engine error class that killed it
                 elif vanished:
                     detail = f"{', '.join(vanished)} vanished; {detail}"
                 return Failure(classify_exit(returncode, vanished), detail, now)
@@ -435,6 +491,12 @@ class Supervisor:
             failure.reason,
             failure.detail,
         )
+        if failure.reason == ENFORCE_EAGER:
+            # Decided before the drain: memory is creeping, and whatever ends this engine (the
+            # drain, a crash meanwhile, a supervisor restart) the next start is eager.
+            with self._lock:
+                self.state.set_eager(True, failure.detail, self.clock())
+                self._save()
         if failure.planned and engine.returncode() is None:
             self._drain(engine, failure)
             engine.stop(self.config.stop_timeout_s)
@@ -442,8 +504,6 @@ class Supervisor:
             engine.kill()
         engine.close()
         with self._lock:
-            if failure.reason == ENFORCE_EAGER:
-                self.state.set_eager(True, failure.detail, self.clock())
             self.state.draining = False
             self.state.phase = Phase.RESTARTING
             self.state.engine_pid = None

@@ -81,6 +81,14 @@ def evaluate(
     return None
 
 
+def last_words(engine: EngineProcess) -> str:
+    """What ``/warden/ready`` says is failing, for the record of a restart ("" if nothing)."""
+    failing = failing_checks(engine.get("/warden/ready"), engine)
+    if not failing:
+        return ""
+    return "; readiness: " + "; ".join(f"{name}: {detail}" for name, detail in failing.items())
+
+
 def policy_wants_eager(engine: EngineProcess) -> bool:
     """Whether the engine's effective policy holds the ``enforce_eager`` action."""
     probe = engine.get("/warden/state")

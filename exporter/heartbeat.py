@@ -1,0 +1,136 @@
+"""Engine processes say they are alive and whether a step is running, so that the stall check
+can tell one long step from a hung engine.
+
+The stall check (``exporter.stall``) sees steps *end*, in the API process. When none ends for
+a while with requests waiting, either a single step is long (a long prefill on a slow CPU, a
+huge batch) or the engine is hung. Only the engine processes know which, so each of them (the
+engine core, the workers) runs a daemon thread that every second rewrites one small file
+named after its pid in a folder next to the signal board:
+
+- the file's modification time is the process's heartbeat: a stopped process (SIGSTOP, a
+  frozen host, a thread holding the GIL forever) stops beating;
+- its content says whether the process's main thread is inside an engine step now, and since
+  when it has been seen inside one (``step <unix time>``), or ``idle``. The thread looks at
+  the main thread's stack (``sys._current_frames``) instead of hooking the step: nothing is
+  added to the engine's step path.
+
+A process that exits normally removes its file. Everything happens on the beat thread and on
+the API process's collector thread; a failure here is counted and skipped like any collector.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+INTERVAL_S = 1.0
+# Frames of vLLM 0.32's engine core that run one engine step (EngineCoreProc and the data
+# parallel DPEngineCoreProc both call it from their busy loop); tests check the name exists.
+STEP_FUNCTIONS = frozenset({"_process_engine_step"})
+STEP_MODULE = "vllm.v1.engine.core"
+IDLE = "idle"
+
+
+def heartbeat_dir(signal_board: Path | str) -> Path:
+    """The folder beside the process tree's signal board (both die with the API process)."""
+    return Path(f"{signal_board}.heartbeats")
+
+
+def main_thread_in_step() -> bool:
+    """Whether this process's main thread is inside an engine step right now."""
+    frame = sys._current_frames().get(threading.main_thread().ident or -1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name in STEP_FUNCTIONS and frame.f_globals.get("__name__") == STEP_MODULE:
+            return True
+        frame = frame.f_back
+    return False
+
+
+class Heartbeat:
+    """The engine-process side: a daemon thread beating into ``directory/<pid>``."""
+
+    def __init__(
+        self,
+        directory: Path,
+        in_step: Callable[[], bool] = main_thread_in_step,
+        interval_s: float = INTERVAL_S,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.path = directory / str(os.getpid())
+        self.in_step = in_step
+        self.interval_s = interval_s
+        self.clock = clock
+        self.step_since: float | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def beat(self) -> None:
+        now = self.clock()
+        if self.in_step():
+            self.step_since = self.step_since or now
+        else:
+            self.step_since = None
+        text = IDLE if self.step_since is None else f"step {self.step_since:.3f}"
+        temporary = self.path.with_suffix(".tmp")
+        temporary.write_text(text)
+        os.replace(temporary, self.path)  # readers never see half a file
+
+    def start(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._thread = threading.Thread(target=self._run, name="warden-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(Exception):  # a full disk must not end the beat for good
+                self.beat()
+            self._stop.wait(self.interval_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5.0)
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+
+
+@dataclass(frozen=True)
+class Beat:
+    """One engine process as its heartbeat file tells it."""
+
+    pid: int
+    age_s: float  # since its last beat
+    step_since: float | None  # inside an engine step since then (None: not in a step)
+    alive: bool  # the process still exists (and is not a zombie)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def read_beats(directory: Path, now: float) -> list[Beat]:
+    """Every engine process's last beat (an empty list when the folder does not exist)."""
+    beats = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(directory):
+            if not entry.name.isdigit():
+                continue
+            with contextlib.suppress(OSError, ValueError):
+                age = now - entry.stat().st_mtime
+                text = Path(entry.path).read_text().strip()
+                since = float(text.split()[1]) if text.startswith("step ") else None
+                pid = int(entry.name)
+                beats.append(Beat(pid, age, since, _alive(pid)))
+    return beats

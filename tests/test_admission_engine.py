@@ -1,0 +1,414 @@
+"""Admission is closed by default on a real vLLM engine (#15): every route vLLM serves is
+admitted or explicitly allow-listed, under a --root-path and vLLM's own API keys; caps follow
+vLLM's precedence and only lower; priority counts from trusted sources only; refusals and 413
+come before the body is read; hostile input on every warden endpoint is a 4xx that changes
+nothing (fuzzed with hypothesis).
+
+One engine: the tiny model with --root-path, two vLLM API keys (one trusted to name a
+priority), vLLM's dev-mode routes on, a 64 KiB body limit. No fakes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.support.engine import running_engine
+from warden.engine import routes
+from warden.supervisor.engine import EngineProcess
+
+pytestmark = pytest.mark.engine
+
+TOKEN = "admission-test-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+KEY = "vllm-key-untrusted"  # a valid vLLM API key whose requests may not name a priority
+TRUSTED_KEY = "vllm-key-gateway"  # a valid vLLM API key trusted to name one
+ROOT = "/pfx"
+BODY_LIMIT = 64 << 10
+# The routes that generate in vLLM 0.32 (the ones the issue found unguarded among them).
+GENERATION_ROUTES = (
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/chat/completions/batch",
+    "/v1/responses",
+    "/v1/messages",
+    "/invocations",
+    "/generative_scoring",
+    "/inference/v1/generate",
+)
+
+
+def key(name: str = KEY) -> dict[str, str]:
+    return {"Authorization": f"Bearer {name}"}
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
+    run_dir = tmp_path_factory.mktemp("admission-engine")
+    token_file = run_dir / "token"
+    token_file.write_text(TOKEN + "\n")
+    digest = hashlib.sha256(TRUSTED_KEY.encode()).hexdigest()
+    config = run_dir / "warden.yaml"
+    config.write_text(
+        "admission:\n"
+        f"  max_body_bytes: {BODY_LIMIT}\n"
+        f"  priority:\n    trusted_api_key_sha256: [{digest}]\n"
+        "  forecast:\n    enabled: false\n"
+    )
+    env = {
+        "WARDEN_WEBHOOK_TOKEN_FILE": str(token_file),
+        "WARDEN_CONFIG": str(config),
+        "VLLM_SERVER_DEV_MODE": "1",
+    }
+    args = ("--root-path", ROOT, "--api-key", KEY, TRUSTED_KEY, "--max-model-len", "128")
+    with running_engine(tiny_model, extra_args=args, env=env, run_dir=run_dir) as eng:
+        yield eng
+
+
+@pytest.fixture(autouse=True)
+def no_manual_lease(engine: EngineProcess) -> Iterator[None]:
+    yield
+    httpx.delete(f"{engine.base_url}/warden/degrade?all=1", headers=AUTH, timeout=10)
+
+
+def lease(engine: EngineProcess, action: str, **params: Any) -> None:
+    body = {"action": action, "params": params, "ttl_s": 300, "key": action}
+    response = httpx.post(f"{engine.base_url}/warden/degrade", json=body, headers=AUTH, timeout=10)
+    assert response.status_code == 200, response.text
+
+
+def state(engine: EngineProcess) -> dict[str, Any]:
+    return httpx.get(f"{engine.base_url}/warden/state", timeout=10).json()
+
+
+def model(engine: EngineProcess) -> str:
+    return str(engine.spec.model)
+
+
+def post(
+    engine: EngineProcess, path: str, body: Any, headers: dict | None = None
+) -> httpx.Response:
+    return httpx.post(
+        engine.base_url + path, json=body, headers={**key(), **(headers or {})}, timeout=120
+    )
+
+
+def raw_status(engine: EngineProcess, request: bytes, timeout_s: float = 60) -> int:
+    """Send ``request`` and read the status line; the server must answer without the rest of
+    the body it was promised (a server that waits for it never answers, and this fails)."""
+    with socket.create_connection(("127.0.0.1", engine.spec.port), timeout=timeout_s) as sock:
+        sock.sendall(request)
+        head = sock.recv(4096)
+    return int(head.split(b"\r\n", 1)[0].split()[1])
+
+
+def promised_body(path: str, length: int, headers: str = "") -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {length}\r\n{headers}\r\n{{"
+    ).encode()
+
+
+# --- every route admitted or allow-listed ------------------------------------------------------
+
+
+def test_every_acting_route_vllm_serves_is_admitted_or_allow_listed(engine: EngineProcess) -> None:
+    table = httpx.get(f"{engine.base_url}/warden/admission", timeout=10).json()["routes"]
+    acting = [r for r in table if set(r["methods"]) - routes.SAFE_METHODS]
+    paths = {r["path"] for r in acting}
+    assert {"/v1/completions", "/v1/messages", "/invocations", "/tokenize"} <= paths
+    assert "/collective_rpc" in paths  # dev mode is on: its routes are enumerated too
+    for route in acting:
+        if route["admission"] == "exempt":
+            assert routes.exempt_reason(route["path"]) == route["reason"], route
+        else:
+            assert route["admission"] == "admitted", route
+    admitted = [r["path"] for r in acting if r["admission"] == "admitted"]
+    for path in GENERATION_ROUTES:
+        assert path in admitted or path not in paths, path
+    # Proof that the middleware admits each one: under reject_all every admitted route, with
+    # or without the root path, is refused by warden before vLLM sees it.
+    lease(engine, "reject_all")
+    for path in admitted:
+        concrete = re.sub(r"\{[^}]+\}", "x", path)
+        for url in (concrete, ROOT + concrete):
+            for headers in (key(), key(TRUSTED_KEY)):
+                response = post(engine, url, {}, headers)
+                assert response.status_code == 503, (url, response.text)
+                assert response.json()["error"]["warden_reason"] == "reject_all", url
+                assert "retry-after" in response.headers
+    # What is exempt still answers.
+    assert httpx.get(f"{engine.base_url}{ROOT}/health", timeout=10).status_code == 200
+    tokenized = post(engine, "/tokenize", {"model": model(engine), "prompt": "cache block"})
+    assert tokenized.status_code == 200 and tokenized.json()["tokens"]
+
+
+def test_requests_vllm_will_refuse_for_their_api_key_cost_warden_nothing(
+    engine: EngineProcess,
+) -> None:
+    lease(engine, "reject_all")
+    before = state(engine)["recent_rejections"]
+    body = {"model": model(engine), "prompt": "x", "max_tokens": 2}
+    for headers in ({}, key("wrong")):
+        response = httpx.post(
+            f"{engine.base_url}/v1/completions", json=body, headers=headers, timeout=30
+        )
+        assert response.status_code == 401  # vLLM's answer, not warden's 503
+    # Nor is the body read: a promised 10 MB (over the limit) is answered at once by vLLM.
+    assert raw_status(engine, promised_body("/v1/completions", 10_000_000)) == 401
+    assert state(engine)["recent_rejections"] == before
+
+
+# --- decided before work -----------------------------------------------------------------------
+
+
+def test_refusals_and_413_come_before_the_body_is_read(engine: EngineProcess) -> None:
+    auth = f"Authorization: Bearer {KEY}\r\n"
+    assert raw_status(engine, promised_body("/v1/completions", 10_000_000, auth)) == 413
+    assert raw_status(engine, promised_body("/generative_scoring", 10_000_000, auth)) == 413
+    lease(engine, "stop_admission")
+    # Under the limit but never sent: the refusal does not wait for it.
+    assert raw_status(engine, promised_body(ROOT + "/v1/chat/completions", 60_000, auth)) == 503
+
+
+def test_bodies_without_a_length_are_cut_off_at_the_limit(engine: EngineProcess) -> None:
+    def chunks() -> Iterator[bytes]:
+        yield b'{"model": "m", "prompt": "'
+        for _ in range(20):
+            yield b"x" * 8192
+        yield b'"}'
+
+    for path in ("/v1/completions", "/generative_scoring"):
+        response = httpx.post(
+            engine.base_url + path,
+            content=chunks(),
+            headers={**key(), "content-type": "application/json"},
+            timeout=30,
+        )
+        assert response.status_code == 413, (path, response.text)
+        assert "too large" in response.json()["error"]["message"]
+
+
+# --- caps that hold ----------------------------------------------------------------------------
+
+
+def generated(response: httpx.Response) -> int:
+    assert response.status_code == 200, response.text
+    usage = response.json()["usage"]
+    return int(usage.get("completion_tokens", usage.get("output_tokens", -1)))
+
+
+def test_caps_follow_vllms_precedence_and_only_lower(engine: EngineProcess) -> None:
+    name = model(engine)
+    hi = [{"role": "user", "content": "hi"}]
+    lease(engine, "cap_max_tokens", max_tokens=100)
+    # A completion without max_tokens keeps vLLM's default 16; the cap never raises it.
+    default = {"model": name, "prompt": "a", "ignore_eos": True}
+    assert generated(post(engine, "/v1/completions", default)) == 16
+    lease(engine, "cap_max_tokens", max_tokens=5)
+    assert generated(post(engine, "/v1/completions", default)) == 5
+    # Chat: max_completion_tokens wins over max_tokens, as in vLLM; neither = the context.
+    both = {"model": name, "messages": hi, "max_tokens": 3, "max_completion_tokens": 50}
+    assert generated(post(engine, "/v1/chat/completions", {**both, "ignore_eos": True})) == 5
+    unbounded = {"model": name, "messages": hi, "ignore_eos": True}
+    assert generated(post(engine, "/v1/chat/completions", unbounded)) == 5
+    lax = {"model": name, "messages": hi, "max_completion_tokens": "60", "ignore_eos": True}
+    assert generated(post(engine, ROOT + "/v1/chat/completions", lax)) == 5
+    assert generated(post(engine, "/invocations", unbounded)) == 5
+    messages = {"model": name, "messages": hi, "max_tokens": 60}
+    assert 0 < generated(post(engine, "/v1/messages", messages)) <= 5
+    responses = {"model": name, "input": "hi", "max_output_tokens": 60}
+    assert 0 < generated(post(engine, "/v1/responses", responses)) <= 5
+    # Below the cap, untouched.
+    small = {"model": name, "prompt": "a", "max_tokens": 3, "ignore_eos": True}
+    assert generated(post(engine, "/v1/completions", small)) == 3
+
+
+# --- priority from trusted sources only --------------------------------------------------------
+
+
+def test_only_a_trusted_source_may_exempt_itself_from_shedding(engine: EngineProcess) -> None:
+    lease(engine, "shed_low_priority", priority_threshold=0)
+    body = {"model": model(engine), "prompt": "x", "max_tokens": 2}
+    important = {"X-Request-Priority": "-5"}
+    for untrusted in (body, {**body, "priority": -100}):  # vLLM's own field counts for nothing
+        shed = post(engine, "/v1/completions", untrusted, important)  # a valid, untrusted key
+        assert shed.status_code == 503
+        assert shed.json()["error"]["warden_reason"] == "shed_low_priority"
+    unnamed = post(engine, "/v1/completions", body, key(TRUSTED_KEY))
+    assert unnamed.status_code == 503  # trusted, but names no priority: the default
+    served = post(engine, "/v1/completions", body, {**key(TRUSTED_KEY), **important})
+    assert served.status_code == 200, served.text
+
+
+# --- hostile input: 4xx, no state change -------------------------------------------------------
+
+huge_int = b"9" * 5000
+deep = b"[" * 30_000 + b"]" * 30_000  # under the body limit, far past Python's recursion limit
+hostile_raw = st.sampled_from(
+    [
+        b'{"model": "m", "prompt": "x", "max_tokens": ' + huge_int + b"}",
+        b'{"model": "m", "messages": ' + deep + b"}",
+        deep,
+        b"\xff\xfe\x00{",
+        '{"prompt": "x"}'.encode("utf-16"),
+        b'{"max_tokens": NaN, "prompt": "x"}',
+        b"",
+        b"[]",
+        b'"text"',
+        b"null",
+    ]
+)
+field_values = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=False),
+    st.text(max_size=8),
+    st.lists(st.integers(min_value=-5, max_value=5), max_size=3),
+    st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+)
+request_bodies = st.fixed_dictionaries(
+    {"model": st.sampled_from(["MODEL", 7, None])},
+    optional={
+        "prompt": st.one_of(st.text(max_size=12), field_values),
+        "messages": st.one_of(
+            st.just([{"role": "user", "content": "hi"}]), field_values, st.just([1, "x"])
+        ),
+        "max_tokens": st.one_of(st.integers(min_value=-2, max_value=4), field_values),
+        "max_completion_tokens": st.one_of(st.integers(min_value=0, max_value=4), field_values),
+        "stream": field_values,
+        "vllm_xargs": field_values,
+        "seed": field_values,
+        "sampling_params": field_values,
+    },
+)
+generation_paths = st.sampled_from(
+    [
+        "/v1/completions",
+        "/v1/chat/completions",
+        ROOT + "/v1/responses",
+        "/v1/messages",
+        "/invocations",
+        "/inference/v1/generate",
+    ]
+)
+
+
+def problem_named(response: httpx.Response) -> bool:
+    text = response.text
+    return len(text) > 10 and ("error" in text or "detail" in text)
+
+
+def policy_and_leases(engine: EngineProcess) -> tuple[Any, Any]:
+    now = state(engine)
+    return now["policy"], [(x["source"], x["key"], x["action"]) for x in now["leases"]]
+
+
+HOSTILE = {
+    "an integer past 4,300 digits": b'{"prompt": "x", "max_tokens": ' + huge_int + b"}",
+    "nesting past the interpreter's limit": deep,
+    "nesting past 128 levels": b'{"messages": ' + b"[" * 200 + b"]" * 200 + b"}",
+    "bytes that are not UTF-8": b'{"prompt": "\xff\xfe"}',
+    "not JSON": b'{"prompt": ',
+    "not an object": b"[1, 2]",
+}
+
+
+@pytest.mark.parametrize("what", HOSTILE)
+@pytest.mark.parametrize("path", ["/v1/completions", ROOT + "/v1/chat/completions", "/invocations"])
+def test_each_kind_of_hostile_body_gets_a_400_naming_it(
+    engine: EngineProcess, path: str, what: str
+) -> None:
+    before = policy_and_leases(engine)
+    response = httpx.post(
+        engine.base_url + path,
+        content=HOSTILE[what],
+        headers={**key(), "content-type": "application/json"},
+        timeout=30,
+    )
+    assert response.status_code == 400, (what, response.text[:300])
+    error = response.json()["error"]
+    assert error["warden_reason"] == "bad_request" and error["message"], error
+    assert policy_and_leases(engine) == before
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    path=generation_paths,
+    body=st.one_of(
+        request_bodies.map(lambda b: json.dumps(b).replace('"MODEL"', '"%MODEL%"').encode()),
+        hostile_raw,
+    ),
+    content_type=st.sampled_from(
+        ["application/json", "application/json; charset=utf-8", "text/plain"]
+    ),
+    priority=st.sampled_from([None, "-1", "x" * 50, "9" * 400]),
+)
+def test_hostile_generation_requests_get_a_4xx_and_change_nothing(
+    engine: EngineProcess, path: str, body: bytes, content_type: str, priority: str | None
+) -> None:
+    body = body.replace(b"%MODEL%", model(engine).encode())
+    before = policy_and_leases(engine)
+    headers = {**key(), "content-type": content_type}
+    if priority is not None:
+        headers["X-Request-Priority"] = priority
+    response = httpx.post(engine.base_url + path, content=body, headers=headers, timeout=120)
+    assert response.status_code < 500, (path, body[:200], response.text[:500])
+    if response.status_code >= 400:
+        assert problem_named(response), response.text[:300]
+    assert policy_and_leases(engine) == before
+
+
+warden_bodies = st.one_of(
+    hostile_raw,
+    st.builds(
+        lambda action, ttl, params: json.dumps(
+            {"action": action, "ttl_s": ttl, "params": params, "key": "fuzz"}
+        ).encode(),
+        st.sampled_from(["reject_all", "cap_max_tokens", "explode", 3, None]),
+        st.one_of(field_values, st.sampled_from([1e308, 86400 * 7, 0, -1])),
+        st.one_of(
+            field_values,
+            st.fixed_dictionaries(
+                {},
+                optional={
+                    "max_tokens": st.sampled_from(["9" * 5000, "-1", "0", 1.5, True]),
+                    "retry_after": st.sampled_from(["86400", "601", "x", None]),
+                    "preempt": st.sampled_from(["65", "-1", "9" * 100]),
+                },
+            ),
+        ),
+    ),
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    path=st.sampled_from(["/warden/degrade", ROOT + "/warden/degrade", "/warden/alertmanager"]),
+    body=warden_bodies,
+    length=st.sampled_from([None, "abc", "\u00b2", "-1", "9" * 40]),
+)
+def test_hostile_control_requests_get_a_4xx_and_change_nothing(
+    engine: EngineProcess, path: str, body: bytes, length: str | None
+) -> None:
+    before = policy_and_leases(engine)
+    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head += f"Authorization: Bearer {TOKEN}\r\nConnection: close\r\n"
+    declared = str(len(body)) if length is None else length
+    request = (head + f"Content-Length: {declared}\r\n\r\n").encode("utf-8") + body
+    status = raw_status(engine, request)
+    assert 400 <= status < 500 or (status == 200 and length is None), (path, body[:200])
+    if status == 200:  # a well-formed override got through: undo it, then compare
+        httpx.delete(f"{engine.base_url}/warden/degrade?key=fuzz", headers=AUTH, timeout=10)
+    else:
+        assert policy_and_leases(engine) == before

@@ -1,0 +1,140 @@
+"""Real NaN logits from a real model: the tiny model built with ``--nan-token`` on a vLLM CPU engine
+with every warden hook and no test switch (issue 10, item 1).
+
+A prompt holding the poisoned token makes the model's own weights produce NaN logits on every
+step and every retry: warden counts each attempt, contains the row (the request ends on that
+step with end-of-sequence), flags it before the response leaves, retries, and ends with a clear
+500. Requests without the token, in the same batch and after, are answered normally.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from exporter import catalog
+from tests.support.engine import running_engine, sample, scrape
+from warden.cli.tinymodel import build_tiny_model, nan_token_of
+from warden.stack import chaos
+from warden.supervisor.engine import EngineProcess
+
+pytestmark = pytest.mark.engine
+
+NAN_TOKEN = 0  # <unk>: byte-level BPE never produces it from text; the model never generates it
+ATTEMPTS = 3  # warden's default retry.max_attempts
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
+    model = build_tiny_model(tmp_path_factory.mktemp("nan-model"), seed=0, nan_token=NAN_TOKEN)
+    run_dir = tmp_path_factory.mktemp("nan-engine")
+    with running_engine(model, extra_args=("--max-num-seqs", "8"), run_dir=run_dir) as eng:
+        yield eng
+
+
+def model(engine: EngineProcess) -> str:
+    return str(engine.spec.model)
+
+
+def prompt_ids(engine: EngineProcess, poisoned: bool) -> list[int]:
+    answer = httpx.post(
+        f"{engine.base_url}/tokenize",
+        json={"model": model(engine), "prompt": "memory cache block engine request token"},
+        timeout=30,
+    ).json()
+    ids = [int(t) for t in answer["tokens"]]
+    return [*ids[:3], NAN_TOKEN, *ids[3:]] if poisoned else ids
+
+
+def complete_ids(engine: EngineProcess, ids: list[int], **body: object) -> httpx.Response:
+    payload = {"model": model(engine), "prompt": ids, "max_tokens": 16, **body}
+    return httpx.post(f"{engine.base_url}/v1/completions", json=payload, timeout=120)
+
+
+def delta(before: dict[str, float], after: dict[str, float], name: str, **labels: str) -> float:
+    return sample(after, name, **labels) - sample(before, name, **labels)
+
+
+def test_the_model_records_its_nan_token(engine: EngineProcess) -> None:
+    assert nan_token_of(model(engine)) == NAN_TOKEN
+
+
+def test_real_nan_on_every_attempt_ends_in_a_clear_error(engine: EngineProcess) -> None:
+    """The poisoned step is the request's last (contained to end-of-sequence): it is flagged
+    before the response leaves, each attempt is counted, and the client gets a clear 500."""
+    before = scrape(engine)
+    response = complete_ids(engine, prompt_ids(engine, poisoned=True))
+    assert response.status_code == 500, response.text[:300]
+    error = response.json()["error"]
+    assert error["warden_reason"] == "nonfinite_logits" and "non-finite" in error["message"]
+    after = scrape(engine)
+    assert delta(before, after, catalog.NONFINITE_LOGITS.name, kind="nan") == ATTEMPTS
+    assert delta(before, after, catalog.NONFINITE_LOGITS.name, kind="inf") == 0
+    retried = delta(before, after, catalog.REQUEST_RETRIES.name, reason="nonfinite_logits")
+    exhausted = delta(
+        before, after, catalog.REQUEST_RETRIES_EXHAUSTED.name, reason="nonfinite_logits"
+    )
+    assert (retried, exhausted) == (ATTEMPTS - 1, 1)
+    # Every attempt's response went through the flag check (no wait on a CPU engine).
+    waits = delta(before, after, f"{catalog.NONFINITE_FLAG_WAIT.name}_count")
+    assert waits >= ATTEMPTS
+
+
+def test_healthy_requests_beside_and_after_a_poisoned_one_are_untouched(
+    engine: EngineProcess,
+) -> None:
+    healthy, poisoned = prompt_ids(engine, poisoned=False), prompt_ids(engine, poisoned=True)
+    before = scrape(engine)
+    with ThreadPoolExecutor(4) as pool:
+        clean = [
+            pool.submit(complete_ids, engine, healthy, max_tokens=24, ignore_eos=True)
+            for _ in range(3)
+        ]
+        bad = pool.submit(complete_ids, engine, poisoned)
+        answers = [f.result() for f in clean]
+        assert bad.result().status_code == 500
+    for answer in answers:
+        assert answer.status_code == 200
+        assert answer.json()["usage"]["completion_tokens"] == 24  # never contained
+    after = scrape(engine)
+    assert delta(before, after, catalog.NONFINITE_LOGITS.name, kind="nan") == ATTEMPTS
+    # The poisoned request's KV blocks go back to the pool: later requests reuse them cleanly.
+    again = complete_ids(engine, healthy, max_tokens=24, ignore_eos=True)
+    assert again.status_code == 200
+    assert delta(after, scrape(engine), catalog.NONFINITE_LOGITS.name, kind="nan") == 0
+
+
+def test_a_poisoned_stream_ends_with_an_error_event(engine: EngineProcess) -> None:
+    body = {
+        "model": model(engine),
+        "prompt": prompt_ids(engine, poisoned=True),
+        "max_tokens": 16,
+        "stream": True,
+    }
+    response = httpx.post(f"{engine.base_url}/v1/completions", json=body, timeout=120)
+    events = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
+    errors = [json.loads(e)["error"] for e in events if e != "[DONE]" and '"error"' in e]
+    if response.status_code == 200:
+        assert errors and errors[-1]["warden_reason"] == "nonfinite_logits", events
+    else:
+        assert response.json()["error"]["warden_reason"] == "nonfinite_logits"
+
+
+def test_chaos_nan_sends_the_models_nan_token_and_sees_it_counted(engine: EngineProcess) -> None:
+    parser = argparse.ArgumentParser()
+    chaos.add_arguments(parser)
+    args = parser.parse_args(["nan", "--engine-url", engine.base_url, "--count", "2"])
+    lines: list[str] = []
+    assert chaos.run(args, out=lines.append) == 0
+    text = "\n".join(lines)
+    assert f"token {NAN_TOKEN} in the prompt" in text
+    assert "outcomes {'500': 2}" in text
+    counted = [line for line in lines if "went from" in line]
+    assert counted, text
+    low, high = (float(v) for v in counted[0].rsplit(" ", 3)[1::2])
+    assert high - low == 2 * ATTEMPTS

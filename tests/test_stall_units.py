@@ -1,0 +1,183 @@
+"""The stall check's rule, and the engine processes' heartbeats it reads, in process.
+
+A stall is no engine step ending for the timeout while requests wait, unless one long step is
+running in engine processes that still beat. The end-to-end claims (a SIGSTOPped engine is
+restarted, a long step or a saturated engine never trips the check) are in
+tests/test_serve_engine.py against a real engine.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from exporter import catalog, heartbeat
+from exporter.heartbeat import Beat, Heartbeat, main_thread_in_step, read_beats
+from exporter.metrics import WardenMetrics
+from exporter.settings import WardenSettings
+from exporter.stall import StallCollector, judge
+from exporter.step_monitor import StepMonitor
+from warden.common.waiting import wait_until
+
+NOW = 10_000.0
+TIMEOUT = 30.0
+MAX_STEP = 300.0
+
+
+def beat(pid: int = 11, age: float = 0.5, step_for: float | None = None, alive: bool = True):
+    return Beat(pid, age, None if step_for is None else NOW - step_for, alive)
+
+
+@pytest.mark.parametrize(
+    ("pending", "quiet", "beats", "stalled", "says"),
+    [
+        (0, 500, None, False, "no request waiting"),
+        (3, 10, None, False, "steps are ending"),
+        (3, 31, None, True, "no engine step ended for 31s with 3 requests waiting"),
+        # One long step in processes that beat: not a stall.
+        (3, 120, [beat(11, step_for=120), beat(12)], False, "one long step, running for 120s"),
+        # A stopped engine core or worker stops beating.
+        (3, 45, [beat(11, age=44, step_for=45), beat(12)], True, "engine process 11 silent"),
+        (3, 45, [beat(11, step_for=45), beat(12, age=40)], True, "engine process 12 silent"),
+        # Alive, but no step running while requests wait: the engine ignores its queue.
+        (3, 45, [beat(11), beat(12)], True, "no engine step is running"),
+        # A step longer than the limit: a deadlock inside it, threads alive.
+        (3, 400, [beat(11, step_for=400)], True, "one step has run for 400s"),
+        # A leftover file of a process that is gone does not make a long step a stall.
+        (3, 120, [beat(11, step_for=120), beat(99, age=900, alive=False)], False, "long step"),
+        # Heartbeats expected but none found: the plain rule.
+        (3, 45, [], True, "no engine step is running"),
+    ],
+)
+def test_a_stall_is_no_step_while_requests_wait_unless_one_long_step_beats(
+    pending: int, quiet: float, beats: list[Beat] | None, stalled: bool, says: str
+) -> None:
+    verdict = judge(NOW, pending, NOW - quiet, beats, TIMEOUT, MAX_STEP)
+    assert verdict.stalled is stalled
+    assert says in verdict.reason
+
+
+def test_collector_reads_heartbeats_and_reports_a_long_step_as_no_stall(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    registry = CollectorRegistry()
+    metrics = WardenMetrics(registry)
+    clock = [NOW]
+    monitor = StepMonitor(WardenSettings(), metrics, None, clock=lambda: clock[0])
+    stall = StallCollector(monitor, metrics, TIMEOUT, MAX_STEP, tmp_path, clock=lambda: clock[0])
+    monitor.on_step(running=1, waiting=2, kv_usage=0.1)
+    pid_file = tmp_path / str(os.getpid())  # this process stands for the engine core
+    clock[0] += 60
+    pid_file.write_text(f"step {clock[0] - 59:.3f}")
+    os.utime(pid_file, (clock[0] - 0.5, clock[0] - 0.5))
+    with caplog.at_level("INFO", logger="warden.exporter"):
+        stall.collect()
+        assert not stall.stalled and stall.verdict.long_step
+        assert registry.get_sample_value(catalog.ENGINE_STALLED.name) == 0
+        os.utime(pid_file, (clock[0] - 40, clock[0] - 40))  # it stopped beating 40 s ago
+        stall.collect()
+        assert stall.stalled
+        assert registry.get_sample_value(catalog.ENGINE_STALLED.name) == 1
+        monitor.on_step(running=1, waiting=1, kv_usage=0.1)
+        stall.collect()
+        assert not stall.stalled
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("not a stall: one long step" in m for m in messages)
+    assert any(
+        "engine stalled" in m and f"engine process {os.getpid()} silent" in m for m in messages
+    )
+    assert any("no longer stalled" in m for m in messages)
+
+
+def test_heartbeat_says_whether_the_main_thread_is_in_a_step(tmp_path: Path) -> None:
+    in_step = [False]
+    clock = [NOW]
+    beat = Heartbeat(tmp_path, in_step=lambda: in_step[0], clock=lambda: clock[0])
+    beat.beat()
+    assert (tmp_path / str(os.getpid())).read_text() == "idle"
+    in_step[0] = True
+    beat.beat()
+    clock[0] += 5
+    beat.beat()  # still the same step: the start stays
+    (found,) = read_beats(tmp_path, time.time())
+    assert found.pid == os.getpid() and found.alive and found.step_since == NOW
+    in_step[0] = False
+    beat.beat()
+    assert read_beats(tmp_path, time.time())[0].step_since is None
+    beat.stop()
+    assert read_beats(tmp_path, time.time()) == []  # a process that exits removes its file
+
+
+def test_the_step_is_seen_on_the_main_threads_stack() -> None:
+    """A function named like vLLM's engine step, in vLLM's module, running on the main thread
+    (this test's), is seen from another thread; outside it, nothing is."""
+    seen: list[bool] = []
+
+    def look() -> None:
+        thread = threading.Thread(target=lambda: seen.append(main_thread_in_step()))
+        thread.start()
+        thread.join()
+
+    namespace = {"__name__": heartbeat.STEP_MODULE, "look": look}
+    exec(  # noqa: S102 - a stand-in for vLLM's frame, compiled in vLLM's module name
+        "def _process_engine_step():\n    look()\n", namespace
+    )
+    namespace["_process_engine_step"]()
+    look()
+    assert seen == [True, False]
+
+
+def test_vllms_engine_core_steps_in_the_function_the_heartbeat_looks_for() -> None:
+    """If vLLM renames its step, this fails here instead of every long step becoming a stall."""
+    from vllm.v1.engine import core
+
+    assert core.__name__ == heartbeat.STEP_MODULE
+    for name in heartbeat.STEP_FUNCTIONS:
+        assert hasattr(core.EngineCoreProc, name)
+    for engine_core in (core.EngineCoreProc, core.DPEngineCoreProc):  # their busy loops
+        source = inspect.getsource(engine_core)
+        assert any(f"self.{name}()" in source for name in heartbeat.STEP_FUNCTIONS)
+
+
+BEATING = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from exporter.heartbeat import Heartbeat
+    Heartbeat(Path(sys.argv[1]), interval_s=0.1).start()
+    print("beating", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_a_stopped_process_stops_beating_and_beats_again_when_continued(tmp_path: Path) -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c", BEATING, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "beating\n"
+
+        def age() -> float:
+            beats = [b for b in read_beats(tmp_path, time.time()) if b.pid == child.pid]
+            return beats[0].age_s if beats else float("inf")
+
+        wait_until(lambda: age() < 5, 30, 0.05, "a first beat")
+        os.kill(child.pid, signal.SIGSTOP)
+        # Stopped, it cannot beat: its age only grows, however busy this machine is.
+        wait_until(lambda: age() > 2, 30, 0.1, "the stopped process's beat to age")
+        os.kill(child.pid, signal.SIGCONT)
+        wait_until(lambda: age() < 1, 30, 0.05, "a beat after SIGCONT")
+    finally:
+        child.kill()
+        child.wait(10)

@@ -1,0 +1,267 @@
+"""Warden's hooks into vLLM, checked against the installed vLLM (0.32, CPU build): the version
+contract, a missing hook disabling only what it feeds, the logits processor picked for the
+engine's model runner, engine-error counting in a *forked* engine core, and CUDA-graph numbers
+read only after capture. Scripts that patch vLLM classes or fork run in child interpreters, so
+this test process keeps vLLM as it found it.
+
+One fake: ``FakeRunner`` stands in for vLLM's GPU model runner (CUDA graphs need a GPU)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from exporter import import_hooks, vllm_compat
+from exporter.adapters import VllmCudaGraphs
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_script(script: str, tmp_path: Path, **env: str) -> str:
+    """Run ``script`` in a fresh interpreter with this checkout first on the path."""
+    environment = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("WARDEN_")},
+        "PYTHONPATH": str(ROOT),
+        "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "metrics"),
+        **env,
+    }
+    (tmp_path / "metrics").mkdir(exist_ok=True)
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        env=environment,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-5000:]}"
+    return done.stdout
+
+
+# --- version contract ---------------------------------------------------------------------------
+
+
+def test_every_hook_point_exists_in_the_installed_vllm() -> None:
+    assert vllm_compat.version_supported(vllm_compat.vllm_version())
+    missing = {p.name: vllm_compat.missing_hook(p) for p in vllm_compat.HOOK_POINTS}
+    assert missing == {p.name: None for p in vllm_compat.HOOK_POINTS}
+
+
+def test_version_series() -> None:
+    assert vllm_compat.version_supported("0.32.0")
+    assert vllm_compat.version_supported("0.32.3+cu129")
+    assert not vllm_compat.version_supported("0.33.0")
+    assert not vllm_compat.version_supported("0.11.2")
+    assert not vllm_compat.version_supported(None)
+
+
+def test_a_missing_hook_says_what_and_which_version() -> None:
+    point = vllm_compat.HookPoint("gone", "vllm.v1.engine.core", "EngineCore.no_such_hook", "x")
+    reason = vllm_compat.missing_hook(point)
+    assert reason is not None and "EngineCore.no_such_hook is missing" in reason
+    assert f"vLLM {vllm_compat.vllm_version()}" in reason
+    nowhere = vllm_compat.HookPoint("gone", "vllm.no_such_module", "X", "x")
+    assert "cannot be imported" in (vllm_compat.missing_hook(nowhere) or "")
+
+
+def test_missing_hooks_disable_their_sources_and_vllm_still_loads_the_plugin(
+    tmp_path: Path,
+) -> None:
+    """Each broken hook point: register() does not raise, the source it feeds reads 0 and the
+    log names the missing attribute; the others still install."""
+    out = run_script(
+        """
+        import logging, sys
+        logging.basicConfig(level=logging.WARNING, stream=sys.stdout)
+        from exporter import plugin, vllm_compat
+        broken = vllm_compat.HookPoint
+        vllm_compat.HOOK_WORKER_INIT = broken(
+            "worker_init", "vllm.v1.worker.worker_base", "WorkerWrapperBase.gone", "device")
+        vllm_compat.HOOK_ENGINE_CONFIG = broken(
+            "engine_config", "vllm.engine.arg_utils", "EngineArgs.gone", "logits")
+        vllm_compat.HOOK_ENGINE_CORE = broken(
+            "engine_core", "vllm.v1.engine.core", "EngineCore.gone", "engine_errors")
+        plugin.register()                      # must not raise
+        import vllm.v1.engine.core            # the engine-errors hook runs on this import
+        from prometheus_client import REGISTRY
+        for source in ("torch_allocator", "nvml", "cudagraph", "logits", "engine_errors"):
+            value = REGISTRY.get_sample_value("warden_source_available", {"source": source})
+            print(f"SOURCE {source}={value}")
+        """,
+        tmp_path,
+    )
+    for source in ("torch_allocator", "nvml", "cudagraph", "logits", "engine_errors"):
+        assert f"SOURCE {source}=0.0" in out
+    assert "WorkerWrapperBase.gone is missing" in out
+    assert "EngineArgs.gone is missing" in out
+    assert "EngineCore.gone is missing" in out
+
+
+# --- logits processor for the engine's model runner ---------------------------------------------
+
+
+def test_engine_config_gets_the_processor_of_its_runner(tiny_model: Path, tmp_path: Path) -> None:
+    """Through vLLM's own EngineArgs.create_engine_config, as the API server builds it: a V1
+    engine keeps the V1 class; a V2 engine gets the V2 class, which V2's start-up check (the
+    API server's params validator) and loader accept; a vLLM without the runner's interface
+    starts without warden's processor."""
+    out = run_script(
+        f"""
+        from exporter import logits_select, vllm_compat
+        from vllm.config import VllmConfig
+        from vllm.engine.arg_utils import EngineArgs
+        logits_select.install()
+        args = dict(model={str(tiny_model)!r}, dtype="float32", max_model_len=256,
+                    enforce_eager=True, block_size=32,
+                    logits_processors=[logits_select.V1_PROCESSOR])
+        config = EngineArgs(**args).create_engine_config()
+        print("V1RUNNER", config.use_v2_model_runner, config.model_config.logits_processors)
+
+        # Model Runner V2 (CUDA's default). This CPU build cannot validate a V2 config (no
+        # Triton), so the finished V1 config is told it runs V2 and handed to the same step
+        # the wrapper runs.
+        VllmConfig.use_v2_model_runner = property(lambda self: True)
+        logits_select.select_logits_processor(config)
+        print("V2RUNNER", config.model_config.logits_processors)
+        from vllm.v1.worker.gpu.sample.logits_processor import (
+            build_custom_logits_processors_params_validator)
+        build_custom_logits_processors_params_validator(config.model_config.logits_processors)
+        print("V2CHECK ok")
+
+        vllm_compat.HOOK_LOGITS_V2 = vllm_compat.HookPoint(
+            "logits_v2", "vllm.v1.worker.gpu.sample.logits_processor", "Gone", "logits")
+        config.model_config.logits_processors = [logits_select.V1_PROCESSOR]
+        logits_select.select_logits_processor(config)
+        print("NOV2", config.model_config.logits_processors)
+        """,
+        tmp_path,
+        VLLM_CPU_KVCACHE_SPACE="1",
+    )
+    assert "V1RUNNER False ['exporter.logits:NonFiniteLogitsProcessor']" in out
+    assert "V2RUNNER ['exporter.logits_v2:NonFiniteLogitsProcessorV2']" in out
+    assert "V2CHECK ok" in out
+    assert "NOV2 None" in out
+
+
+# --- engine errors in a forked engine core -----------------------------------------------------
+
+
+FORKED_ENGINE_CORE = """
+import multiprocessing, sys, types
+from vllm.plugins import load_general_plugins
+load_general_plugins()                 # the API process: warden's plugin registers here
+assert "vllm.v1.engine.core" not in sys.modules, "imported too early for this test"
+import vllm.v1.engine.core as core    # AsyncLLM imports it before starting the engine core
+
+def engine_core_step_fails():
+    # The forked child: vLLM's plugins-loaded flag and warden's "registered" state are
+    # inherited, so neither vLLM nor warden runs the plugin again here.
+    load_general_plugins()
+    engine = object.__new__(core.EngineCore)
+    engine.vllm_config = None
+    engine.scheduler = types.SimpleNamespace(make_stats=lambda: None)
+    try:
+        with engine.log_error_detail(None):
+            raise RuntimeError("Worker failed with error 'CUDA error: an illegal memory access "
+                               "was encountered', please check the stack trace above")
+    except RuntimeError:
+        pass
+
+child = multiprocessing.get_context("fork").Process(target=engine_core_step_fails)
+child.start(); child.join()
+assert child.exitcode == 0, child.exitcode
+
+from warden.engine.health import MetricWindows, check_driver_errors
+windows = MetricWindows()
+windows.sample()
+print("COUNT", windows.latest().get("warden_engine_errors_total|cuda_driver"))
+print("READY", check_driver_errors(windows))
+"""
+
+
+def test_forked_engine_core_counts_classified_errors_and_fails_readiness(tmp_path: Path) -> None:
+    """The CUDA start path: plugin loaded in the API process before vllm.v1.engine.core is
+    imported, engine core forked. The classified error reaches warden_engine_errors_total
+    {class="cuda_driver"} (in the multiprocess folder, as /metrics serves it) and readiness."""
+    out = run_script(FORKED_ENGINE_CORE, tmp_path, VLLM_PLUGINS="warden")
+    assert "COUNT 1.0" in out
+    assert "name='driver_error', ok=False" in out and "1 CUDA driver errors" in out
+
+
+# --- import hooks -------------------------------------------------------------------------------
+
+
+def test_import_hook_runs_after_the_module_body_and_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "warden_probe_mod.py").write_text("VALUE = 41\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen: list[int] = []
+    import_hooks.when_imported("warden_probe_mod", lambda m: seen.append(m.VALUE + 1))
+    import_hooks.when_imported("warden_probe_mod", lambda m: 1 / 0)  # logged, not raised
+    assert seen == [] and import_hooks.pending("warden_probe_mod")
+    import warden_probe_mod  # noqa: F401
+
+    assert seen == [42] and not import_hooks.pending("warden_probe_mod")
+    import_hooks.when_imported("warden_probe_mod", lambda m: seen.append(0))  # already: at once
+    assert seen == [42, 0]
+    sys.modules.pop("warden_probe_mod", None)
+
+
+# --- CUDA graphs: counted once capture has finished ---------------------------------------------
+
+
+class FakeRunner:
+    """FAKE of vLLM's GPU model runner: capture_model moves vLLM's real capture counter as the
+    V2 runner does (profiling captures are put back afterwards)."""
+
+    def capture_model(self, *, profile_only: bool = False) -> int:
+        from vllm.compilation.counter import compilation_counter
+
+        saved = compilation_counter.num_cudagraph_captured
+        compilation_counter.num_cudagraph_captured += 35
+        if profile_only:
+            compilation_counter.num_cudagraph_captured = saved
+            return 3 << 30
+        return 512 << 20
+
+
+def test_graph_numbers_count_only_the_real_capture() -> None:
+    from vllm.compilation.counter import compilation_counter
+
+    graphs = VllmCudaGraphs("cuda")
+    runner_cls = type("Runner", (FakeRunner,), {})
+    graphs._wrap(runner_cls)
+    start = compilation_counter.num_cudagraph_captured
+    runner = runner_cls()
+    assert runner.capture_model(profile_only=True) == 3 << 30  # V2's memory profile
+    assert graphs.captures() == 0 and graphs.pool_bytes() == 0
+    assert runner.capture_model() == 512 << 20  # the capture that stays
+    assert graphs.captures() == start + 35 and graphs.pool_bytes() == 512 << 20
+    compilation_counter.num_cudagraph_captured = start
+
+
+def test_graph_adapter_wraps_both_runners_of_this_vllm(tmp_path: Path) -> None:
+    out = run_script(
+        """
+        from exporter.adapters import VllmCudaGraphs
+        graphs = VllmCudaGraphs("cuda")
+        graphs.install(lambda why: print("MISSING", why))
+        import vllm.v1.worker.gpu_model_runner as v1
+        import vllm.v1.worker.gpu.model_runner as v2
+        print("WRAPPED", v1.GPUModelRunner.capture_model._warden_wrapped,
+              v2.GPUModelRunner.capture_model._warden_wrapped, sorted(graphs.hooked))
+        """,
+        tmp_path,
+    )
+    assert "WRAPPED True True ['capture_v1', 'capture_v2']" in out
+    assert "MISSING" not in out
+
+
+def test_cpu_engine_has_no_graphs_to_hook() -> None:
+    assert VllmCudaGraphs("cpu").availability() == "CUDA graphs are not used on a cpu engine"
