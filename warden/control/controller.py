@@ -87,6 +87,10 @@ class Controller:
         self._saturated = metrics.get(catalog.SATURATED)
         self._saturated.set(0)
         self._saturation_transitions = metrics.get(catalog.SATURATION_TRANSITIONS)
+        # Exported at 0 from the start, like the reflex actions: a series born at 1 hides its
+        # first event from increase() (and leaves its panel without data until then).
+        for entered in catalog.SATURATION_STATES:
+            self._saturation_transitions.labels(entered)
         slo = config.admission.saturation.latency_slo_s
         metrics.get(catalog.LATENCY_SLO).set(slo or 0)
         self._active = metrics.get(catalog.DEGRADATION_ACTIVE)
