@@ -61,7 +61,7 @@ class ScenarioError(RuntimeError):
 @dataclass
 class Step:
     name: str
-    at: float  # seconds since pressure started
+    at: float  # seconds since the overload started
     detail: str = ""
 
 
@@ -103,7 +103,7 @@ class ScenarioResult:
         return next(s for s in self.timeline if s.name == name)
 
     def report(self) -> str:
-        lines = ["closed-loop timeline (seconds since pressure started):"]
+        lines = ["closed-loop timeline (seconds since the overload started):"]
         previous = 0.0
         for step in self.timeline:
             lines.append(
