@@ -87,7 +87,8 @@ def engine(
     token_file = run_dir / "token"
     token_file.write_text(TOKEN + "\n")
     config = run_dir / "warden.yaml"
-    # The forecast would keep the flood below the watermark; it has its own engine below.
+    # The forecast (its own engine below) and saturation (the reflex test's engine) are tested
+    # apart; this engine runs without either limiting it.
     # Priority from this test process counts (the trust rule, docs/security.md).
     config.write_text(
         f"leases:\n  ttl_s: {LEASE_TTL_S}\nadmission:\n  forecast:\n    enabled: false\n"
