@@ -17,6 +17,7 @@ from exporter import catalog
 from exporter.metrics import WardenMetrics
 from exporter.settings import WardenSettings
 from exporter.step_monitor import StepMonitor, StepSnapshot
+from tests.support.alertmanager import webhook_notification
 from warden.control.actions import REFLEX_ACTIONS, ActionError, ActionRequest, parse_action
 from warden.control.admission import HalfOpenGate, KvState, RequestFacts, decide
 from warden.control.alertmanager import PayloadError, parse_payload
@@ -57,20 +58,7 @@ def alert(
 
 
 def payload(*alerts: dict) -> bytes:
-    return json.dumps(
-        {
-            "version": "4",
-            "groupKey": "{}:{}",
-            "truncatedAlerts": 0,
-            "status": "firing",
-            "receiver": "engine",
-            "groupLabels": {},
-            "commonLabels": {},
-            "commonAnnotations": {},
-            "externalURL": "http://alertmanager",
-            "alerts": list(alerts),
-        }
-    ).encode()
+    return json.dumps(webhook_notification(*alerts)).encode()
 
 
 @pytest.fixture
