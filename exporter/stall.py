@@ -110,7 +110,12 @@ class StallCollector:
         elif self.stalled and not verdict.stalled:
             log.warning("warden: engine no longer stalled (%s)", verdict.reason)
         elif verdict.long_step and not self.verdict.long_step:
-            log.info("warden: not a stall: %s", verdict.reason)
+            log.warning(
+                "warden: a step is running longer than %s=%g, not a stall: %s",
+                env_name("stall_timeout_s"),
+                self.timeout_s,
+                verdict.reason,
+            )
         self.stalled = verdict.stalled
         self.verdict = verdict
         self._gauge.set(1 if self.stalled else 0)

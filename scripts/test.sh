@@ -9,4 +9,4 @@ echo "== ruff";   ruff check "${packages[@]}" tests benchmarks
 echo "== format"; ruff format --check "${packages[@]}" tests benchmarks
 echo "== mypy";   mypy "${packages[@]}"
 echo "== generated files up to date"; warden generate --check
-echo "== pytest"; python -m pytest -p no:cacheprovider "$@"
+echo "== pytest"; python -m pytest -p no:cacheprovider --durations=25 "$@"

@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry
 from exporter import catalog
 from exporter.metrics import WardenMetrics
 from exporter.step_monitor import StepSnapshot
+from tests.support.alertmanager import webhook_notification
 from warden.control import telemetry
 from warden.control.actions import ActionRequest
 from warden.control.alertmanager import parse_payload
@@ -85,20 +86,7 @@ def alert(status: str, fingerprint: str = "fp1", **labels: str) -> dict[str, Any
 
 
 def notification(*alerts: dict[str, Any]) -> bytes:
-    return json.dumps(
-        {
-            "version": "4",
-            "groupKey": "{}:{}",
-            "truncatedAlerts": 0,
-            "status": "firing",
-            "receiver": "engine",
-            "groupLabels": {},
-            "commonLabels": {},
-            "commonAnnotations": {},
-            "externalURL": "http://alertmanager",
-            "alerts": list(alerts),
-        }
-    ).encode()
+    return json.dumps(webhook_notification(*alerts)).encode()
 
 
 def apply(controller: Controller, *alerts: dict[str, Any]) -> dict[str, int]:

@@ -19,6 +19,7 @@ from exporter.saturation import SaturationMeter, SaturationState
 from exporter.settings import WardenSettings
 from exporter.signals import SignalBoard
 from exporter.step_monitor import StepMonitor, StepSnapshot
+from tests.support.alertmanager import webhook_notification
 from warden.control.actions import REFLEX_ACTIONS, ActionError, ActionRequest, parse_action
 from warden.control.admission import (
     Decision,
@@ -70,20 +71,7 @@ def alert(
 
 
 def payload(*alerts: dict) -> bytes:
-    return json.dumps(
-        {
-            "version": "4",
-            "groupKey": "{}:{}",
-            "truncatedAlerts": 0,
-            "status": "firing",
-            "receiver": "engine",
-            "groupLabels": {},
-            "commonLabels": {},
-            "commonAnnotations": {},
-            "externalURL": "http://alertmanager",
-            "alerts": list(alerts),
-        }
-    ).encode()
+    return json.dumps(webhook_notification(*alerts)).encode()
 
 
 @pytest.fixture

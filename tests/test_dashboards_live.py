@@ -32,6 +32,7 @@ from tests.support.prometheus import (
     running_prometheus,
 )
 from tests.test_dashboards_render import assert_drawn
+from warden.common.waiting import wait_until
 from warden.supervisor.engine import EngineProcess
 
 pytestmark = [
@@ -52,6 +53,7 @@ ENGINE_ENV = {
 }
 PROMPT = " ".join(["memory watermark cache block engine request"] * 12)
 RATE_INTERVAL = "1m"
+RENDER_MINUTES = 1
 
 # Queries that read only GPU-only series (catalog gpu_only=True): never data on a CPU engine.
 GPU_ONLY_QUERIES = {
@@ -210,9 +212,24 @@ def test_variables_and_annotations_run_against_the_engine(loaded: PrometheusServ
             loaded.query_range(promql.expand(expr, values), now - 300, now, 60)
 
 
+def _first_scrape(prometheus: PrometheusServer) -> float:
+    """When Prometheus first scraped the engine (its oldest ``up`` sample)."""
+    now = time.time()
+    series = prometheus.query_range("up", now - 900, now, 1)
+    return min(float(s["values"][0][0]) for s in series)
+
+
 def test_render_draws_every_dashboard_from_the_engine(
     loaded: PrometheusServer, tmp_path: Path
 ) -> None:
-    paths = render_dashboards(loaded.url, tmp_path, minutes=3, scrape_interval="1s", strict=True)
+    """Every chart spans a full window of data, however fast the run got here: the window is
+    the last RENDER_MINUTES and render waits until Prometheus has scraped that long. (A window
+    longer than the data drew lines as long as the run was slow: the memory dashboard, with
+    its few CPU series, fell under the drawn floor on fast runs.)"""
+    full_from = _first_scrape(loaded) + RENDER_MINUTES * 60 + 2
+    wait_until(lambda: time.time() >= full_from, 120, 0.5, "a full window of scrapes")
+    paths = render_dashboards(
+        loaded.url, tmp_path, minutes=RENDER_MINUTES, scrape_interval="1s", strict=True
+    )
     assert [p.stem for p in paths] == list(dashboard_models())
     assert_drawn(paths)

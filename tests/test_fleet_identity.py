@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from exporter import catalog
 from exporter.metrics import WardenMetrics
+from tests.support.alertmanager import webhook_notification
 from tests.support.asgi import serving
 from warden.control.alertmanager import parse_payload
 from warden.control.config import ControlConfig
@@ -43,18 +44,7 @@ def alert(status: str = "firing", fingerprint: str = "fp1", **labels: str) -> di
 
 
 def notification(*alerts: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "version": "4",
-        "groupKey": "{}:{}",
-        "truncatedAlerts": 0,
-        "status": "firing",
-        "receiver": "warden-engine",
-        "groupLabels": {},
-        "commonLabels": {},
-        "commonAnnotations": {},
-        "externalURL": "http://alertmanager",
-        "alerts": list(alerts),
-    }
+    return webhook_notification(*alerts, receiver="warden-engine")
 
 
 # --- the rule ---------------------------------------------------------------------------------

@@ -19,13 +19,13 @@ import pytest
 
 from exporter import catalog
 from tests.support.engine import running_engine, sample, scrape
-from warden.cli.tinymodel import build_tiny_model, nan_token_of
+from warden.cli.tinymodel import STACK_NAN_TOKEN, build_tiny_model, nan_token_of
 from warden.stack import chaos
 from warden.supervisor.engine import EngineProcess
 
 pytestmark = pytest.mark.engine
 
-NAN_TOKEN = 0  # <unk>: byte-level BPE never produces it from text; the model never generates it
+NAN_TOKEN = STACK_NAN_TOKEN  # <unk>: never produced from text, never generated
 ATTEMPTS = 3  # warden's default retry.max_attempts
 
 
@@ -133,7 +133,7 @@ def test_chaos_nan_sends_the_models_nan_token_and_sees_it_counted(engine: Engine
     assert chaos.run(args, out=lines.append) == 0
     text = "\n".join(lines)
     assert f"token {NAN_TOKEN} in the prompt" in text
-    assert "outcomes {'500': 2}" in text
+    assert "2 requests: completed: 0, refused: 0, failed: 2" in text
     counted = [line for line in lines if "went from" in line]
     assert counted, text
     low, high = (float(v) for v in counted[0].rsplit(" ", 3)[1::2])

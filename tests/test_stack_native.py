@@ -237,11 +237,15 @@ def test_native_stack_with_a_real_engine(tmp_path: Path) -> None:
             lambda p: p["alerts"][0]["labels"]["alertname"] == "WardenTestPage", timeout_s=30
         )
 
-        # --chaos wiring: the nan requests reach the test hook and are counted.
+        # The stack's tiny model has a NaN token: chaos nan's requests really make NaN logits,
+        # all fail (retries exhausted) and are counted.
         lines: list[str] = []
         chaos.inject_nan(stack.engine_url, 2, out=lines.append)
         assert any(f"{catalog.NONFINITE_LOGITS.name} went from" in line for line in lines), lines
         assert not any("nothing counted" in line for line in lines), lines
+        assert any("2 requests: completed: 0, refused: 0, failed: 2" in line for line in lines), (
+            lines
+        )
 
         pids = stack.process_ids()
         # prometheus, alertmanager, supervisor, API server, engine core, worker

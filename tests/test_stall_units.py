@@ -93,6 +93,7 @@ def test_collector_reads_heartbeats_and_reports_a_long_step_as_no_stall(
         assert not stall.stalled
     messages = [r.getMessage() for r in caplog.records]
     assert any("not a stall: one long step" in m for m in messages)
+    assert any("longer than WARDEN_STALL_TIMEOUT_S=30" in m for m in messages)
     assert any(
         "engine stalled" in m and f"engine process {os.getpid()} silent" in m for m in messages
     )

@@ -29,6 +29,7 @@ from exporter import catalog
 from exporter.supervisor_state import STATE_ENV_VAR, SupervisorState
 from warden.cli.tinymodel import tiny_engine_args
 from warden.common.metrics_text import parse_samples, sample
+from warden.common.outcomes import COMPLETED, FAILED, REFUSED, classify
 from warden.common.ports import free_port
 from warden.common.waiting import wait_until
 from warden.supervisor.engine import engine_children
@@ -203,21 +204,23 @@ def test_enforce_eager_drains_in_flight_requests_and_restarts_eager(
     admission stopped (then they are refused like any new request).
     """
     switching: list[str] = []
-    # (started, ended, status or error, Retry-After, finish_reason); unix times, like the state
-    outcomes: list[tuple[float, float, Any, str | None, str | None]] = []
+    # (started, ended, status or error, Retry-After, finish_reason, outcome); unix times, like
+    # the state; the outcome by the one rule (warden.common.outcomes)
+    outcomes: list[tuple[float, float, Any, str | None, str | None, str]] = []
 
     def send(max_tokens: int) -> None:
         started = time.time()
         try:
             response = supervised.complete(max_tokens=max_tokens, ignore_eos=True)
         except httpx.HTTPError as exc:
-            outcomes.append((started, time.time(), type(exc).__name__, None, None))
+            outcomes.append((started, time.time(), type(exc).__name__, None, None, FAILED))
             return
         finish = None
         if response.status_code == 200:
             finish = response.json()["choices"][0]["finish_reason"]
         retry_after = response.headers.get("retry-after")
-        outcomes.append((started, time.time(), response.status_code, retry_after, finish))
+        outcome = classify(response.status_code, response.headers, response.content)
+        outcomes.append((started, time.time(), response.status_code, retry_after, finish, outcome))
 
     def watch_phase() -> None:
         while not switching:
@@ -248,13 +251,14 @@ def test_enforce_eager_drains_in_flight_requests_and_restarts_eager(
     event = state.restarts[-1]
     assert state.eager and event.reason == "enforce_eager"
     switch_at = event.failed_at  # when the supervisor acted on the policy
-    admitted = [o for o in outcomes if o[2] == 200]
+    admitted = [o for o in outcomes if o[5] == COMPLETED]
     assert admitted and all(o[4] == "length" for o in admitted), outcomes
     assert any(end > switch_at for _, end, *_ in admitted), (switch_at, outcomes)
-    refused = [o for o in outcomes if o[2] == 503]
-    assert refused and all(o[3] for o in refused), outcomes
-    unexpected = [o for o in outcomes if o[2] not in (200, 503) and o[0] < switch_at]
-    assert not unexpected, outcomes
+    refused = [o for o in outcomes if o[5] == REFUSED]
+    assert refused and all(o[2] == 503 and o[3] for o in refused), outcomes
+    # Nothing sent before the switch fails (requests sent after it may meet the restart).
+    failed_before = [o for o in outcomes if o[5] == FAILED and o[0] < switch_at]
+    assert not failed_before, outcomes
     assert "--enforce-eager" in psutil.Process(state.engine_pid).cmdline()
     assert supervised.complete().status_code == 200
     samples = supervised.metrics()

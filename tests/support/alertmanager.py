@@ -16,6 +16,22 @@ from warden.common.processes import ChildProcess
 ALERTMANAGER_BINARIES = ("prometheus-alertmanager", "alertmanager")
 
 
+def webhook_notification(*alerts: dict, receiver: str = "engine") -> dict:
+    """A firing webhook notification as Alertmanager (version 4) sends it, with these alerts."""
+    return {
+        "version": "4",
+        "groupKey": "{}:{}",
+        "truncatedAlerts": 0,
+        "status": "firing",
+        "receiver": receiver,
+        "groupLabels": {},
+        "commonLabels": {},
+        "commonAnnotations": {},
+        "externalURL": "http://alertmanager",
+        "alerts": list(alerts),
+    }
+
+
 def alertmanager_binary() -> str | None:
     return next((shutil.which(b) for b in ALERTMANAGER_BINARIES if shutil.which(b)), None)
 

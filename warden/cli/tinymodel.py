@@ -77,6 +77,11 @@ def _corpus(seed: int, lines: int = 2000) -> list[str]:
     return [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(4, 16))) for _ in range(lines)]
 
 
+# The NaN token of the stack's tiny model: <unk>, which byte-level BPE never produces from text
+# and the poisoned model never generates, so only a prompt given as token ids carries it.
+STACK_NAN_TOKEN = 0
+
+
 def build_tiny_model(
     out_dir: str | Path, seed: int = 0, vocab_size: int = 1024, nan_token: int | None = None
 ) -> Path:

@@ -75,7 +75,7 @@ class StackSettings:
 
     ``model`` None builds and serves the tiny model with small-KV-cache engine arguments.
     ``engine_url`` points the stack at an engine that is already running (none is started).
-    ``inject_faults`` sets WARDEN_TEST_INJECT_NONFINITE=1 so ``warden chaos nan`` works.
+    ``inject_faults`` sets WARDEN_TEST_INJECT_NONFINITE=1 so ``warden chaos nan --inject`` works.
     ``supervise`` False runs ``warden serve --no-supervise`` (no restarts, no control port);
     ``reset_circuit`` closes a restart circuit a previous run left open in the same workdir.
     ``engine_timing``/``pager_timing`` override Alertmanager's route timings (tests use short
@@ -306,7 +306,9 @@ class NativeStack:
             ("logs", str(self.logs_dir)),
         ]
         if self.settings.inject_faults:
-            rows.append(("fault injection", f"on ({INJECT_ENV}=1): warden chaos nan works"))
+            rows.append(
+                ("fault injection", f"on ({INJECT_ENV}=1): warden chaos nan --inject nan|inf works")
+            )
         width = max(len(name) for name, _ in rows)
         return "\n".join(f"  {name.ljust(width)}  {value}" for name, value in rows)
 
@@ -339,12 +341,13 @@ class NativeStack:
         s = self.settings
         if s.model is not None:
             return s.model, list(s.engine_args or []), {}
-        from warden.cli.tinymodel import TINY_ENGINE_ARGS, build_tiny_model
+        from warden.cli.tinymodel import STACK_NAN_TOKEN, TINY_ENGINE_ARGS, build_tiny_model
 
         model_dir = self.workdir / "tiny-model"
         if not (model_dir / "config.json").exists():
             self.out(f"building the tiny model in {model_dir}")
-            build_tiny_model(model_dir)
+            # with a NaN token, so `warden chaos nan` shows a real NaN on the default stack
+            build_tiny_model(model_dir, nan_token=STACK_NAN_TOKEN)
         args = TINY_ENGINE_ARGS if s.engine_args is None else s.engine_args
         return str(model_dir), list(args), dict(TINY_ENGINE_ENV)
 

@@ -37,7 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--chaos",
         action="store_true",
-        help="let `warden chaos nan` poison logits (WARDEN_TEST_INJECT_NONFINITE=1); test only",
+        help="let `warden chaos nan --inject nan|inf` poison logits "
+        "(WARDEN_TEST_INJECT_NONFINITE=1); test only",
     )
     parser.add_argument("--otlp-endpoint", help="OTLP/HTTP collector for vLLM's request traces")
     parser.add_argument("--no-grafana", action="store_true", help="do not start Grafana")
