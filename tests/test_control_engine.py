@@ -19,6 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -27,6 +28,7 @@ from exporter import catalog
 from tests.support.engine import TINY_KV_ARGS, complete, running_engine, sample, scrape
 from warden.common.outcomes import COMPLETED, FAILED, REFUSED, OutcomeTally, classify
 from warden.common.waiting import wait_until
+from warden.stack.chaos import find_engine_core
 from warden.supervisor.engine import EngineProcess
 
 pytestmark = pytest.mark.engine
