@@ -69,6 +69,13 @@ GPU_ONLY_QUERIES = {
     "warden-memory / CUDA graph pool memory / A",
     "warden-memory / Allocator retries and OOMs (5 min) / A",
     "warden-memory / Allocator retries and OOMs (5 min) / B",
+    # Memory beyond the engine's plan: device and allocator sources only (none on a CPU engine).
+    "warden-memory / Projected time to OOM / A",
+    "warden-memory / Memory beyond the plan (risk) / A",
+    "warden-memory / Planned footprint / A",
+    "warden-memory / Utilization by source / A",
+    "warden-memory / Utilization by source over time / A",
+    "warden-memory / Projected utilization in 1 h / A",
 }
 # Other queries allowed to be empty in this test, with the reason. Event counters the exporter
 # does not pre-create appear with their first event; the supervisor's series come from the
