@@ -12,19 +12,20 @@ from alerts.model import RecordingRule, RuleGroup, recorded_name
 from exporter.catalog import (
     COLLECTOR_ERRORS,
     ENGINE_RESTARTS,
-    GPU_MEMORY_TOTAL,
-    GPU_MEMORY_USED,
+    MEMORY_RISK,
     MEMORY_WATERMARK_PEAK,
     NONFINITE_LOGITS,
     REQUEST_OUTCOMES,
     REQUEST_RETRIES,
     REQUEST_RETRIES_EXHAUSTED,
     REQUESTS,
+    SATURATED,
     TORCH_ALLOCATED,
     TORCH_DEVICE_TOTAL,
     TORCH_RESERVED,
     VLLM_NUM_PREEMPTIONS,
-    VLLM_NUM_REQUESTS_WAITING,
+    VLLM_QUEUE_TIME,
+    VLLM_REQUEST_SUCCESS,
 )
 
 # Not an exported metric: PyTorch's reserved minus allocated bytes, the allocator's cached gap.
@@ -57,16 +58,27 @@ WATERMARK_PEAK_WINDOW = "1m"
 WATERMARK_PEAK = recorded_name(
     "instance", MEMORY_WATERMARK_PEAK, f"max_over_time{WATERMARK_PEAK_WINDOW}"
 )
-GPU_USED_RATIO = recorded_name("instance_gpu", GPU_MEMORY_USED, "ratio")
+# Memory beyond the engine's plan (exporter/memory_risk.py), worst device per instance and source.
+MEMORY_RISK_MAX = recorded_name("instance_source", MEMORY_RISK, "max")
+# PyTorch reserved / device total (the eager fallback's "reserved full within 6 h").
 TORCH_RESERVED_RATIO = recorded_name("instance_device", TORCH_RESERVED, "ratio")
 TORCH_CACHED = recorded_name("instance", TORCH_CACHED_GAP, "max")
 TORCH_TOTAL = recorded_name("instance", TORCH_DEVICE_TOTAL, "max")
-QUEUE_WAITING = recorded_name("instance", VLLM_NUM_REQUESTS_WAITING, "sum")
 PREEMPTIONS_RATE = recorded_name("instance", VLLM_NUM_PREEMPTIONS, "rate5m")
+FINISHED_RATE = recorded_name("instance", VLLM_REQUEST_SUCCESS, "rate5m")
+# Preemptions per finished request: how much work vLLM recomputes, whatever the engine's size.
+RECOMPUTE_RATIO = recorded_name("instance", VLLM_NUM_PREEMPTIONS, "per_finished_rate5m")
+# vLLM's own measure of the time requests waited in its queue, 90th percentile over 5 minutes.
+QUEUE_TIME_P90 = recorded_name("instance", VLLM_QUEUE_TIME, "p90_rate5m")
+# Whether admission refused for saturation at any moment of the last minute (warden_saturated is
+# held 20 s by the engine; the minute bridges scrapes).
+SATURATED_1M = recorded_name("instance", SATURATED, "max_over_time1m")
 REQUESTS_BY_OUTCOME_RATE = recorded_name("instance_outcome", REQUESTS, "rate5m")
 # Requests that reached the engine: everything except what admission control refused.
 REQUESTS_SERVED_RATE = recorded_name("instance", REQUESTS, "served_rate5m")
 SERVER_ERROR_RATIO = recorded_name("instance", REQUESTS, "server_error_ratio_rate5m")
+# Share of requests admission refused (every reason): what an overload costs the clients.
+REJECTED_RATIO = recorded_name("instance", REQUESTS, "rejected_ratio_rate5m")
 RETRIES_RATIO = recorded_name("instance", REQUEST_RETRIES, "ratio_rate5m")
 RETRIES_EXHAUSTED_RATIO = recorded_name("instance", REQUEST_RETRIES_EXHAUSTED, "ratio_rate5m")
 NONFINITE_RATE = recorded_name("instance", NONFINITE_LOGITS, "rate5m")
@@ -87,14 +99,7 @@ RECORDING_RULES = RuleGroup(
                 f"(max_over_time({c.select(MEMORY_WATERMARK_PEAK)}[{WATERMARK_PEAK_WINDOW}]))"
             ),
         ),
-        RecordingRule(
-            GPU_USED_RATIO,
-            lambda c: (
-                f"sum {c.by('gpu')} ({c.select(GPU_MEMORY_USED)})\n"
-                f"/\n"
-                f"sum {c.by('gpu')} ({c.select(GPU_MEMORY_TOTAL)})"
-            ),
-        ),
+        RecordingRule(MEMORY_RISK_MAX, lambda c: f"max {c.by('source')} ({c.select(MEMORY_RISK)})"),
         RecordingRule(
             TORCH_RESERVED_RATIO,
             lambda c: (
@@ -109,11 +114,24 @@ RECORDING_RULES = RuleGroup(
         ),
         RecordingRule(TORCH_TOTAL, lambda c: f"max {c.by()} ({c.select(TORCH_DEVICE_TOTAL)})"),
         RecordingRule(
-            QUEUE_WAITING, lambda c: f"sum {c.by()} ({c.select(VLLM_NUM_REQUESTS_WAITING)})"
-        ),
-        RecordingRule(
             PREEMPTIONS_RATE,
             lambda c: f"sum {c.by()} (rate({c.select(VLLM_NUM_PREEMPTIONS)}[5m]))",
+        ),
+        RecordingRule(
+            FINISHED_RATE,
+            lambda c: f"sum {c.by()} (rate({c.select(VLLM_REQUEST_SUCCESS)}[5m]))",
+        ),
+        RecordingRule(RECOMPUTE_RATIO, f"{PREEMPTIONS_RATE}\n/\n{FINISHED_RATE}"),
+        RecordingRule(
+            QUEUE_TIME_P90,
+            lambda c: (
+                f"histogram_quantile(\n  0.9,\n  sum {c.by('le')} "
+                f"(rate({c.select(VLLM_QUEUE_TIME.name + '_bucket')}[5m]))\n)"
+            ),
+        ),
+        RecordingRule(
+            SATURATED_1M,
+            lambda c: f"max {c.by()} (max_over_time({c.select(SATURATED)}[1m]))",
         ),
         RecordingRule(
             REQUESTS_BY_OUTCOME_RATE,
@@ -129,6 +147,14 @@ RECORDING_RULES = RuleGroup(
                 f'sum {c.by()} ({REQUESTS_BY_OUTCOME_RATE}{{outcome="{_SERVER_ERROR}"}})\n'
                 f"/\n"
                 f"{REQUESTS_SERVED_RATE}"
+            ),
+        ),
+        RecordingRule(
+            REJECTED_RATIO,
+            lambda c: (
+                f'sum {c.by()} ({REQUESTS_BY_OUTCOME_RATE}{{outcome="{_REJECTED}"}})\n'
+                f"/\n"
+                f"sum {c.by()} ({REQUESTS_BY_OUTCOME_RATE})"
             ),
         ),
         RecordingRule(

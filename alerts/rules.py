@@ -25,11 +25,9 @@ from exporter.catalog import (
     CUDAGRAPH_POOL_BYTES,
     ENGINE_HEALTHY,
     ENGINE_STALLED,
-    MEMORY_SOURCES,
     NONFINITE_LOGITS,
     PARAM_ADMIT_FRACTION,
     PARAM_CIRCUIT,
-    PARAM_MAX_TOKENS,
     PARAM_PREEMPT,
     PARAM_PRIORITY_THRESHOLD,
     PARAM_RETRY_AFTER,
@@ -37,13 +35,16 @@ from exporter.catalog import (
 )
 
 # --- Memory watermark ---------------------------------------------------------------------
-# Levels of warden_memory_watermark and its peak; the rules use ">=" so stronger measures add to
-# weaker ones (at oom_imminent the engine holds stop_admission, shed + preempt and reject_all at
-# once).
+# Levels of warden_memory_watermark and its peak: the memory risk (exporter/memory_risk.py),
+# memory in use beyond the engine's own plan as a share of the headroom that plan left on the
+# device. A healthy engine at any gpu_memory_utilization reads 0; a full KV cache is no risk.
+# The rules use ">=" so stronger measures add to weaker ones (at oom_imminent the engine holds
+# shed + preempt and reject_all at once). ``high`` pages nobody and takes no action: it is the
+# early warning of a creep that will take hours; the engine's reflex and these alerts act from
+# ``critical``.
 LEVEL_HIGH = WATERMARK_LEVELS.index("high")
 LEVEL_CRITICAL = WATERMARK_LEVELS.index("critical")
 LEVEL_OOM_IMMINENT = WATERMARK_LEVELS.index("oom_imminent")
-STOP_ADMISSION_RETRY_AFTER_S = "10"
 # Larger priority number = less important; shedding refuses priority > threshold. vLLM's
 # default priority is 0, so "0" sheds only traffic explicitly marked as less important.
 SHED_PRIORITY_THRESHOLD = "0"
@@ -51,9 +52,10 @@ OOM_RETRY_AFTER_S = "30"
 
 # The memory alerts compare rec.WATERMARK_PEAK: the max over rec.WATERMARK_PEAK_WINDOW (1m) of
 # the exporter's warden_memory_watermark_peak (the highest level of its last 15s), not the
-# current level: the engine's reflex pushes the level back down within a step, so under a
-# persistent overload the current value is mostly 0 between short spikes, often at every scrape.
-# One spike holds the record up for one window plus the exporter's peak window (1m15s), so each
+# current level: the engine's reflex can push the level back down (a preemption frees memory),
+# and a scrape must not miss a level the engine reached between two scrapes. The engine holds a
+# level 20 s before stepping down (WARDEN_WATERMARK_HOLD_S), so the level does not flap. One
+# spike holds the record up for one window plus the exporter's peak window (1m15s), so each
 # ``for`` must be LONGER than that or a single spike the reflex handled would fire. An alert fires
 # when its level is reached at least once in every window for longer than ``for``: held, or
 # recurring (at most a window apart) over ``for`` minus the window (1m for high and critical, 30s
@@ -65,7 +67,7 @@ OOM_IMMINENT_FOR = "90s"
 
 def _watermark_description(effect: str) -> str:
     return (
-        "Memory watermark on {{ $labels.instance }} reached level "
+        "Memory on {{ $labels.instance }} beyond the engine's plan reached watermark level "
         '{{ printf "%.0f" $value }} (1 high, 2 critical, 3 oom_imminent) within the last '
         f"{_spoken(rec.WATERMARK_PEAK_WINDOW)}; " + effect
     )
@@ -86,11 +88,10 @@ MEMORY = RuleGroup(
             expr=f"{rec.WATERMARK_PEAK} >= {LEVEL_HIGH}",
             for_=WATERMARK_HIGH_FOR,
             severity="warning",
-            action="stop_admission",
-            params={PARAM_RETRY_AFTER: STOP_ADMISSION_RETRY_AFTER_S},
-            summary="Engine memory is high; warden stops admitting new requests.",
+            summary="Engine memory has grown well beyond its plan.",
             description=_watermark_description(
-                "new requests get 503 with Retry-After until it drops."
+                "most of the headroom its plan left on the device is used. Nothing is refused "
+                "yet; find the growth before it reaches critical."
             ),
             dashboard=DASHBOARD_MEMORY,
         ),
@@ -129,9 +130,11 @@ MEMORY = RuleGroup(
 class CreepHorizon:
     """How far ahead TimeToOOM looks at one severity, and what it demands of the series.
 
-    The long window gives the trend; the short window must agree, so a start-up ramp or growth
-    that already stopped does not count; ``floor`` is the lowest utilisation seen over the long
-    window, which rules out windows containing a cold start (memory near zero).
+    The series is the memory risk (memory beyond the engine's plan, 1 = device full): 0 while
+    the engine keeps to its plan, start-up and a full KV cache included, so only growth beyond
+    the plan can project to 1. The long window gives the trend; the short window must agree, so
+    growth that already stopped does not count; ``floor`` is the lowest risk over the long
+    window: some of the margin must have been used all along, not a blip.
     """
 
     severity: Severity
@@ -143,15 +146,8 @@ class CreepHorizon:
     for_: str
 
 
-TIME_TO_OOM_WARNING = CreepHorizon("warning", "6h", 6 * 3600, "2h", "30m", 0.5, "30m")
-TIME_TO_OOM_CRITICAL = CreepHorizon("critical", "1h", 3600, "1h", "15m", 0.5, "10m")
-
-
-def memory_source(name: str) -> str:
-    """A value of the ``source`` label, checked against the catalog's memory sources."""
-    if name not in MEMORY_SOURCES:
-        raise ValueError(f"unknown memory source {name!r}")
-    return name
+TIME_TO_OOM_WARNING = CreepHorizon("warning", "6h", 6 * 3600, "2h", "30m", 0.05, "30m")
+TIME_TO_OOM_CRITICAL = CreepHorizon("critical", "1h", 3600, "1h", "15m", 0.05, "10m")
 
 
 def _reaches_full(ratio: str, h: CreepHorizon) -> str:
@@ -163,23 +159,19 @@ def _reaches_full(ratio: str, h: CreepHorizon) -> str:
 
 
 def _time_to_oom(h: CreepHorizon) -> AlertRule:
-    sources = (
-        (rec.GPU_USED_RATIO, memory_source("device")),
-        (rec.TORCH_RESERVED_RATIO, memory_source("torch_reserved")),
-    )
-    branches = "\nor\n".join(
-        f'label_replace(\n{_indent(_reaches_full(ratio, h))},\n  "source", "{name}", "", ""\n)'
-        for ratio, name in sources
-    )
+    # One series per engine and risk source (device, allocator: catalog.MEMORY_RISK_SOURCES),
+    # the share of the headroom the engine's plan left that is in use (1 = the device is full).
     return AlertRule(
         name="WardenTimeToOOM",
-        expr=lambda c: f"max {c.by('source')} (\n{_indent(branches)}\n)",
+        expr=_reaches_full(rec.MEMORY_RISK_MAX, h),
         for_=h.for_,
         severity=h.severity,
-        summary="Memory keeps growing and will run out at the current rate.",
+        summary="Memory beyond the engine's plan keeps growing and will fill the device.",
         description=(
-            "{{ $labels.source }} memory on {{ $labels.instance }} has grown steadily and is "
-            f"projected at {{{{ $value | humanizePercentage }}}} of capacity within {h.horizon}."
+            "{{ $labels.source }} memory on {{ $labels.instance }} keeps growing beyond the "
+            "engine's plan; at this rate it reaches "
+            f"{{{{ $value | humanizePercentage }}}} of the headroom within {h.horizon} "
+            "(100% = the device is full)."
         ),
         dashboard=DASHBOARD_MEMORY,
     )
@@ -277,87 +269,57 @@ CREEP = RuleGroup(
 )
 
 
-# --- Traffic ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class BacklogBand:
-    """One level of WardenQueueBacklog: the queue length range it owns and what it does.
-
-    Bands do not overlap, so one level fires at a time; ``keep_firing_for`` holds the previous
-    level while the next one waits out its ``for``, so protection never lapses in between.
-    """
-
-    floor: int
-    ceiling: int | None
-    severity: Severity
-    action: str
-    params: dict[str, str]
-    for_: str
-    effect: str
+# --- Traffic and saturation ---------------------------------------------------------------
+# A saturated engine (batch full, KV cache near 100%, a preemption now and then) is vLLM at its
+# most efficient and alerts nobody. What does: admission refusing requests because a typical one
+# would miss the latency SLO (the engine's warden_saturated, held 20 s), a queue wait users feel
+# (vLLM's own queue-time histogram, for engines without an SLO set), and recomputation eating
+# the throughput (preemptions per finished request).
+SATURATED_FOR = "1m"
+SATURATED_REJECTED_RATIO = 0.5
+SATURATED_CRITICAL_FOR = "2m"
+SATURATED_KEEP_FIRING = "2m"
+QUEUE_TIME_P90_S = 60
+QUEUE_TIME_FOR = "15m"
 
 
-BACKLOG_HANDOVER = "2m"
-BACKLOG_BANDS: tuple[BacklogBand, ...] = (
-    BacklogBand(
-        100,
-        500,
-        "warning",
-        "cap_max_tokens",
-        {PARAM_MAX_TOKENS: "2048"},
-        "2m",
-        "warden caps max_tokens at 2048",
-    ),
-    BacklogBand(
-        500,
-        800,
-        "warning",
-        "cap_max_tokens",
-        {PARAM_MAX_TOKENS: "512"},
-        "1m",
-        "warden caps max_tokens at 512",
-    ),
-    BacklogBand(
-        800,
-        1000,
-        "critical",
-        "shed_low_priority",
-        {PARAM_PRIORITY_THRESHOLD: SHED_PRIORITY_THRESHOLD},
-        "1m",
-        "warden refuses low-priority requests",
-    ),
-    BacklogBand(
-        1000,
-        None,
-        "critical",
-        "reject_all",
-        {PARAM_RETRY_AFTER: OOM_RETRY_AFTER_S},
-        "1m",
-        "warden rejects all new requests",
-    ),
-)
-
-
-def _backlog(band: BacklogBand) -> AlertRule:
-    expr = f"{rec.QUEUE_WAITING} >= {band.floor}"
-    if band.ceiling is not None:
-        expr += f"\nand {rec.QUEUE_WAITING} < {band.ceiling}"
+def _saturated(severity: Severity) -> AlertRule:
+    critical = severity == "critical"
+    saturated = f"{rec.SATURATED_1M} == 1"
+    # critical: the refused share first, it is the value the description shows
+    expr: Templated = (
+        (lambda c: f"{rec.REJECTED_RATIO} > {SATURATED_REJECTED_RATIO}\nand {c.on()} {saturated}")
+        if critical
+        else saturated
+    )
     return AlertRule(
-        name="WardenQueueBacklog",
+        name="WardenSaturated",
         expr=expr,
-        for_=band.for_,
-        keep_firing_for=BACKLOG_HANDOVER,
-        severity=band.severity,
-        action=band.action,
-        params=band.params,
-        summary="Requests are piling up in the engine's queue.",
+        for_=SATURATED_CRITICAL_FOR if critical else SATURATED_FOR,
+        keep_firing_for=SATURATED_KEEP_FIRING,
+        severity=severity,
+        action="shed_low_priority",
+        params={PARAM_PRIORITY_THRESHOLD: SHED_PRIORITY_THRESHOLD},
+        summary=(
+            "Most requests are refused: the engine is overloaded beyond its latency SLO."
+            if critical
+            else "The engine is saturated: warden refuses what would miss the latency SLO."
+        ),
         description=(
-            '{{ printf "%.0f" $value }} requests are waiting on {{ $labels.instance }}; '
-            f"{band.effect}."
+            "{{ $labels.instance }} is saturated: a new request would miss its latency SLO or "
+            "queue limit, so warden refuses it with a Retry-After computed from the drain rate"
+            + (
+                " ({{ $value | humanizePercentage }} of requests refused over 5 minutes)"
+                if critical
+                else " (saturated = {{ $value }})"
+            )
+            + "; low-priority requests are shed."
         ),
         dashboard=DASHBOARD_OVERVIEW,
     )
 
 
-PREEMPTIONS_PER_SECOND = 0.5
+RECOMPUTE_PER_FINISHED = 1.0
 # Ratio alerts need some traffic, or one failed request out of two is "50% errors".
 MIN_SERVED_PER_SECOND = 0.05
 ERROR_RATIO_HALF_OPEN = 0.2
@@ -374,16 +336,30 @@ def _with_traffic(expr: str) -> Templated:
 TRAFFIC = RuleGroup(
     "warden-traffic",
     (
-        *(_backlog(band) for band in BACKLOG_BANDS),
+        _saturated("warning"),
+        _saturated("critical"),
+        AlertRule(
+            name="WardenQueueWaitHigh",
+            expr=f"{rec.QUEUE_TIME_P90} > {QUEUE_TIME_P90_S}",
+            for_=QUEUE_TIME_FOR,
+            severity="warning",
+            summary="Requests wait long in vLLM's queue before they start.",
+            description=(
+                "90% of requests on {{ $labels.instance }} waited up to "
+                '{{ printf "%.0f" $value }} s in the queue over 5 minutes; set a latency SLO '
+                "(admission.saturation) to refuse what would miss it instead."
+            ),
+            dashboard=DASHBOARD_OVERVIEW,
+        ),
         AlertRule(
             name="WardenPreemptionStorm",
-            expr=f"{rec.PREEMPTIONS_RATE} > {PREEMPTIONS_PER_SECOND}",
-            for_="5m",
+            expr=f"{rec.RECOMPUTE_RATIO} > {RECOMPUTE_PER_FINISHED}",
+            for_="15m",
             severity="warning",
-            summary="vLLM keeps preempting requests: the KV cache is oversubscribed.",
+            summary="vLLM recomputes more than it finishes: the KV cache is oversubscribed.",
             description=(
                 'vLLM on {{ $labels.instance }} preempts {{ printf "%.2f" $value }} requests '
-                "per second; their work is recomputed or swapped, so throughput collapses."
+                "per finished request; their work is recomputed, so throughput collapses."
             ),
             dashboard=DASHBOARD_OVERVIEW,
         ),

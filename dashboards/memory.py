@@ -30,6 +30,8 @@ from exporter.catalog import (
     CUDAGRAPH_POOL_BYTES,
     GPU_MEMORY_TOTAL,
     GPU_MEMORY_USED,
+    MEMORY_PLANNED,
+    MEMORY_RISK,
     MEMORY_UTILIZATION,
     MEMORY_WATERMARK,
     MEMORY_WATERMARK_PEAK,
@@ -203,6 +205,28 @@ def utilization_row() -> Row:
     return Row(8, [(6, by_source_now), (10, by_source), (8, projected)])
 
 
+def risk_row() -> Row:
+    """What the watermark reads: memory beyond the engine's own plan, not raw used/total."""
+    risk = timeseries(
+        "Memory beyond the plan (risk)",
+        "Memory in use beyond what the engine planned at start-up, as a share of the headroom "
+        "the plan left on the device: device (NVML) and allocator (PyTorch reserved). Normal: 0 "
+        "at any load and any gpu_memory_utilization; high 80%, critical 90%, oom_imminent 97%.",
+        [target(aggregate("max", selector(MEMORY_RISK), ["instance", "source"]), "{{source}}")],
+        MEMORY_RISK.unit,
+        maximum=1,
+        thresholds=steps((OK, None), (WARN, 0.8), (BAD, 0.9)),
+    )
+    planned = timeseries(
+        "Planned footprint",
+        "Device memory the engine planned to use (vLLM's budget plus what was in use before, "
+        "or the peak it settled at). Normal: flat from start-up on.",
+        [target(aggregate("max", selector(MEMORY_PLANNED), ["gpu"]), "gpu {{gpu}}")],
+        MEMORY_PLANNED.unit,
+    )
+    return Row(8, [(14, risk), (10, planned)])
+
+
 def pressure_row() -> Row:
     fragmentation = timeseries(
         "Fragmentation ratio",
@@ -307,6 +331,7 @@ def dashboard() -> Dashboard:
         [
             headline_row(),
             device_row(),
+            risk_row(),
             utilization_row(),
             pressure_row(),
             cudagraph_row(),

@@ -28,11 +28,17 @@ from exporter.catalog import (
     ADMISSION_REJECTIONS,
     DEGRADATION_ACTIVE,
     DEGRADATION_LEASES,
+    DRAIN_RATE,
+    LATENCY_SLO,
     MAX_TOKENS_CAPPED,
     MEMORY_WATERMARK,
+    QUEUE_WAIT_PREDICTED,
     REFLEX_ACTIONS,
     REQUEST_OUTCOMES,
     REQUESTS,
+    SATURATED,
+    SATURATION_TRANSITIONS,
+    SERVICE_TIME,
     VLLM_ADMISSION_REJECTIONS,
     VLLM_E2E_LATENCY,
     VLLM_GENERATION_TOKENS,
@@ -197,6 +203,42 @@ def load_row() -> Row:
     return Row(8, [(8, kv), (8, queue), (8, rejections)])
 
 
+def saturation_row() -> Row:
+    """Admission at saturation: a full engine is no risk; a request that would miss the SLO is."""
+    saturated = state_timeline(
+        "Saturation (admission refuses)",
+        "1 while a typical new request would miss the latency SLO or a queue limit, so "
+        "admission refuses with a Retry-After from the drain rate (held 20 s). Normal: 0, "
+        "including at full load with the KV cache near 100%.",
+        [target(aggregate("max", selector(SATURATED), ["instance"]), "{{instance}}")],
+        SATURATED.unit,
+        mappings=ACTIVE_NAMES,
+    )
+    wait = timeseries(
+        "Predicted latency against the SLO",
+        "What admission predicts for a new request: queue wait (from the queue and the measured "
+        "drain rate) and service time (p90 of recent requests), next to the SLO it protects "
+        "(0 = none set). Normal: wait + service below the SLO.",
+        [
+            target(aggregate("max", selector(QUEUE_WAIT_PREDICTED), ["instance"]), "wait"),
+            target(aggregate("max", selector(SERVICE_TIME), ["instance"]), "service p90"),
+            target(aggregate("max", selector(LATENCY_SLO), ["instance"]), "SLO"),
+        ],
+        QUEUE_WAIT_PREDICTED.unit,
+    )
+    drain = timeseries(
+        "Drain rate and saturation changes",
+        "Requests the engine finishes per second (what Retry-After is computed from), and "
+        "changes of the saturation state. Normal: changes rare, never several a minute.",
+        [
+            target(aggregate("max", selector(DRAIN_RATE), ["instance"]), "drain {{instance}}"),
+            target(increase(SATURATION_TRANSITIONS, ["to"]), "to {{to}}"),
+        ],
+        DRAIN_RATE.unit,
+    )
+    return Row(7, [(6, saturated), (10, wait), (8, drain)])
+
+
 def percentiles(short_name: str, spec: MetricSpec) -> list[PromTarget]:
     """Median and p99 of a latency histogram, as two lines."""
     return [
@@ -284,5 +326,12 @@ def dashboard() -> Dashboard:
         TITLE,
         "Serving health and warden's protection at a glance: memory pressure, degradation, "
         "alerts, load, latency and errors.",
-        [headline_row(), protection_row(), load_row(), latency_row(), outcome_row()],
+        [
+            headline_row(),
+            protection_row(),
+            saturation_row(),
+            load_row(),
+            latency_row(),
+            outcome_row(),
+        ],
     )

@@ -15,7 +15,11 @@ Owner = Literal["warden", "vllm", "alertmanager"]
 
 # Levels of warden_memory_watermark, in order of severity.
 WATERMARK_LEVELS: tuple[str, ...] = ("normal", "high", "critical", "oom_imminent")
-MEMORY_SOURCES: tuple[str, ...] = ("device", "torch_reserved", "kv_cache")
+# warden_memory_utilization_ratio{source}: raw used fractions, for dashboards and trends.
+MEMORY_SOURCES: tuple[str, ...] = ("device", "torch_reserved")
+# warden_memory_risk_ratio{source}: memory beyond the engine's plan, what the watermark reads
+# (exporter/memory_risk.py). The KV cache is not one: a full cache is vLLM at work, not a risk.
+MEMORY_RISK_SOURCES: tuple[str, ...] = ("device", "allocator")
 ERROR_CLASSES: tuple[str, ...] = ("oom", "cuda_driver", "other")
 NONFINITE_KINDS: tuple[str, ...] = ("nan", "inf")
 DEGRADATION_ACTIONS: tuple[str, ...] = (
@@ -34,9 +38,12 @@ ADMISSION_REASONS: tuple[str, ...] = (
     "reject_all",
     "stop_admission",
     "shed_low_priority",
-    "kv_headroom",
+    "saturated",
     "kv_never_fits",
 )
+# What a refusal can name as its cause (the ``warden_signal`` of the error body): the memory
+# watermark, a saturation signal, an alert (its alertname) or a manual override.
+SATURATION_SIGNALS: tuple[str, ...] = ("latency_s", "queue_wait_s", "queue_depth")
 WEBHOOK_OUTCOMES: tuple[str, ...] = (
     "applied",
     "unauthorized",
@@ -162,10 +169,31 @@ MEMORY_WATERMARK_PEAK = _w(
 MEMORY_UTILIZATION = _w(
     "warden_memory_utilization_ratio",
     "gauge",
-    "Used fraction of memory per signal: device (NVML), torch_reserved, kv_cache.",
+    "Used fraction of the device per source, raw: device (NVML used), torch_reserved. Near "
+    "gpu_memory_utilization (0.92) on a healthy engine; the watermark reads the risk instead.",
     "source",
     unit="percentunit",
     multiprocess_mode="max",
+    gpu_only=True,
+)
+MEMORY_RISK = _w(
+    "warden_memory_risk_ratio",
+    "gauge",
+    "Memory in use beyond the engine's plan, as a share of the headroom the plan left on the "
+    "device: 0 within the plan, 1 device full. device = NVML used, allocator = PyTorch reserved.",
+    "source",
+    unit="percentunit",
+    multiprocess_mode="max",
+    gpu_only=True,
+)
+MEMORY_PLANNED = _w(
+    "warden_memory_planned_bytes",
+    "gauge",
+    "Device memory the engine planned to use: vLLM's budget (gpu_memory_utilization x total) "
+    "plus what was in use before it started, or the peak it settled at if that is higher.",
+    "gpu",
+    unit="bytes",
+    gpu_only=True,
 )
 WATERMARK_TRANSITIONS = _w(
     "warden_memory_watermark_transitions_total",
@@ -369,6 +397,55 @@ WARDEN_PREEMPTIONS = _w(
     "warden_preemptions_total",
     "counter",
     "Requests preempted by warden to relieve memory pressure.",
+)
+
+# --- Saturation (what queueing costs users; warden/control/admission.py decides from it) ----
+SATURATION_STATES: tuple[str, ...] = ("normal", "saturated")
+QUEUE_WAIT_PREDICTED = _w(
+    "warden_queue_wait_predicted_seconds",
+    "gauge",
+    "How long a request arriving now would wait in vLLM's queue: requests waiting divided by "
+    "the drain rate. 0 when nothing waits.",
+    unit="s",
+    multiprocess_mode="max",
+)
+DRAIN_RATE = _w(
+    "warden_drain_rate_per_second",
+    "gauge",
+    "Requests the engine finishes per second, over its recent completions (what the queue "
+    "wait and Retry-After are computed from).",
+    unit="reqps",
+    multiprocess_mode="max",
+)
+SERVICE_TIME = _w(
+    "warden_service_time_seconds",
+    "gauge",
+    "90th percentile of the time recent requests spent being served (end to end minus queue), "
+    "preemptions and recomputation included.",
+    unit="s",
+    multiprocess_mode="max",
+)
+LATENCY_SLO = _w(
+    "warden_latency_slo_seconds",
+    "gauge",
+    "The latency SLO admission protects (admission.saturation.latency_slo_s); 0 when none is "
+    "set and saturation never refuses.",
+    unit="s",
+    multiprocess_mode="max",
+)
+SATURATED = _w(
+    "warden_saturated",
+    "gauge",
+    "1 while a typical new request would miss the latency SLO or queue limit, so admission "
+    "refuses new requests with a computed Retry-After; held 20 s after it clears.",
+    unit="bool",
+    multiprocess_mode="max",
+)
+SATURATION_TRANSITIONS = _w(
+    "warden_saturation_transitions_total",
+    "counter",
+    "Changes of the saturation state, by the state entered (saturated, normal).",
+    "to",
 )
 
 # --- warden relay (Alertmanager -> the engine an alert is about) ----------------------------

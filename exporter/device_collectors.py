@@ -1,16 +1,26 @@
 """Collectors for the device-owning process: allocator, NVML and CUDA graphs.
 
-They read through the adapters in ``exporter.adapters`` (GPU-only), set warden metrics, and
-publish the two memory ratios to the signal board so the API process can fold them into the
-watermark on its next step. Counters mirror monotonic source counters by adding the delta.
+They read through the adapters in ``exporter.adapters`` (GPU-only) and set warden metrics; the
+signal publisher then turns this device's bytes into memory risk against the engine's plan
+(exporter/memory_risk.py) and publishes it to the signal board, so the API process folds it
+into the watermark on its next step. Counters mirror monotonic source counters by adding the
+delta.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from exporter import catalog
-from exporter.adapters import AllocatorSource, CudaGraphSource, DeviceMemorySource
+from exporter.adapters import (
+    AllocatorSource,
+    AllocatorStats,
+    CudaGraphSource,
+    DeviceMemory,
+    DeviceMemorySource,
+)
+from exporter.memory_risk import MemoryBudget, MemoryPlanner, MemoryRisk
 from exporter.metrics import WardenMetrics
 from exporter.signals import SignalBoard
 
@@ -43,9 +53,11 @@ class AllocatorCollector:
         self._ooms = metrics.get(catalog.TORCH_OOM).labels(self.device)
         self._mirror = _CounterMirror()
         self.reserved_ratio: float | None = None
+        self.stats: AllocatorStats | None = None  # the latest read
 
     def collect(self) -> None:
         stats = self.source.read(self.device_index)
+        self.stats = stats
         self._allocated.set(stats.allocated_bytes)
         self._reserved.set(stats.reserved_bytes)
         self._total.set(stats.total_bytes)
@@ -63,16 +75,25 @@ class NvmlCollector:
         self._used = metrics.get(catalog.GPU_MEMORY_USED)
         self._total = metrics.get(catalog.GPU_MEMORY_TOTAL)
         self.used_ratio: float | None = None
+        # The latest read of each visible device, in CUDA order: position i is cuda:i.
+        self.devices: list[tuple[int, DeviceMemory]] = []
 
     def collect(self) -> None:
         worst = 0.0
+        devices = []
         for index in self.source.device_indices():
             memory = self.source.read(index)
+            devices.append((index, memory))
             self._used.labels(str(index)).set(memory.used_bytes)
             self._total.labels(str(index)).set(memory.total_bytes)
             if memory.total_bytes > 0:
                 worst = max(worst, memory.used_bytes / memory.total_bytes)
+        self.devices = devices
         self.used_ratio = worst
+
+    def device(self, position: int) -> tuple[int, DeviceMemory] | None:
+        """(NVML index, memory) of the ``position``-th visible device, as CUDA numbers it."""
+        return self.devices[position] if 0 <= position < len(self.devices) else None
 
 
 class CudaGraphCollector:
@@ -90,7 +111,13 @@ class CudaGraphCollector:
 
 
 class SignalPublisher:
-    """Writes this rank's latest memory ratios to the board; runs after the collectors."""
+    """This rank's memory risk against the engine's plan, on the board and on /metrics.
+
+    Runs after the allocator and NVML collectors, reading what they just read for this rank's
+    device (``allocator.device_index``, else ``rank``): NVML's used bytes for the ``device``
+    risk, PyTorch's reserved bytes for the ``allocator`` risk. A source that is missing leaves
+    its risk NaN on the board (not measured), never 0.
+    """
 
     name = "signal_board"
 
@@ -100,18 +127,63 @@ class SignalPublisher:
         rank: int,
         allocator: AllocatorCollector | None,
         nvml: NvmlCollector | None,
+        planner: MemoryPlanner | None = None,
+        metrics: WardenMetrics | None = None,
+        clock: Callable[[], float] = time.time,
+        settle_s: float = 300.0,
     ) -> None:
         self.board = board
         self.rank = rank
         self.allocator = allocator
         self.nvml = nvml
+        self.clock = clock
+        self.planner = planner or MemoryPlanner(MemoryBudget(), settle_s, clock())
+        self.position = allocator.device_index if allocator is not None else rank
+        self.risk: MemoryRisk | None = None
+        self._metrics = metrics
+
+    def _bytes(self) -> tuple[int | None, int | None, int | None, str]:
+        """(used, reserved, total, gpu label) of this rank's device, None where unknown."""
+        used = reserved = total = None
+        gpu = str(self.position)
+        device = self.nvml.device(self.position) if self.nvml is not None else None
+        if device is not None:
+            index, memory = device
+            used, total, gpu = memory.used_bytes, memory.total_bytes, str(index)
+        stats = self.allocator.stats if self.allocator is not None else None
+        if stats is not None:
+            reserved = stats.reserved_bytes
+            total = total or stats.total_bytes
+        return used, reserved, total, gpu
 
     def collect(self) -> None:
+        now = self.clock()
+        used, reserved, total, gpu = self._bytes()
         nan = float("nan")
-        device = self.nvml.used_ratio if self.nvml and self.nvml.used_ratio is not None else nan
-        reserved = (
-            self.allocator.reserved_ratio
-            if self.allocator and self.allocator.reserved_ratio is not None
-            else nan
+        if not total:
+            self.board.write(self.rank, nan, nan, now)
+            return
+        risk = self.planner.observe(used, reserved, total, now)
+        self.risk = risk
+        self.board.write(
+            self.rank,
+            nan if risk.device is None else risk.device,
+            nan if risk.allocator is None else risk.allocator,
+            now,
         )
-        self.board.write(self.rank, device, reserved, time.time())
+        if self._metrics is not None:
+            self._publish(risk, used, reserved, total, gpu)
+
+    def _publish(
+        self, risk: MemoryRisk, used: int | None, reserved: int | None, total: int, gpu: str
+    ) -> None:
+        metrics = self._metrics
+        assert metrics is not None
+        metrics.get(catalog.MEMORY_PLANNED).labels(gpu).set(risk.planned_used_bytes)
+        for source, value in risk.signals().items():
+            metrics.get(catalog.MEMORY_RISK).labels(source).set(value)
+        ratio = metrics.get(catalog.MEMORY_UTILIZATION)
+        if used is not None:
+            ratio.labels("device").set(used / total)
+        if reserved is not None:
+            ratio.labels("torch_reserved").set(reserved / total)

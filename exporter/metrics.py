@@ -21,6 +21,8 @@ from exporter.catalog import MetricSpec
 # from the first scrape instead of from the first event.
 KNOWN_LABEL_VALUES: dict[str, dict[str, tuple[str, ...]]] = {
     catalog.MEMORY_UTILIZATION.name: {"source": catalog.MEMORY_SOURCES},
+    catalog.MEMORY_RISK.name: {"source": catalog.MEMORY_RISK_SOURCES},
+    catalog.SATURATION_TRANSITIONS.name: {"to": catalog.SATURATION_STATES},
     catalog.WATERMARK_TRANSITIONS.name: {"to": catalog.WATERMARK_LEVELS},
     catalog.NONFINITE_LOGITS.name: {"kind": catalog.NONFINITE_KINDS},
     catalog.ENGINE_ERRORS.name: {"class": catalog.ERROR_CLASSES},

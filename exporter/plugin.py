@@ -21,6 +21,7 @@ import atexit
 import logging
 import os
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from exporter.device_collectors import (
     SignalPublisher,
 )
 from exporter.heartbeat import Heartbeat, heartbeat_dir
+from exporter.memory_risk import MemoryBudget, MemoryPlanner
 from exporter.metrics import WardenMetrics, process_metrics
 from exporter.settings import WardenSettings, load_settings
 from exporter.signals import SignalBoard
@@ -163,7 +165,10 @@ def start_device_collectors(wrapper: Any, config: WardenSettings, metrics: Warde
     # Read again: the API process publishes the board's path after this process's settings.
     path = load_settings().signal_board
     if collectors and path and path.exists():
-        collectors.append(SignalPublisher(SignalBoard(str(path)), rank, allocator, nvml))
+        budget = MemoryBudget(*vllm_compat.memory_budget(worker))
+        planner = MemoryPlanner(budget, config.memory_settle_s, time.time())
+        board = SignalBoard(str(path))
+        collectors.append(SignalPublisher(board, rank, allocator, nvml, planner, metrics))
     if collectors:
         runner = CollectorRunner(collectors, metrics, config.collector_interval_s)
         runner.start()

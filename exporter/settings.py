@@ -46,11 +46,15 @@ class WardenSettings(BaseSettings):
     )
 
     # --- memory watermark (exporter, API process) -----------------------------------------
-    watermark_high: float = Field(0.90, gt=0, le=1, description="risk fraction: high")
-    watermark_critical: float = Field(0.95, gt=0, le=1, description="risk fraction: critical")
-    watermark_oom: float = Field(0.98, gt=0, le=1, description="risk fraction: oom_imminent")
-    watermark_hysteresis: float = Field(0.02, ge=0, lt=1, description="step-down margin")
+    # Levels of the memory risk (exporter/memory_risk.py): the share of the headroom the
+    # engine's plan left on the device that is used up (0 within the plan, 1 device full).
+    watermark_high: float = Field(0.80, gt=0, le=1, description="risk fraction: high")
+    watermark_critical: float = Field(0.90, gt=0, le=1, description="risk fraction: critical")
+    watermark_oom: float = Field(0.97, gt=0, le=1, description="risk fraction: oom_imminent")
+    watermark_hysteresis: float = Field(0.05, ge=0, lt=1, description="step-down margin")
+    watermark_hold_s: float = Field(20.0, ge=0, le=3600, description="below this long to step down")
     watermark_peak_window_s: float = Field(15.0, ge=1, le=3600, description="peak gauge window")
+    memory_settle_s: float = Field(300.0, ge=0, le=86400, description="plan: settling peak window")
     # --- exporter cadences ----------------------------------------------------------------
     stall_timeout_s: float = Field(30.0, ge=0.1, le=86400, description="no step this long")
     stall_max_step_s: float = Field(

@@ -29,8 +29,9 @@ from exporter.settings import env_name
 
 ENV_VAR = env_name("signal_board")  # set for the process tree by the API process
 MAX_RANKS = 16
-# Per rank: device used ratio, torch reserved ratio, unix time of the sample.
-FIELDS = ("device", "torch_reserved", "timestamp")
+# Per rank: the device and allocator memory risks (exporter/memory_risk.py), unix time of the
+# sample. The names are the watermark's sources (catalog.MEMORY_RISK_SOURCES).
+FIELDS = ("device", "allocator", "timestamp")
 _SLOT = struct.Struct("<" + "d" * len(FIELDS))
 SIGNALS_SIZE = _SLOT.size * MAX_RANKS
 RING_SLOTS = 1024
@@ -68,18 +69,19 @@ class SignalBoard:
         os.environ[ENV_VAR] = path
         return board
 
-    def write(self, rank: int, device: float, torch_reserved: float, timestamp: float) -> None:
+    def write(self, rank: int, device: float, allocator: float, timestamp: float) -> None:
+        """This rank's risks (NaN: not measured here) as of ``timestamp``."""
         if 0 <= rank < MAX_RANKS:
-            _SLOT.pack_into(self._map, rank * _SLOT.size, device, torch_reserved, timestamp)
+            _SLOT.pack_into(self._map, rank * _SLOT.size, device, allocator, timestamp)
 
     def read_max(self, max_age_s: float, now: float) -> dict[str, float]:
         """Worst value of each signal over the ranks whose sample is fresh enough."""
         worst: dict[str, float] = {}
         for rank in range(MAX_RANKS):
-            device, reserved, stamp = _SLOT.unpack_from(self._map, rank * _SLOT.size)
+            *values, stamp = _SLOT.unpack_from(self._map, rank * _SLOT.size)
             if math.isnan(stamp) or now - stamp > max_age_s:
                 continue
-            for name, value in (("device", device), ("torch_reserved", reserved)):
+            for name, value in zip(FIELDS, values, strict=False):
                 if not math.isnan(value):
                     worst[name] = max(worst.get(name, 0.0), value)
         return worst

@@ -66,8 +66,9 @@ class WardenStatLogger(StatLoggerBase):
         try:
             running, waiting, kv = vllm_compat.scheduler_counts(scheduler_stats)
             preempted = vllm_compat.preempted_in_iteration(iteration_stats)
+            finished = vllm_compat.finished_requests(iteration_stats)
             assert self.monitor is not None
-            self.monitor.on_step(running, waiting, kv, preempted)
+            self.monitor.on_step(running, waiting, kv, preempted, finished)
         except Exception:
             # Never let a warden bug reach vLLM's output loop.
             self._errors.inc()

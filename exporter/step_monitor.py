@@ -1,9 +1,10 @@
 """What the API process knows about the engine, refreshed once per engine step.
 
 vLLM calls the stat logger with each batch of engine outputs; the monitor turns that into the
-watermark (from the KV cache and the device-side ratios on the signal board), the last-step
-time, and a snapshot that step listeners (the local reflex) read in the same call. Everything
-here is arithmetic on values already in memory: no I/O, no device access.
+memory watermark (from the device-side memory risks on the signal board; the KV cache is not a
+memory signal), the saturation measurements (queue, drain rate, service time, preemptions),
+the last-step time, and a snapshot that step listeners (the local reflex) read in the same
+call. Everything here is arithmetic on values already in memory: no I/O, no device access.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from exporter import catalog
 from exporter.metrics import WardenMetrics
+from exporter.saturation import SaturationMeter, SaturationState
 from exporter.settings import WardenSettings
 from exporter.signals import SignalBoard
-from exporter.watermark import Watermark
+from exporter.watermark import Watermark, WatermarkChange
 
 
 @dataclass
@@ -31,7 +33,10 @@ class StepSnapshot:
     kv_cache_usage: float = 0.0
     preempted: int = 0
     watermark: int = 0
-    signals: dict[str, float] = field(default_factory=dict)
+    signals: dict[str, float] = field(default_factory=dict)  # memory risk by source
+    watermark_source: str | None = None  # the signal that sets the level, and its risk
+    watermark_value: float = 0.0
+    saturation: SaturationState = field(default_factory=SaturationState)
 
 
 StepListener = Callable[[StepSnapshot], None]
@@ -49,12 +54,18 @@ class StepMonitor:
         self.board = board
         self.clock = clock
         self.snapshot = StepSnapshot()
-        self.watermark = Watermark(config.thresholds, config.watermark_hysteresis)
+        self.watermark = Watermark(
+            config.thresholds, config.watermark_hysteresis, config.watermark_hold_s
+        )
+        self.saturation = SaturationMeter()
         self._listeners: list[StepListener] = []
         self._listener_errors = metrics.get(catalog.COLLECTOR_ERRORS)
         self._level = metrics.get(catalog.MEMORY_WATERMARK)
-        self._ratio = metrics.get(catalog.MEMORY_UTILIZATION)
         self._transitions = metrics.get(catalog.WATERMARK_TRANSITIONS)
+        self._queue_wait = metrics.get(catalog.QUEUE_WAIT_PREDICTED)
+        self._drain_rate = metrics.get(catalog.DRAIN_RATE)
+        self._service = metrics.get(catalog.SERVICE_TIME)
+        self._queue_wait.set(0)
         self._last_step = metrics.get(catalog.ENGINE_LAST_STEP)
         metrics.get(catalog.SOURCE_AVAILABLE).labels("kv_cache").set(1)
         self._level.set(0)
@@ -62,16 +73,24 @@ class StepMonitor:
         self._peak.set(0)
         self.inflight: Callable[[], int] | None = None
         self.watermark_changed_at: float | None = None
-        # Recent (time, level) changes, for /warden/state and for measuring reaction times.
-        self.transitions: deque[tuple[float, int]] = deque(maxlen=64)
+        # Recent changes as (time, level entered, deciding signal, its risk), for
+        # /warden/state and for measuring reaction times.
+        self.transitions: deque[tuple[float, int, str | None, float]] = deque(maxlen=64)
         self._lock = threading.Lock()
 
     def add_listener(self, listener: StepListener) -> None:
         self._listeners.append(listener)
 
     def on_step(
-        self, running: int | None, waiting: int | None, kv_usage: float | None, preempted: int = 0
+        self,
+        running: int | None,
+        waiting: int | None,
+        kv_usage: float | None,
+        preempted: int = 0,
+        finished: list[tuple[int, float, float]] | None = None,
     ) -> StepSnapshot:
+        """One engine step: counts (None = unknown, keep the last), preemptions in it, and the
+        requests it finished as (tokens, seconds queued, seconds served)."""
         now = self.clock()
         snap = self.snapshot
         with self._lock:
@@ -82,22 +101,45 @@ class StepMonitor:
                 kv_cache_usage=snap.kv_cache_usage if kv_usage is None else kv_usage,
                 preempted=preempted,
             )
-            signals = {"kv_cache": snap.kv_cache_usage}
-            if self.board is not None:
-                signals.update(self.board.read_max(5 * self.config.collector_interval_s, now))
-            change = self.watermark.update(signals)
-            snap.watermark = self.watermark.level
-            snap.signals = signals
+            change = self._update_watermark(snap, now)
+            snap.saturation = self.saturation.observe(
+                now, snap.running, snap.waiting, finished or [], preempted
+            )
             self.snapshot = snap
         self._last_step.set(now)
-        for source, value in signals.items():
-            self._ratio.labels(source).set(value)
+        self._publish_saturation(snap.saturation)
+        self._publish_watermark(change, now)
+        return self._notify(snap)
+
+    def refresh_memory(self) -> StepSnapshot:
+        """Between steps (an idle engine makes none): the watermark from the latest memory risks,
+        the rest of the snapshot as the last step left it. Listeners see it as a step."""
+        now = self.clock()
+        with self._lock:
+            snap = replace(self.snapshot)
+            change = self._update_watermark(snap, now)
+            self.snapshot = snap
+        self._publish_watermark(change, now)
+        return self._notify(snap)
+
+    def _update_watermark(self, snap: StepSnapshot, now: float) -> WatermarkChange | None:
+        signals = self.memory_signals(now)
+        change = self.watermark.update(signals, now)
+        snap.watermark = self.watermark.level
+        snap.watermark_source = self.watermark.worst_source
+        snap.watermark_value = self.watermark.worst_value
+        snap.signals = signals
+        return change
+
+    def _publish_watermark(self, change: WatermarkChange | None, now: float) -> None:
         if change is not None:
             self.watermark_changed_at = now
-            self.transitions.append((now, change.current))
+            self.transitions.append((now, change.current, change.source, change.value))
             self._level.set(change.current)
             self._transitions.labels(change.entered).inc()
         self.publish_peak(now)
+
+    def _notify(self, snap: StepSnapshot) -> StepSnapshot:
         for listener in self._listeners:
             try:
                 listener(snap)
@@ -105,13 +147,28 @@ class StepMonitor:
                 self._listener_errors.labels(getattr(listener, "name", "step_listener")).inc()
         return snap
 
+    def memory_signals(self, now: float) -> dict[str, float]:
+        """The freshest memory risk of each source, worst over the device ranks."""
+        if self.board is None:
+            return {}
+        return self.board.read_max(5 * self.config.collector_interval_s, now)
+
+    def _publish_saturation(self, state: SaturationState) -> None:
+        wait = state.queue_wait_s
+        if wait is not None:
+            self._queue_wait.set(wait)
+        if state.drain_rate is not None:
+            self._drain_rate.set(state.drain_rate)
+        if state.service_s is not None:
+            self._service.set(state.service_s)
+
     def peak_level(self, now: float) -> int:
         """Highest level held at any moment of the last peak window. Prometheus scrapes every
         few seconds; a spike the reflex absorbs faster than that must not fall between two."""
         since = now - self.config.watermark_peak_window_s
         peak = self.watermark.level
         in_force_at_start = 0
-        for at, level in list(self.transitions):  # a copy: the step path appends meanwhile
+        for at, level, *_cause in list(self.transitions):  # a copy: steps append meanwhile
             if at < since:
                 in_force_at_start = level
             else:

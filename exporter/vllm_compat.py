@@ -183,6 +183,40 @@ def uses_priority_scheduling(engine_client: Any) -> bool:
         return False
 
 
+def memory_budget(worker: Any) -> tuple[int | None, int | None]:
+    """(vLLM's requested device memory, bytes in use before it allocated) of a GPU worker.
+
+    vLLM's GPU worker takes a memory snapshot once the device is up and derives the memory it
+    may use from ``gpu_memory_utilization`` (``requested_memory``); both exist right after
+    ``init_device``. Falls back to utilisation x total from the cache config; None where unknown.
+    """
+    snapshot = getattr(worker, "init_snapshot", None)
+    total = getattr(snapshot, "total_memory", None)
+    free = getattr(snapshot, "free_memory", None)
+    baseline = int(total - free) if total is not None and free is not None else None
+    requested = getattr(worker, "requested_memory", None)
+    if requested is None and total is not None:
+        try:
+            requested = float(worker.cache_config.gpu_memory_utilization) * total
+        except Exception:
+            requested = None
+    return (None if requested is None else int(requested)), baseline
+
+
+def finished_requests(stats: Any) -> list[tuple[int, float, float]]:
+    """(prompt + generated tokens, seconds queued, seconds served) per request finished in an
+    IterationStats; served = end to end minus queued (recomputation after preemption included)."""
+    out = []
+    for finished in getattr(stats, "finished_requests", None) or ():
+        tokens = int(getattr(finished, "num_prompt_tokens", 0) or 0) + int(
+            getattr(finished, "num_generation_tokens", 0) or 0
+        )
+        queued = float(getattr(finished, "queued_time", 0.0) or 0.0)
+        e2e = float(getattr(finished, "e2e_latency", 0.0) or 0.0)
+        out.append((tokens, queued, max(e2e - queued, 0.0)))
+    return out
+
+
 def eos_token_id(vllm_config: Any) -> int | None:
     """The model's end-of-sequence token (the first one where the config lists several)."""
     try:

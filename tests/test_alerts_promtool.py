@@ -73,11 +73,30 @@ def test_promtool_unit_tests(generated: Path, test_file: str) -> None:
 
 # (test file, text in rules.yml, replacement): each must break that file's tests.
 MUTATIONS = [
-    ("traffic.yml", "warden_max_tokens: '2048'", "warden_max_tokens: '4096'"),
+    # no hold: an overload swinging in and out of saturation would flap the alert
     (
         "traffic.yml",
-        "instance:vllm_num_requests_waiting:sum < 1000",
-        "instance:vllm_num_requests_waiting:sum < 1300",
+        "for: 1m\n        keep_firing_for: 2m\n        labels:\n          severity: warning",
+        "for: 1m\n        labels:\n          severity: warning",
+    ),
+    # the instantaneous flag instead of the last minute's: saturation between scrapes is missed
+    (
+        "traffic.yml",
+        'max_over_time(warden_saturated{job="vllm-warden"}[1m])',
+        'warden_saturated{job="vllm-warden"}',
+    ),
+    (
+        "traffic.yml",
+        "instance:warden_requests:rejected_ratio_rate5m > 0.5",
+        "instance:warden_requests:rejected_ratio_rate5m > 0.7",
+    ),
+    # raw preemption rate instead of recomputation per finished request
+    ("traffic.yml", "per_finished_rate5m > 1", "per_finished_rate5m > 2"),
+    # the risk beyond the plan, not raw used/total: a full-by-design device would fire
+    (
+        "creep.yml",
+        "min_over_time(instance_source:warden_memory_risk_ratio:max[2h]) > 0.05",
+        "min_over_time(instance_source:warden_memory_risk_ratio:max[2h]) > 0.9",
     ),
     ("memory.yml", "for: 90s", "for: 1m"),
     # no window over the peak gauge: the oscillating overload never fires

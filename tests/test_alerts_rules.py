@@ -35,7 +35,7 @@ from alerts.fleet import FLEET_RECORDING
 from alerts.generate import render_all
 from alerts.model import AlertRule, RecordingRule
 from alerts.recording import RECORDING_RULES, TORCH_CACHED_GAP
-from alerts.rules import ALERT_NAMES, ALERT_RULES, BACKLOG_BANDS
+from alerts.rules import ALERT_NAMES, ALERT_RULES
 from exporter import catalog
 from tests.promtool import TEST_FILES
 from tests.promtool.fleet import FLEET_RECORDING_SCENARIOS
@@ -56,7 +56,8 @@ REQUIRED_ALERTS = {
     "WardenNonFiniteLogits",
     "WardenRequestRetriesHigh",
     "WardenErrorRateHigh",
-    "WardenQueueBacklog",
+    "WardenSaturated",
+    "WardenQueueWaitHigh",
     "WardenEngineStalled",
     "WardenEngineDown",
     "WardenRestartLoop",
@@ -227,7 +228,7 @@ ACTION_RULES = [rule for rule in ALERT_RULES if rule.action is not None]
 
 def test_actions_named_in_the_issue_are_wired() -> None:
     actions = {(rule.name, rule.action) for rule in ACTION_RULES}
-    assert ("WardenMemoryWatermarkHigh", "stop_admission") in actions
+    assert ("WardenSaturated", "shed_low_priority") in actions
     assert ("WardenMemoryWatermarkCritical", "shed_low_priority") in actions
     assert ("WardenOOMImminent", "reject_all") in actions
     assert ("WardenMemoryCreepWithCudaGraphs", "enforce_eager") in actions
@@ -259,21 +260,17 @@ def test_action_labels_parse_in_the_engine(rule: AlertRule) -> None:
     assert set(labels) <= {"severity", catalog.ACTION_LABEL, *catalog.ACTION_PARAM_LABELS}
 
 
-def test_backlog_bands_are_disjoint_and_match_the_reflex() -> None:
-    from warden.control.config import ReflexSettings
-
-    floors = [band.floor for band in BACKLOG_BANDS]
-    assert floors == [100, 500, 800, 1000]
-    for lower, upper in zip(BACKLOG_BANDS, BACKLOG_BANDS[1:], strict=False):
-        assert lower.ceiling == upper.floor, "bands must tile the range without overlap"
-    assert BACKLOG_BANDS[-1].ceiling is None
-    reflex = ReflexSettings().queue_levels
-    assert [(lvl.depth, lvl.action) for lvl in reflex] == [
-        (band.floor, band.action) for band in BACKLOG_BANDS
-    ]
-    for level, band in zip(reflex, BACKLOG_BANDS, strict=True):
-        if level.max_tokens is not None:
-            assert band.params[catalog.PARAM_MAX_TOKENS] == str(level.max_tokens)
+def test_a_full_engine_alone_never_refuses_or_pages() -> None:
+    """Do no harm: no alert reads the KV cache or the raw queue length (a saturated engine is
+    vLLM at its most efficient), and none that fires at mere saturation refuses everything."""
+    for rule in ALERT_RULES:
+        expr = rule.render_expr()
+        assert catalog.VLLM_KV_CACHE_USAGE.name not in expr, rule.name
+        assert catalog.VLLM_NUM_REQUESTS_WAITING.name not in expr, rule.name
+        if rule.name in ("WardenSaturated", "WardenQueueWaitHigh", "WardenPreemptionStorm"):
+            assert rule.action in (None, "shed_low_priority"), rule.name
+    high = next(rule for rule in ALERT_RULES if rule.name == "WardenMemoryWatermarkHigh")
+    assert high.action is None, "high warns: a creep takes hours and refusing early costs users"
 
 
 def test_engine_job_is_one_shared_constant() -> None:
@@ -436,7 +433,7 @@ def test_committed_alertmanager_config_uses_compose_defaults() -> None:
 
 
 def test_recording_names_are_module_constants() -> None:
-    assert rec.WATERMARK_PEAK in RECORDED and rec.QUEUE_WAITING in RECORDED
+    assert rec.WATERMARK_PEAK in RECORDED and rec.SATURATED_1M in RECORDED
 
 
 def test_memory_alerts_outlast_the_peak_window() -> None:

@@ -192,7 +192,8 @@ def test_the_reflex_holds_and_releases_with_spans(
     controller: Controller, clock: Clock, spans: InMemorySpanExporter
 ) -> None:
     reflex = Reflex(controller.config.reflex, controller, clock=clock)
-    reflex(StepSnapshot(watermark=1, waiting=0))  # high: stop admission
+    # critical: stop admission (high only warns, #10.2: a creep takes hours)
+    reflex(StepSnapshot(watermark=2, waiting=0))
     has(
         only(spans, "warden.lease.applied"),
         action="stop_admission",
@@ -201,7 +202,7 @@ def test_the_reflex_holds_and_releases_with_spans(
         lease__expires_at=clock.now + controller.config.reflex.lease_ttl_s,
     )
     spans.clear()
-    reflex(StepSnapshot(watermark=1, waiting=0))  # held, not yet half its life gone
+    reflex(StepSnapshot(watermark=2, waiting=0))  # held, not yet half its life gone
     assert finished(spans) == []
     reflex(StepSnapshot(watermark=0, waiting=0))  # clear: the release delay starts
     clock.now += controller.config.reflex.release_delay_s

@@ -15,16 +15,28 @@ from prometheus_client import CollectorRegistry
 
 from exporter import catalog
 from exporter.metrics import WardenMetrics
+from exporter.saturation import SaturationMeter, SaturationState
 from exporter.settings import WardenSettings
+from exporter.signals import SignalBoard
 from exporter.step_monitor import StepMonitor, StepSnapshot
 from tests.support.alertmanager import webhook_notification
 from warden.control.actions import REFLEX_ACTIONS, ActionError, ActionRequest, parse_action
-from warden.control.admission import HalfOpenGate, KvState, RequestFacts, decide
+from warden.control.admission import (
+    Decision,
+    HalfOpenGate,
+    KvState,
+    RequestFacts,
+    Saturation,
+    decide,
+)
 from warden.control.alertmanager import PayloadError, parse_payload
 from warden.control.config import (
     AdmissionSettings,
     ControlConfig,
     ControlConfigError,
+    QueueLevel,
+    ReflexSettings,
+    SaturationSettings,
     load_config,
     parse_config,
 )
@@ -33,6 +45,7 @@ from warden.control.leases import LeaseTable
 from warden.control.policy import EffectivePolicy, combine
 from warden.control.reflex import Reflex
 from warden.control.retry import backoff_s, classify_failure
+from warden.control.saturation import RetrySchedule, SaturationWatch
 
 
 class Clock:
@@ -348,24 +361,222 @@ def test_half_open_admits_the_fraction() -> None:
     assert sum(results) == 25
 
 
-def test_forecast_caps_rejects_or_refuses_for_good() -> None:
-    kv = KvState(total_blocks=10, block_size=32, usage=0.5)  # 5 free, 4 after the margin
+def test_a_full_kv_cache_never_refuses_and_a_prompt_that_can_never_fit_is_400() -> None:
     normal = EffectivePolicy()
-    assert admit(normal, kv, prompt_tokens=40, max_tokens=60).admit
-    capped = admit(normal, kv, prompt_tokens=40, max_tokens=500)
-    assert capped.admit and capped.cap == 4 * 32 - 40
-    full = admit(normal, KvState(10, 32, 0.95), prompt_tokens=40, max_tokens=60)
-    assert (full.status, full.reason, full.retry_after_s) == (429, "kv_headroom", 5)
-    never = admit(normal, kv, prompt_tokens=10 * 32, max_tokens=1)
-    assert (never.status, never.reason) == (400, "kv_never_fits")
+    full = KvState(total_blocks=10, block_size=32, usage=1.0)
+    # vLLM queues a request until blocks free up: a full cache alone is no reason to refuse,
+    # and no max_tokens is rewritten behind the client's back.
+    assert admit(normal, full, prompt_tokens=40, max_tokens=500) == Decision(True)
+    never = admit(normal, full, prompt_tokens=10 * 32, max_tokens=1)
+    assert (never.status, never.reason, never.signal, never.value) == (
+        400,
+        "kv_never_fits",
+        "prompt_tokens",
+        320,
+    )
+    assert never.retry_after_headers() == []
+
+
+def test_lease_refusals_name_the_signal_and_value_behind_the_lease(
+    controller: Controller, clock: Clock
+) -> None:
+    reflex = Reflex(controller.config.reflex, controller, clock=clock)
+    reflex(StepSnapshot(watermark=2, watermark_source="device", watermark_value=0.934))
+    refused = controller.decide(RequestFacts())
+    assert (refused.status, refused.reason) == (503, "stop_admission")
+    assert (refused.signal, refused.value) == ("memory_watermark", "critical: device risk 0.934")
+    assert "memory_watermark" in refused.message
+    assert refused.error_fields() == {
+        "warden_reason": "stop_admission",
+        "warden_signal": "memory_watermark",
+        "warden_value": "critical: device risk 0.934",
+    }
+    firing = alert("firing", "fp-oom", warden_action="reject_all", warden_retry_after="30")
+    firing["annotations"]["description"] = "Memory watermark reached level 3"
+    apply(controller, firing)
+    by_alert = controller.decide(RequestFacts())
+    assert by_alert.reason == "reject_all" and by_alert.signal == "WardenMemoryWatermarkHigh"
+    assert by_alert.value == "Memory watermark reached level 3"
+    assert by_alert.retry_after_headers() == [
+        (b"retry-after", b"30"),
+        (b"retry-after-ms", b"30000"),
+    ]
+    controller.set_manual("ops-1", ActionRequest("shed_low_priority"), 60)
+    controller.leases.release("alertmanager", "fp-oom", clock.now)
+    controller.leases.release("reflex", "watermark:stop_admission", clock.now)
+    shed = controller.decide(RequestFacts(priority=5))
+    assert (shed.reason, shed.signal, shed.value) == ("shed_low_priority", "manual", "ops-1")
+    leases = {lease["key"]: lease["cause"] for lease in controller.state_json()["leases"]}
+    assert leases == {"ops-1": {"signal": "manual", "value": "ops-1"}}
+
+
+# --- saturation ----------------------------------------------------------------------------
+
+
+def busy(waiting: int, drain: float | None = 4.0, service: float | None = 2.0) -> SaturationState:
+    return SaturationState(
+        running=8,
+        waiting=waiting,
+        drain_rate=drain,
+        service_s=service,
+        tokens_per_request=96 if drain else None,
+    )
+
+
+def saturation_config(**limits: Any) -> AdmissionSettings:
+    return AdmissionSettings(saturation=SaturationSettings(**limits))
+
+
+def test_saturation_never_refuses_until_a_limit_is_set() -> None:
+    decision = decide(
+        RequestFacts(prompt_tokens=40),
+        EffectivePolicy(),
+        AdmissionSettings(),
+        HalfOpenGate(),
+        KvState(10, 32, 1.0),
+        Saturation(busy(waiting=5000), RetrySchedule()),
+    )
+    assert decision.admit
+
+
+def test_saturation_refuses_on_predicted_latency_wait_or_depth_naming_the_signal() -> None:
+    def judge(state: SaturationState, prompt: int | None = None, **limits: Any) -> Decision:
+        return decide(
+            RequestFacts(prompt_tokens=prompt),
+            EffectivePolicy(),
+            saturation_config(**limits),
+            HalfOpenGate(),
+            KvState(20, 32, 0.75),
+            Saturation(state, RetrySchedule()),
+        )
+
+    # 8 waiting at 4 per second: a 2 s wait, plus 2 s of service = 4 s.
+    assert judge(busy(8), latency_slo_s=5).admit
+    late = judge(busy(12), latency_slo_s=4)
+    assert (late.status, late.reason, late.signal, late.value) == (503, "saturated", "latency_s", 5)
+    assert "latency SLO of 4 s" in late.message
+    waits = judge(busy(12), max_queue_wait_s=2)
+    assert (waits.signal, waits.value) == ("queue_wait_s", 3)
+    deep = judge(busy(12), max_queue_depth=10)
+    assert (deep.signal, deep.value) == ("queue_depth", 12)
+    # The KV forecast for the request at hand: 4 blocks free (5 of 20, less a margin of 1), a
+    # 300-token prompt needs 10; each finished request frees 3 blocks (96 tokens), so two must
+    # finish first: a 0.5 s wait although nothing is queued.
+    assert judge(busy(0), prompt=300, max_queue_wait_s=0.4).value == 0.5
+    assert judge(busy(0), prompt=300, max_queue_wait_s=0.6).admit
+    assert judge(busy(0), prompt=40, max_queue_wait_s=0.1).admit  # fits: no wait
+    # An unmeasured drain rate is no reason to refuse: unknown never refuses.
+    assert judge(busy(500, drain=None), max_queue_wait_s=1).admit
+
+
+def test_retry_after_comes_from_the_drain_rate_and_spreads_the_herd() -> None:
+    schedule = RetrySchedule()
+    settings = saturation_config(max_queue_wait_s=2.0)
+    state = busy(waiting=12, drain=4.0)  # a 3 s wait, 1 s over the limit
+
+    def refuse(now: float, state: SaturationState, schedule: RetrySchedule) -> Decision:
+        return decide(
+            RequestFacts(),
+            EffectivePolicy(),
+            settings,
+            HalfOpenGate(),
+            None,
+            Saturation(state, schedule, now),
+        )
+
+    retries = [refuse(100.0, state, schedule).retry_after_s for _ in range(6)]
+    # The first may come back once the queue has drained for 1 s; the others one expected
+    # completion (1/4 s) apart.
+    assert retries == [1.0, 1.25, 1.5, 1.75, 2.0, 2.25]
+    # Later refusals book after those already told to come back.
+    assert refuse(100.5, state, schedule).retry_after_s == 2.0
+    # Bounded: a queue hours deep is told at most retry_after_max_s (30 s).
+    deep = refuse(0.0, busy(waiting=100_000, drain=1.0), RetrySchedule())
+    assert deep.retry_after_s == 30.0
+    assert deep.retry_after_headers() == [(b"retry-after", b"30"), (b"retry-after-ms", b"30000")]
+    constant = saturation_config(max_queue_wait_s=2.0, retry_after="constant")
+    fixed = decide(
+        RequestFacts(), EffectivePolicy(), constant, HalfOpenGate(), None, Saturation(state)
+    )
+    assert fixed.retry_after_s == 5
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
+    return registry.get_sample_value(name, labels)
+
+
+def test_saturation_state_is_held_and_crossings_are_timed_to_the_first_refusal(
+    registry: CollectorRegistry, clock: Clock
+) -> None:
+    config = ControlConfig(admission=saturation_config(max_queue_wait_s=2.0))
+    controller = Controller(config, WardenMetrics(registry), clock=clock)
+    monitor = StepMonitor(WardenSettings(), WardenMetrics(registry), None, clock=clock)
+    monitor.add_listener(SaturationWatch(config.admission.saturation, controller, clock=clock))
+    # Ten requests finish in 2.5 s (4 per busy second), nothing waits yet.
+    for _ in range(10):
+        clock.now += 0.25
+        monitor.on_step(running=8, waiting=0, kv_usage=0.9, finished=[(96, 0.0, 2.0)])
+    assert controller.decide(RequestFacts()).admit
+    assert value(registry, catalog.SATURATED.name) == 0
+    clock.now += 0.25
+    monitor.on_step(running=8, waiting=20, kv_usage=1.0)  # a burst queues up: a 5 s wait
+    crossed = clock.now
+    assert value(registry, catalog.SATURATED.name) == 1
+    clock.now += 0.05
+    refused = controller.decide(RequestFacts())
+    assert refused.reason == "saturated" and refused.signal == "queue_wait_s"
+    controller.record_rejection(refused)
+    state = controller.state_json()
+    reaction = state["reactions"][-1]
+    assert reaction["kind"] == "saturation" and reaction["crossed_at"] == crossed
+    assert reaction["reaction_s"] == pytest.approx(0.05)
+    assert reaction["first_refusal"] == "saturated"
+    rejection = state["recent_rejections"][-1]
+    assert rejection["signal"] == "queue_wait_s" and rejection["value"] > 2.0
+    # The queue drains: saturated is held for hold_s (20 s), then normal; one change each way.
+    for _ in range(100):
+        clock.now += 0.25
+        monitor.on_step(running=8, waiting=0, kv_usage=0.8, finished=[(96, 0.0, 2.0)])
+    assert value(registry, catalog.SATURATED.name) == 0
+    changes = controller.state_json()["saturation"]["changes"]
+    assert [c["state"] for c in changes] == ["saturated", "normal"]
+    assert changes[1]["at"] - crossed >= 20
+    assert value(registry, catalog.SATURATION_TRANSITIONS.name, to="saturated") == 1
+
+
+def test_saturation_meter_measures_busy_time_only() -> None:
+    meter = SaturationMeter(keep=8, min_finished=3)
+    now = 0.0
+    assert meter.observe(now, 1, 0, []).drain_rate is None
+    for _ in range(4):
+        now += 0.5
+        state = meter.observe(now, 2, 3, [(64, 0.1, 1.0)], preempted=1)
+    assert state.drain_rate == pytest.approx(2.0)
+    assert state.recompute_ratio == 1.0 and state.preemptions_per_s == pytest.approx(2.0)
+    now += 0.5
+    meter.observe(now, 0, 0, [(64, 0.1, 1.0)])  # idle after this step
+    now += 3600  # a night without work does not dilute the rate
+    state = meter.observe(now, 1, 5, [])
+    assert state.drain_rate == pytest.approx(2.0)
+    assert state.queue_wait_s == pytest.approx(2.5)
+    now += 10  # busy and nothing finishes: the rate decays, the predicted wait grows
+    state = meter.observe(now, 1, 5, [])
+    assert state.drain_rate is not None and state.drain_rate < 0.5
 
 
 # --- reflex ------------------------------------------------------------------------------------
 
 
 def test_reflex_takes_leases_within_the_step_and_releases_with_hysteresis(
-    controller: Controller, registry: CollectorRegistry, clock: Clock
+    registry: CollectorRegistry, clock: Clock
 ) -> None:
+    levels = (
+        QueueLevel(depth=100, action="cap_max_tokens", max_tokens=2048),
+        QueueLevel(depth=800, action="shed_low_priority"),
+        QueueLevel(depth=1000, action="reject_all"),
+    )
+    config = ControlConfig(reflex=ReflexSettings(queue_levels=levels))
+    controller = Controller(config, WardenMetrics(registry), clock=clock)
     reflex = Reflex(controller.config.reflex, controller, clock=clock)
     delay = controller.config.reflex.release_delay_s
 
@@ -373,7 +584,8 @@ def test_reflex_takes_leases_within_the_step_and_releases_with_hysteresis(
         reflex(StepSnapshot(watermark=watermark, waiting=waiting))
         return controller.policy()
 
-    assert step(1, 0).stop_admission  # taken in the same step
+    assert step(1, 0) == EffectivePolicy()  # high only warns
+    assert step(2, 0).stop_admission  # critical: taken in the same step
     policy = step(0, 120)
     assert policy.stop_admission and policy.cap_max_tokens == 2048  # held for the delay
     clock.now += delay
@@ -390,19 +602,27 @@ def test_reflex_takes_leases_within_the_step_and_releases_with_hysteresis(
     clock.now += delay
     assert step(0, 10) == EffectivePolicy()
     assert registry.get_sample_value(catalog.REFLEX_ACTIONS.name, {"action": "cap_max_tokens"}) == 1
+    assert ReflexSettings().queue_levels == ()  # off by default: queue wait decides instead
 
 
 def test_reflex_runs_as_a_step_listener(
-    controller: Controller, registry: CollectorRegistry, clock: Clock
+    controller: Controller, registry: CollectorRegistry, clock: Clock, tmp_path
 ) -> None:
-    monitor = StepMonitor(WardenSettings(), WardenMetrics(registry), None, clock=clock)
+    board = SignalBoard(str(tmp_path / "board"), create=True)
+    settings = WardenSettings(watermark_hold_s=0)
+    monitor = StepMonitor(settings, WardenMetrics(registry), board, clock=clock)
     monitor.add_listener(Reflex(controller.config.reflex, controller, clock=clock))
+    board.write(0, 0.99, 0.5, clock.now)  # the device is nearly full beyond the plan
     monitor.on_step(running=8, waiting=0, kv_usage=0.99)
     policy = controller.policy()
     assert policy.reject_all and policy.stop_admission  # oom_imminent
+    board.write(0, 0.2, 0.2, clock.now)
     monitor.on_step(running=2, waiting=0, kv_usage=0.2)
     clock.now += controller.config.reflex.release_delay_s
     monitor.on_step(running=2, waiting=0, kv_usage=0.2)
+    assert controller.policy() == EffectivePolicy()
+    # A full KV cache and a long queue with no memory risk: nothing happens.
+    monitor.on_step(running=8, waiting=40, kv_usage=1.0)
     assert controller.policy() == EffectivePolicy()
 
 
@@ -410,14 +630,20 @@ def test_policy_changes_record_when_the_reflex_acted_not_when_a_request_came(
     controller: Controller, clock: Clock
 ) -> None:
     """The state's policy_changes say when a lease took effect: the step that took it, even
-    with no request arriving then to be refused."""
+    with no request arriving then to be refused; the crossing's reaction record waits for the
+    first refusal it causes."""
     reflex = Reflex(controller.config.reflex, controller, clock=clock)
     clock.now = 1000.0
-    reflex(StepSnapshot(watermark=1, waiting=0))  # high: stop admission, nothing else called
+    reflex(StepSnapshot(watermark=2, waiting=0))  # critical: stop admission
     clock.now = 1003.0
     controller.policy()  # a request arrives later
     changes = controller.state_json()["policy_changes"]
     assert changes[-1] == {"at": 1000.0, "active": ["stop_admission"]}
+    reaction = controller.state_json()["reactions"][-1]
+    assert reaction["crossed_at"] == 1000.0 and reaction["first_refusal_at"] is None
+    controller.record_rejection(controller.decide(RequestFacts()))
+    reaction = controller.state_json()["reactions"][-1]
+    assert reaction["first_refusal_at"] == 1003.0 and reaction["reaction_s"] == 3.0
     reflex(StepSnapshot(watermark=0, waiting=0))  # pressure gone: the release delay starts
     clock.now += controller.config.reflex.release_delay_s
     reflex(StepSnapshot(watermark=0, waiting=0))
@@ -425,7 +651,7 @@ def test_policy_changes_record_when_the_reflex_acted_not_when_a_request_came(
 
 
 def test_reflex_leases_lapse_if_steps_stop(controller: Controller, clock: Clock) -> None:
-    Reflex(controller.config.reflex, controller)(StepSnapshot(watermark=1))
+    Reflex(controller.config.reflex, controller)(StepSnapshot(watermark=2))
     clock.now += controller.config.reflex.lease_ttl_s + 1
     assert not controller.policy().stop_admission
 

@@ -41,8 +41,10 @@ pytestmark = [
 ]
 
 # The tests' tiny KV cache: eight long requests fill it, so usage and preemption panels show
-# real movement.
+# real movement; the requests it cannot hold queue, past the saturation limit below, so the
+# saturation panels show admission at work (the KV cache itself refuses nothing, #10.2).
 ENGINE_ARGS = TINY_KV_ARGS
+SATURATION_CONFIG = "admission:\n  saturation:\n    max_queue_depth: 2\n"
 ENGINE_ENV = {
     # vLLM's own NaN counter (vllm:corrupted_requests) exists only with this switch.
     "VLLM_COMPUTE_NANS_IN_LOGITS": "1",
@@ -67,6 +69,13 @@ GPU_ONLY_QUERIES = {
     "warden-memory / CUDA graph pool memory / A",
     "warden-memory / Allocator retries and OOMs (5 min) / A",
     "warden-memory / Allocator retries and OOMs (5 min) / B",
+    # Memory beyond the engine's plan: device and allocator sources only (none on a CPU engine).
+    "warden-memory / Projected time to OOM / A",
+    "warden-memory / Memory beyond the plan (risk) / A",
+    "warden-memory / Planned footprint / A",
+    "warden-memory / Utilization by source / A",
+    "warden-memory / Utilization by source over time / A",
+    "warden-memory / Projected utilization in 1 h / A",
 }
 # Other queries allowed to be empty in this test, with the reason. Event counters the exporter
 # does not pre-create appear with their first event; the supervisor's series come from the
@@ -74,7 +83,7 @@ GPU_ONLY_QUERIES = {
 SUPERVISOR = "exported by the supervisor process, not run here"
 ABSENT_HERE: dict[str, str] = {
     "warden-overview / Admission rejections / A": "first warden rejection creates the series "
-    "(the reflex sheds load under this test only sometimes)",
+    "(saturation refuses under this test only when the requests overlap enough)",
     "warden-faults / Retries by reason (5 min) / B": "first request failing its last retry "
     "creates the series",
     "warden-faults / Webhook notifications by outcome (5 min) / A": "first Alertmanager "
@@ -105,7 +114,10 @@ FLEET_LABELS = {"cluster": "local", "namespace": "warden"}
 @pytest.fixture(scope="module")
 def engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
     run_dir = tmp_path_factory.mktemp("dashboards-engine")
-    with running_engine(tiny_model, extra_args=ENGINE_ARGS, env=ENGINE_ENV, run_dir=run_dir) as eng:
+    config = run_dir / "warden.yaml"
+    config.write_text(SATURATION_CONFIG)
+    env = {**ENGINE_ENV, "WARDEN_CONFIG": str(config)}
+    with running_engine(tiny_model, extra_args=ENGINE_ARGS, env=env, run_dir=run_dir) as eng:
         yield eng
 
 
@@ -130,9 +142,9 @@ def prometheus(engine: EngineProcess) -> Iterator[PrometheusServer]:
 def _load(engine: EngineProcess, rounds: int = 3, concurrency: int = 8) -> dict[int, int]:
     """Rounds of concurrent long requests; returns how many got each HTTP status.
 
-    The tiny KV cache makes warden's reflex shed load (503) and its KV forecast refuse what
-    cannot fit (429) part of the time: that is the behaviour the dashboards exist to show, so
-    both are expected alongside 200.
+    The tiny KV cache makes requests queue; past the queue limit saturation admission refuses
+    (503 with Retry-After) part of the time: that is the behaviour the dashboards exist to
+    show, so it is expected alongside 200.
     """
     model = str(engine.spec.model)
     statuses: dict[int, int] = {}

@@ -25,9 +25,8 @@ LONG_PROMPT = " ".join(["memory watermark cache block engine request"] * 12)
 @pytest.fixture(scope="module")
 def engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
     run_dir = tmp_path_factory.mktemp("exporter-engine")
-    # Forecast admission and the reflex would keep the flood from filling the cache (that is
-    # their job, tested in test_control_engine.py): this module measures what happens when it
-    # fills.
+    # This module fills the cache on purpose (what happens when it fills: preemption, and no
+    # memory alarm); admission's own limits are tested in test_control_engine.py.
     config = run_dir / "warden.yaml"
     config.write_text("admission:\n  forecast:\n    enabled: false\nreflex:\n  enabled: false\n")
     env = {
@@ -47,7 +46,6 @@ def test_every_cpu_metric_is_on_vllms_own_metrics_endpoint(engine: EngineProcess
     names = {key.partition("{")[0] for key in scrape(engine)}
     expected = {
         catalog.MEMORY_WATERMARK,
-        catalog.MEMORY_UTILIZATION,
         catalog.WATERMARK_TRANSITIONS,
         catalog.SOURCE_AVAILABLE,
         catalog.NONFINITE_LOGITS,
@@ -72,7 +70,10 @@ def test_cpu_engine_says_which_gpu_sources_are_unavailable(engine: EngineProcess
     assert sample(samples, catalog.EXPORTER_INFO.name, device="cpu") == 1.0
 
 
-def test_tiny_kv_cache_under_load_raises_watermark_and_preempts(engine: EngineProcess) -> None:
+def test_a_full_kv_cache_preempts_and_leaves_the_watermark_normal(engine: EngineProcess) -> None:
+    """Do no harm (#10.2): a tiny KV cache filled to preemption is vLLM queueing as designed,
+    not memory pressure. Every request completes, and the memory watermark (memory beyond the
+    engine's plan; on a CPU engine nothing) never leaves normal."""
     before = scrape(engine)
     peak = {"kv": 0.0, "level": 0.0}
     stop = threading.Event()
@@ -80,8 +81,7 @@ def test_tiny_kv_cache_under_load_raises_watermark_and_preempts(engine: EnginePr
     def watch() -> None:
         while not stop.is_set():
             samples = scrape(engine)
-            ratio = sample(samples, catalog.MEMORY_UTILIZATION.name, source="kv_cache")
-            peak["kv"] = max(peak["kv"], ratio)
+            peak["kv"] = max(peak["kv"], sample(samples, catalog.VLLM_KV_CACHE_USAGE.name) or 0.0)
             # The peak gauge holds a level for 15 s, so polling cannot miss a short one.
             peak["level"] = max(peak["level"], sample(samples, catalog.MEMORY_WATERMARK_PEAK.name))
             time.sleep(0.05)
@@ -118,20 +118,15 @@ def test_tiny_kv_cache_under_load_raises_watermark_and_preempts(engine: EnginePr
         watcher.join()
     after = scrape(engine)
     assert set(statuses) == {200}
-    assert preemptions > 0
-    # On a CPU engine kv_cache is the watermark's only source, so the peak level (held 15 s,
-    # which polling cannot miss) proves the utilisation rose past the high threshold (0.90);
-    # the polled instantaneous ratio may miss the top on a loaded machine.
-    assert peak["level"] >= 1, peak
+    assert preemptions > 0  # the cache really overflowed
+    assert peak["level"] == 0, peak
     transitions_up = sum(
-        sample(after, catalog.WATERMARK_TRANSITIONS.name, to=level)
-        - sample(before, catalog.WATERMARK_TRANSITIONS.name, to=level)
+        (sample(after, catalog.WATERMARK_TRANSITIONS.name, to=level) or 0.0)
+        - (sample(before, catalog.WATERMARK_TRANSITIONS.name, to=level) or 0.0)
         for level in catalog.WATERMARK_LEVELS[1:]
     )
-    assert transitions_up >= 1
-    # Load gone: the watermark returns to normal on the next steps.
-    complete(engine, str(engine.spec.model), "hello", max_tokens=4).raise_for_status()
-    assert sample(scrape(engine), catalog.MEMORY_WATERMARK.name) == 0.0
+    assert transitions_up == 0
+    assert sample(after, catalog.MEMORY_WATERMARK.name) == 0.0
 
 
 @pytest.mark.parametrize("kind", catalog.NONFINITE_KINDS)
@@ -196,5 +191,8 @@ def test_failing_collector_is_counted_while_requests_succeed(engine: EngineProce
 
 def test_warden_state_reports_the_watermark(engine: EngineProcess) -> None:
     state = httpx.get(f"{engine.base_url}/warden/state", timeout=10).json()
-    assert state["watermark"] in catalog.WATERMARK_LEVELS
-    assert "kv_cache" in state["signals"]
+    # A CPU engine has no device memory, so no memory risk signal: the watermark stays normal
+    # (the KV cache is a saturation signal, reported under "engine", not a memory one).
+    assert state["watermark"] == "normal"
+    assert state["signals"] == {}
+    assert 0.0 <= state["engine"]["kv_cache_usage"] <= 1.0

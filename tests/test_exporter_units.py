@@ -25,6 +25,7 @@ from exporter.device_collectors import (
 )
 from exporter.errors import classify_exception
 from exporter.logits import NonFiniteLogitsProcessor
+from exporter.memory_risk import MemoryBudget, MemoryPlanner
 from exporter.metrics import WardenMetrics
 from exporter.settings import SettingsError, WardenSettings, load_settings
 from exporter.signals import SignalBoard
@@ -51,35 +52,46 @@ def metrics(registry: CollectorRegistry) -> WardenMetrics:
 
 
 def test_watermark_rises_at_once_to_the_worst_signal() -> None:
-    mark = Watermark((0.90, 0.95, 0.98), hysteresis=0.02)
-    assert mark.update({"kv_cache": 0.5}) is None
-    change = mark.update({"kv_cache": 0.5, "torch_reserved": 0.96})
+    mark = Watermark((0.80, 0.90, 0.97), hysteresis=0.05, hold_s=20)
+    assert mark.update({"device": 0.5}, now=0) is None
+    change = mark.update({"device": 0.5, "allocator": 0.93}, now=1)
     assert change is not None and change.entered == "critical"
-    assert mark.worst_source == "torch_reserved"
-    assert mark.update({"kv_cache": 0.99}).entered == "oom_imminent"  # type: ignore[union-attr]
+    assert (change.source, change.value) == ("allocator", 0.93)
+    assert mark.worst_source == "allocator"
+    assert mark.update({"device": 0.99}, now=2).entered == "oom_imminent"  # type: ignore[union-attr]
 
 
-def test_watermark_hysteresis_prevents_flapping_on_a_threshold() -> None:
-    mark = Watermark((0.90, 0.95, 0.98), hysteresis=0.02)
-    mark.update({"kv_cache": 0.91})
+def test_watermark_hysteresis_and_hold_prevent_flapping_on_a_threshold() -> None:
+    mark = Watermark((0.80, 0.90, 0.97), hysteresis=0.05, hold_s=20)
+    mark.update({"device": 0.81}, now=0)
     levels = []
-    for ratio in (0.899, 0.905, 0.885, 0.902, 0.89):
-        mark.update({"kv_cache": ratio})
+    for second, risk in enumerate((0.799, 0.805, 0.76, 0.802, 0.77), start=1):
+        mark.update({"device": risk}, now=second)
         levels.append(mark.level)
-    assert levels == [HIGH] * 5
-    mark.update({"kv_cache": 0.87})
-    assert mark.level == NORMAL
+    assert levels == [HIGH] * 5  # inside the band (0.80 - 0.05), or not below it long enough
+    mark.update({"device": 0.70}, now=10)
+    assert mark.level == HIGH  # below the band, but not for the hold yet
+    mark.update({"device": 0.72}, now=29)
+    assert mark.level == HIGH
+    mark.update({"device": 0.74}, now=30)
+    assert mark.level == NORMAL  # 20 s below the band without a break
 
 
 def test_watermark_steps_down_only_as_far_as_the_signal_allows() -> None:
-    mark = Watermark((0.90, 0.95, 0.98), hysteresis=0.02)
-    mark.update({"kv_cache": 1.0})
+    mark = Watermark((0.80, 0.90, 0.97), hysteresis=0.05, hold_s=20)
+    mark.update({"device": 1.0}, now=0)
     assert mark.level == OOM_IMMINENT
-    mark.update({"kv_cache": 0.94})  # inside critical's hysteresis band (0.95 - 0.02)
+    mark.update({"device": 0.93}, now=1)  # inside oom_imminent's band (0.97 - 0.05): held
+    mark.update({"device": 0.93}, now=30)
+    assert mark.level == OOM_IMMINENT
+    mark.update({"device": 0.91}, now=31)  # critical, not oom_imminent even with the band
+    mark.update({"device": 0.91}, now=51)
     assert mark.level == CRITICAL
-    mark.update({"kv_cache": 0.92})
+    mark.update({"device": 0.84}, now=52)
+    mark.update({"device": 0.84}, now=72)
     assert mark.level == HIGH
-    mark.update({})
+    mark.update({}, now=73)  # no signal at all (a CPU engine): nothing at risk
+    mark.update({}, now=93)
     assert mark.level == NORMAL
 
 
@@ -92,6 +104,8 @@ def test_watermark_steps_down_only_as_far_as_the_signal_allows() -> None:
         ({"WARDEN_WATERMARK_HIGH": "abc"}, "WARDEN_WATERMARK_HIGH"),
         ({"WARDEN_WATERMARK_HIGH": "1.5"}, "WARDEN_WATERMARK_HIGH"),
         ({"WARDEN_WATERMARK_CRITICAL": "0.5"}, "WARDEN_WATERMARK_CRITICAL"),
+        ({"WARDEN_WATERMARK_HOLD_S": "-1"}, "WARDEN_WATERMARK_HOLD_S"),
+        ({"WARDEN_MEMORY_SETTLE_S": "soon"}, "WARDEN_MEMORY_SETTLE_S"),
         ({"WARDEN_STALL_TIMEOUT_S": "-1"}, "WARDEN_STALL_TIMEOUT_S"),
         ({"WARDEN_COLLECTOR_INTERVAL_S": "0"}, "WARDEN_COLLECTOR_INTERVAL_S"),
         ({"WARDEN_WATERMARK_HYSTERESIS": "0.95"}, "WARDEN_WATERMARK_HYSTERESIS"),
@@ -119,16 +133,16 @@ def test_settings_come_from_the_process_environment(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("WARDEN_STALL_TIMEOUT_S", "7")
     monkeypatch.setenv("WARDEN_WATERMARK_HIGH", "")  # empty counts as unset
     settings = load_settings()
-    assert settings.stall_timeout_s == 7 and settings.watermark_high == 0.90
+    assert settings.stall_timeout_s == 7 and settings.watermark_high == 0.80
     monkeypatch.setenv("WARDEN_STALL_TIMEOUT_S", "soon")
     with pytest.raises(SettingsError, match="WARDEN_STALL_TIMEOUT_S='soon'"):
         load_settings()
 
 
 def test_config_defaults_and_overrides() -> None:
-    assert load_settings({}).thresholds == (0.90, 0.95, 0.98)
-    config = load_settings({"WARDEN_WATERMARK_HIGH": "0.8", "WARDEN_STALL_TIMEOUT_S": "5"})
-    assert config.watermark_high == 0.8 and config.stall_timeout_s == 5
+    assert load_settings({}).thresholds == (0.80, 0.90, 0.97)
+    config = load_settings({"WARDEN_WATERMARK_HIGH": "0.7", "WARDEN_STALL_TIMEOUT_S": "5"})
+    assert config.watermark_high == 0.7 and config.stall_timeout_s == 5
     assert config.test_step_delay_s == 0.0  # production steps are never slowed
 
 
@@ -281,30 +295,39 @@ def test_cudagraph_collector_counts_captures_and_pool(
     assert value(registry, catalog.CUDAGRAPH_POOL_BYTES.name) == 512 << 20
 
 
-def test_device_ratios_reach_the_api_side_watermark(
+def test_device_risk_reaches_the_api_side_watermark(
     metrics: WardenMetrics, registry: CollectorRegistry, tmp_path
 ) -> None:
+    """Worker side: bytes -> risk against the plan -> board and /metrics. API side: the board
+    -> watermark. A device planned at 6 GiB of 8 (budget 5.5 GiB + 0.5 GiB in use before)."""
     path = str(tmp_path / "board")
     writer_board = SignalBoard(path, create=True)
-    allocator = AllocatorCollector(FakeAllocator(), 0, metrics)
-    nvml = NvmlCollector(FakeNvml(), metrics)
-    runner = CollectorRunner(
-        [allocator, nvml, SignalPublisher(writer_board, 0, allocator, nvml)], metrics, 1.0
-    )
+    fake = FakeAllocator()
+    nvml = FakeNvml()
+    nvml.memory = {0: DeviceMemory(6 << 30, 8 << 30)}
+    allocator = AllocatorCollector(fake, 0, metrics)
+    nvml_collector = NvmlCollector(nvml, metrics)
+    planner = MemoryPlanner(MemoryBudget(int(5.5 * 2**30), 1 << 29), settle_s=0, started_at=0)
+    publisher = SignalPublisher(writer_board, 0, allocator, nvml_collector, planner, metrics)
+    runner = CollectorRunner([allocator, nvml_collector, publisher], metrics, 1.0)
     runner.run_once()
     monitor = StepMonitor(WardenSettings(), metrics, SignalBoard(path))
-    snap = monitor.on_step(running=2, waiting=0, kv_usage=0.3)
-    assert snap.signals == {"kv_cache": 0.3, "device": 7 / 8, "torch_reserved": 0.75}
+    snap = monitor.on_step(running=2, waiting=0, kv_usage=1.0)  # a full KV cache: no risk
+    assert snap.signals == {"device": 0.0, "allocator": pytest.approx(0.25)}
     assert snap.watermark == NORMAL
-    fake = FakeAllocator()
-    fake.stats = AllocatorStats(1, 8 << 30, 8 << 30, 0, 0)  # reserved = total
-    allocator.source = fake
+    assert value(registry, catalog.MEMORY_PLANNED.name, gpu="0") == 6 << 30
+    assert value(registry, catalog.MEMORY_UTILIZATION.name, source="device") == 0.75
+    # The device fills beyond the plan: 7.9 of 8 GiB, 95% of the 2 GiB margin gone.
+    nvml.memory = {0: DeviceMemory(int(7.9 * 2**30), 8 << 30)}
     runner.run_once()
     snap = monitor.on_step(running=2, waiting=0, kv_usage=0.3)
-    assert snap.watermark == OOM_IMMINENT
-    assert value(registry, catalog.MEMORY_WATERMARK.name) == OOM_IMMINENT
-    assert value(registry, catalog.MEMORY_UTILIZATION.name, source="torch_reserved") == 1.0
-    assert value(registry, catalog.WATERMARK_TRANSITIONS.name, to="oom_imminent") == 1
+    assert snap.watermark == CRITICAL and snap.watermark_source == "device"
+    assert value(registry, catalog.MEMORY_WATERMARK.name) == CRITICAL
+    assert value(registry, catalog.MEMORY_RISK.name, source="device") == pytest.approx(0.95)
+    assert value(registry, catalog.WATERMARK_TRANSITIONS.name, to="critical") == 1
+    fake.stats = AllocatorStats(1, 8 << 30, 8 << 30, 0, 0)  # reserved = total
+    runner.run_once()
+    assert monitor.on_step(running=2, waiting=0, kv_usage=0.3).watermark == OOM_IMMINENT
 
 
 def test_stale_board_slots_are_ignored(tmp_path) -> None:
@@ -312,7 +335,7 @@ def test_stale_board_slots_are_ignored(tmp_path) -> None:
     board.write(0, 0.99, 0.99, timestamp=100.0)
     assert board.read_max(max_age_s=5, now=200.0) == {}
     board.write(1, math.nan, 0.5, timestamp=199.0)
-    assert board.read_max(max_age_s=5, now=200.0) == {"torch_reserved": 0.5}
+    assert board.read_max(max_age_s=5, now=200.0) == {"allocator": 0.5}
 
 
 def test_real_adapters_report_unavailable_on_a_cpu_machine() -> None:
@@ -433,12 +456,16 @@ def test_logits_injection_needs_the_switch(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_watermark_peak_holds_a_short_spike_for_the_window(
-    metrics: WardenMetrics, registry: CollectorRegistry
+    metrics: WardenMetrics, registry: CollectorRegistry, tmp_path
 ) -> None:
     clock = Clock()
-    monitor = StepMonitor(WardenSettings(watermark_peak_window_s=15), metrics, None, clock=clock)
+    settings = WardenSettings(watermark_peak_window_s=15, watermark_hold_s=0)
+    board = SignalBoard(str(tmp_path / "board"), create=True)
+    monitor = StepMonitor(settings, metrics, board, clock=clock)
+    board.write(0, 0.99, math.nan, clock.now)
     monitor.on_step(running=8, waiting=0, kv_usage=0.99)  # spike to oom_imminent
     clock.now += 1
+    board.write(0, 0.1, math.nan, clock.now)
     monitor.on_step(running=1, waiting=0, kv_usage=0.1)  # the reflex relieved it at once
     assert value(registry, catalog.MEMORY_WATERMARK.name) == NORMAL
     assert value(registry, catalog.MEMORY_WATERMARK_PEAK.name) == OOM_IMMINENT

@@ -46,6 +46,12 @@ STEP_DELAY_S = "0.01"
 LONG_REQUESTS = 4
 LONG_MAX_TOKENS = 1500
 START_TIMEOUT_S = 600.0
+# The supervised engine's stall timeout and grace: short, so the hung-engine test is short.
+SUPERVISED_STALL_TIMEOUT_S = "3"
+SUPERVISED_STALL_GRACE_S = "1"
+# How late the stall restart may come after timeout + grace: the engine beats and the
+# supervisor probes once a second, and both may be starved by the engine for a few seconds.
+STALL_SLACK_S = 10.0
 
 
 @dataclass
@@ -131,7 +137,7 @@ def supervised(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         "--run-dir", str(run_dir),
         "--engine-log-dir", str(run_dir / "logs"),
         "--max-restarts", "3",
-        "--stall-grace-s", "1",
+        "--stall-grace-s", SUPERVISED_STALL_GRACE_S,
         "--backoff-base-s", "0.5",
         str(tiny_model), *ENGINE_ARGS,
     ]  # fmt: skip
@@ -139,7 +145,7 @@ def supervised(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         **os.environ,
         "WARDEN_WEBHOOK_TOKEN": TOKEN,
         "VLLM_CPU_KVCACHE_SPACE": "1",
-        "WARDEN_STALL_TIMEOUT_S": "3",
+        "WARDEN_STALL_TIMEOUT_S": SUPERVISED_STALL_TIMEOUT_S,
         "WARDEN_TEST_STEP_DELAY_S": STEP_DELAY_S,
     }
     with open(run_dir / "supervisor.log", "wb") as log:
@@ -189,6 +195,35 @@ def test_live_engine_is_ready_and_reports_health(supervised: Supervised) -> None
     assert samples[catalog.ENGINE_EAGER_MODE.name] == 0
     assert samples[catalog.SUPERVISOR_CIRCUIT_OPEN.name] == 0
     assert samples[catalog.ENGINE_READY.name] == 1
+
+
+def test_a_saturated_engine_never_trips_the_stall_detector(supervised: Supervised) -> None:
+    """Closed-loop clients keep the engine busy for five stall timeouts: steps are slow (test
+    switch) and every client always has a request in flight, yet the engine keeps stepping,
+    so readiness never says ``stalled`` and the supervisor restarts nothing."""
+    generation = supervised.state().generation
+    clients, busy_s = 12, 5 * float(SUPERVISED_STALL_TIMEOUT_S)
+    deadline = time.monotonic() + busy_s
+    statuses: list[int] = []
+    failing_seen: set[str] = set()
+
+    def client() -> None:
+        while time.monotonic() < deadline:
+            statuses.append(supervised.complete(max_tokens=200, ignore_eos=True).status_code)
+
+    with ThreadPoolExecutor(clients) as pool:
+        futures = [pool.submit(client) for _ in range(clients)]
+        while time.monotonic() < deadline:
+            ready = httpx.get(f"{supervised.url}/warden/ready", timeout=10)
+            failing_seen.update(ready.json().get("failing", []))
+            time.sleep(0.2)
+        for future in futures:
+            future.result()
+    assert supervised.running_requests() == 0
+    assert statuses and set(statuses) == {200}, statuses
+    assert "stalled" not in failing_seen
+    assert supervised.state().generation == generation, "a saturated engine was restarted"
+    assert _restarts(supervised.metrics(), "stalled") == 0
 
 
 def test_enforce_eager_drains_in_flight_requests_and_restarts_eager(
@@ -292,6 +327,7 @@ def test_stopped_engine_core_with_pending_requests_is_restarted_as_stalled(
     supervised: Supervised,
 ) -> None:
     core = supervised.engine_core()
+    hung_at = time.time()
     os.kill(core, signal.SIGSTOP)
     failing: list[str] = []
 
@@ -308,7 +344,16 @@ def test_stopped_engine_core_with_pending_requests_is_restarted_as_stalled(
             with contextlib.suppress(httpx.HTTPError):
                 future.result()
     assert failing == ["stalled"]
-    assert supervised.state().restarts[-1].reason == "stalled"
+    restart = supervised.state().restarts[-1]
+    assert restart.reason == "stalled"
+    # Restarted once the stall timeout and grace have passed, and not much later: the
+    # supervisor polls every second. With the defaults this bound is under 60 s
+    # (tests/test_supervisor_units.py::test_a_hung_engine_is_restarted_within_a_minute_by_default).
+    took = restart.failed_at - hung_at
+    bound = float(SUPERVISED_STALL_TIMEOUT_S) + float(SUPERVISED_STALL_GRACE_S) + STALL_SLACK_S
+    # (The last heartbeat may precede the hang by up to a second.)
+    earliest = float(SUPERVISED_STALL_TIMEOUT_S) + float(SUPERVISED_STALL_GRACE_S) - 1.0
+    assert earliest <= took <= bound, took
     assert not psutil.pid_exists(core) or psutil.Process(core).status() == psutil.STATUS_ZOMBIE
     assert supervised.complete().status_code == 200
     supervised.wait(

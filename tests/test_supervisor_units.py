@@ -14,6 +14,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from exporter import catalog
+from exporter.heartbeat import INTERVAL_S as HEARTBEAT_INTERVAL_S
 from exporter.metrics import WardenMetrics
 from exporter.settings import load_settings
 from exporter.supervisor_mirror import SupervisorMirror
@@ -21,6 +22,7 @@ from exporter.supervisor_state import STATE_ENV_VAR, SupervisorState, read_state
 from warden.common.metrics_text import family_names, parse_samples, sum_samples
 from warden.common.tokens import TokenError, bearer_matches, load_token
 from warden.supervisor import cpu_memory, first_start
+from warden.supervisor.config import SupervisorConfig
 from warden.supervisor.fault_tolerance import fault_tolerance_enabled
 from warden.supervisor.metrics import render
 from warden.supervisor.policy import (
@@ -342,3 +344,18 @@ def test_serve_says_which_kv_cache_it_picked_and_passes_it_to_vllm(tmp_path: Pat
         env={**env, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "3"},
     )  # fmt: skip
     assert not chosen.stdout.startswith("VLLM_CPU_KVCACHE_SPACE") and not chosen.stderr
+
+
+def test_a_hung_engine_is_restarted_within_a_minute_by_default() -> None:
+    """Defaults an operator gets: no step for the stall timeout while requests wait, then the
+    supervisor's grace, a heartbeat late and a probe late: the restart starts within 60 s of
+    the hang (the engine test measures the same path with short settings)."""
+    settings, config = load_settings({}), SupervisorConfig()
+    worst = (
+        settings.stall_timeout_s
+        + config.stall_grace_s
+        + HEARTBEAT_INTERVAL_S
+        + config.probe_s
+        + config.poll_s
+    )
+    assert worst < 60.0, worst

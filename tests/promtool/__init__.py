@@ -16,12 +16,21 @@ from tests.promtool.liveness import LIVENESS_SCENARIOS
 from tests.promtool.memory import MEMORY_SCENARIOS
 from tests.promtool.model import TestFile
 from tests.promtool.recording import RECORDING_SCENARIOS
-from tests.promtool.traffic import BACKLOG_SCENARIOS, TRAFFIC_SCENARIOS
+from tests.promtool.traffic import (
+    QUEUE_WAIT_SCENARIOS,
+    SATURATION_SCENARIOS,
+    STEADY_SCENARIOS,
+    TRAFFIC_SCENARIOS,
+)
 
 TEST_FILES: tuple[TestFile, ...] = (
     TestFile("recording.yml", "1m", RECORDING_SCENARIOS),
     TestFile("memory.yml", "15s", MEMORY_SCENARIOS),
-    TestFile("traffic.yml", "1m", BACKLOG_SCENARIOS + TRAFFIC_SCENARIOS),
+    TestFile(
+        "traffic.yml",
+        "1m",
+        SATURATION_SCENARIOS + QUEUE_WAIT_SCENARIOS + TRAFFIC_SCENARIOS + STEADY_SCENARIOS,
+    ),
     TestFile("faults.yml", "1m", FAULT_SCENARIOS),
     TestFile("liveness.yml", "1m", LIVENESS_SCENARIOS),
     TestFile("creep.yml", "1m", CREEP_SCENARIOS + CACHE_SCENARIOS + GRAPH_SCENARIOS),

@@ -1,4 +1,5 @@
-"""Memory creep: time to OOM, allocator cache growth and CUDA graph pool growth.
+"""Memory creep: time to OOM (the risk beyond the engine's plan), allocator cache growth and
+CUDA graph pool growth.
 
 Expected labels and descriptions are spelled out by hand, so they check the rules instead of
 echoing them.
@@ -9,8 +10,7 @@ from __future__ import annotations
 from exporter.catalog import (
     ACTION_LABEL,
     CUDAGRAPH_POOL_BYTES,
-    GPU_MEMORY_TOTAL,
-    GPU_MEMORY_USED,
+    MEMORY_RISK,
     TORCH_ALLOCATED,
     TORCH_DEVICE_TOTAL,
     TORCH_RESERVED,
@@ -38,11 +38,9 @@ from tests.promtool.series import (
 )
 
 
-def gpu_memory(used: str, minutes: int) -> dict[str, str]:
-    return {
-        s(GPU_MEMORY_USED, gpu="0"): used,
-        s(GPU_MEMORY_TOTAL, gpu="0"): f"{DEVICE_TOTAL}x{minutes - 1}",
-    }
+def risk(source: str, values: list[float]) -> dict[str, str]:
+    """warden_memory_risk_ratio of one source, one sample a minute."""
+    return {s(MEMORY_RISK, source=source): values_text(round(v, 4) for v in values)}
 
 
 def torch_memory(reserved: str, minutes: int) -> dict[str, str]:
@@ -58,70 +56,105 @@ def time_to_oom(severity: str, source: str) -> dict[str, str]:
 
 def oom_desc_at(source: str, percent: str, horizon: str) -> str:
     return (
-        f"{source} memory on {INSTANCE} has grown steadily and is projected at {percent} of "
-        f"capacity within {horizon}."
+        f"{source} memory on {INSTANCE} keeps growing beyond the engine's plan; at this rate it "
+        f"reaches {percent} of the headroom within {horizon} (100% = the device is full)."
     )
 
 
-# Device memory settles at 62% after start-up and grows 3 points an hour until 12h30m (13h).
-DEVICE_CREEP = gpu_memory(memory_bytes(810, 0.62, 0.03, growth_stops=750), 810)
-# Settles at 92% and stays there, wobbling, for 12 hours.
-DEVICE_HIGH_FLAT = gpu_memory(memory_bytes(730, 0.92), 730)
-# High and flat, with an engine restart at 6h: memory drops and ramps up again.
-DEVICE_RESTART = gpu_memory(memory_bytes(540, 0.9, restart_at=360), 540)
-# PyTorch's reserved memory creeps 4 points an hour from 55%.
-TORCH_CREEP = torch_memory(memory_bytes(480, 0.55, 0.04), 480)
+# The field report on an H200 (140.54 GiB): PyTorch reserved grows 99 -> 134.7 GiB in the first
+# hour and to 140.9 GiB by hour six while allocated stays near 99 GiB. The engine planned 0.72 of
+# the device (101.19 GiB), so the headroom is 39.35 GiB and the allocator risk is
+# (reserved - 101.19) / 39.35: 0 for the first 4 minutes, 0.85 at 1h, 1 (clamped) from 5h40m.
+# NVML sees the same growth (reserved memory is device memory in use), 1 GiB lower: the device
+# risk follows the same curve a little later.
+H200 = 140.54
+PLANNED = 0.72 * H200
 
+
+def field_reserved_gib(minute: int) -> float:
+    if minute <= 60:
+        return 99 + (134.7 - 99) * minute / 60
+    return 134.7 + (140.9 - 134.7) * (minute - 60) / 300
+
+
+def field_risk(minute: int, offset_gib: float = 0.0) -> float:
+    reserved = field_reserved_gib(minute) - offset_gib
+    jitter = wobble(minute, 0.002, period=7)
+    return min(1.0, max(0.0, (reserved - PLANNED) / (H200 - PLANNED) + jitter))
+
+
+# The operator restarts the engine at 6h: a new plan, risk 0 again.
+FIELD_CREEP = {
+    **risk("allocator", [field_risk(m) if m < 360 else 0.0 for m in range(420)]),
+    **risk("device", [field_risk(m, offset_gib=1.0) if m < 360 else 0.0 for m in range(420)]),
+}
+# Memory within the plan at full load for 12 hours: both risks 0.
+WITHIN_PLAN = {
+    **risk("allocator", [0.0] * 720),
+    **risk("device", [0.0] * 720),
+}
+# A neighbour took 30% of the headroom once, at 10m, and kept it: high but flat for 12 hours.
+NEIGHBOUR_FLAT = risk("device", [0.0] * 10 + [0.3 + wobble(m, 0.003) for m in range(10, 720)])
+# The risk grows 0.2 an hour for 2 hours (a cache warming up beyond the plan), then stays.
+GROWTH_STOPS = risk("allocator", [min(m, 120) / 60 * 0.2 + wobble(m, 0.002) for m in range(540)])
+
+ALLOCATOR_WARNING = time_to_oom("warning", "allocator")
+ALLOCATOR_CRITICAL = time_to_oom("critical", "allocator")
 DEVICE_WARNING = time_to_oom("warning", "device")
 DEVICE_CRITICAL = time_to_oom("critical", "device")
-TORCH_WARNING = time_to_oom("warning", "torch_reserved")
 
 CREEP_SCENARIOS = (
     Scenario(
         "WardenTimeToOOM",
-        "device memory creeping 3 points an hour from 62% for 12 hours",
-        DEVICE_CREEP,
+        "the H200 field creep: reserved 99 -> 134.7 GiB in an hour, 140.9 GiB by hour six",
+        FIELD_CREEP,
         (
-            healthy("30m"),
-            healthy("3h"),
-            healthy("6h30m"),
-            pending("7h10m", DEVICE_WARNING),
-            # 0.62 + 0.03 * (7h55m + 6h) = 1.0375
-            fires("8h", Expected(DEVICE_WARNING, oom_desc_at("device", "103.8%", "6h"))),
+            healthy("1h"),
+            # the 2-hour window has used some of the margin all along from 2h04m
+            pending("2h10m", ALLOCATOR_WARNING, DEVICE_WARNING),
+            # the 1-hour horizon is reached inside the critical for
             pending(
-                "11h50m",
-                DEVICE_CRITICAL,
-                also_firing=[Expected(DEVICE_WARNING, oom_desc_at("device", "115.3%", "6h"))],
+                "4h55m",
+                ALLOCATOR_CRITICAL,
+                also_firing=[
+                    Expected(ALLOCATOR_WARNING, oom_desc_at("allocator", "116.4%", "6h")),
+                    Expected(DEVICE_WARNING, oom_desc_at("device", "113.9%", "6h")),
+                ],
             ),
             fires(
-                "12h15m",
-                # 0.62 + 0.03 * (12h10m + 1h) = 1.015; + 6h: 1.165
-                Expected(DEVICE_CRITICAL, oom_desc_at("device", "101.5%", "1h")),
-                Expected(DEVICE_WARNING, oom_desc_at("device", "116.5%", "6h")),
+                "2h40m",
+                # the 2-hour trend still holds the first hour's steep climb
+                Expected(ALLOCATOR_WARNING, oom_desc_at("allocator", "153.5%", "6h")),
+                Expected(DEVICE_WARNING, oom_desc_at("device", "151%", "6h")),
             ),
-            resolved("13h"),
+            fires(
+                "5h",
+                # risk 0.852 + 0.0315 an hour since 1h: 0.978 at 5h, 1.009 at 6h, 1.167 at 11h
+                Expected(ALLOCATOR_CRITICAL, oom_desc_at("allocator", "100.9%", "1h")),
+                Expected(ALLOCATOR_WARNING, oom_desc_at("allocator", "116.6%", "6h")),
+                Expected(DEVICE_WARNING, oom_desc_at("device", "114.1%", "6h")),
+            ),
+            resolved("6h5m"),
+            resolved("6h59m"),
         ),
     ),
     Scenario(
         "WardenTimeToOOM",
-        "device memory high (92%) but flat for 12 hours",
-        DEVICE_HIGH_FLAT,
-        (healthy("20m"), healthy("1h"), healthy("2h"), healthy("6h"), healthy("12h")),
+        "an engine within its plan at full load for 12 hours",
+        WITHIN_PLAN,
+        (healthy("20m"), healthy("1h"), healthy("2h"), healthy("6h"), healthy("11h59m")),
     ),
     Scenario(
         "WardenTimeToOOM",
-        "an engine restart: memory freed and allocated again",
-        DEVICE_RESTART,
-        (healthy("6h5m"), healthy("6h15m"), healthy("6h40m"), healthy("7h30m"), healthy("8h")),
+        "a neighbour took 30% of the headroom once and kept it",
+        NEIGHBOUR_FLAT,
+        (healthy("20m"), healthy("1h"), healthy("3h"), healthy("6h"), healthy("11h59m")),
     ),
     Scenario(
         "WardenTimeToOOM",
-        "PyTorch reserved memory creeping 4 points an hour",
-        TORCH_CREEP,
-        (
-            healthy("4h"),
-            fires("6h30m", Expected(TORCH_WARNING, oom_desc_at("torch_reserved", "104.6%", "6h"))),
-        ),
+        "growth beyond the plan that stops at 40% of the headroom",
+        GROWTH_STOPS,
+        (healthy("1h"), healthy("2h"), healthy("3h"), healthy("6h"), healthy("8h59m")),
     ),
 )
 
@@ -201,6 +234,8 @@ def with_graphs(series: dict[str, str], minutes: int, pool_gib: float) -> dict[s
 # The cache leak above, with 2 GiB of CUDA graphs (and the same leak on an eager engine).
 GRAPHS_CACHE_LEAK = with_graphs(CACHE_LEAK, 540, 2)
 EAGER_CACHE_LEAK = with_graphs(CACHE_LEAK, 540, 0)
+# PyTorch's reserved memory creeps 4 points an hour from 55%.
+TORCH_CREEP = torch_memory(memory_bytes(480, 0.55, 0.04), 480)
 # PyTorch reserved memory creeping 4 points an hour, with CUDA graphs.
 GRAPHS_TORCH_CREEP = with_graphs({**TORCH_CREEP, **engine_up(480, down_first=2)}, 480, 2)
 # CUDA graphs and a large but flat cached gap.

@@ -29,7 +29,9 @@ from tests.promtool.series import (
     s,
 )
 
-WATERMARK_HIGH = labels("warning", **{ACTION_LABEL: "stop_admission", PARAM_RETRY_AFTER: "10"})
+# high warns and acts on nothing: a creep takes hours, and refusing before critical would
+# sacrifice healthy traffic.
+WATERMARK_HIGH = labels("warning")
 WATERMARK_CRITICAL = labels(
     "critical",
     **{ACTION_LABEL: "shed_low_priority", PARAM_PRIORITY_THRESHOLD: "0", PARAM_PREEMPT: "1"},
@@ -38,23 +40,28 @@ OOM_IMMINENT = labels("critical", **{ACTION_LABEL: "reject_all", PARAM_RETRY_AFT
 _LEVELS = "(1 high, 2 critical, 3 oom_imminent)"
 
 
-def high_desc(level: int) -> str:
+def _reached(level: int) -> str:
     return (
-        f"Memory watermark on {INSTANCE} reached level {level} {_LEVELS} within the last minute; "
-        "new requests get 503 with Retry-After until it drops."
+        f"Memory on {INSTANCE} beyond the engine's plan reached watermark level {level} "
+        f"{_LEVELS} within the last minute; "
+    )
+
+
+def high_desc(level: int) -> str:
+    return _reached(level) + (
+        "most of the headroom its plan left on the device is used. Nothing is refused yet; "
+        "find the growth before it reaches critical."
     )
 
 
 def critical_desc(level: int) -> str:
-    return (
-        f"Memory watermark on {INSTANCE} reached level {level} {_LEVELS} within the last minute; "
+    return _reached(level) + (
         "warden refuses low-priority requests and preempts the largest running one."
     )
 
 
 def oom_desc(level: int) -> str:
-    return (
-        f"Memory watermark on {INSTANCE} reached level {level} {_LEVELS} within the last minute; "
+    return _reached(level) + (
         "warden rejects every new request with Retry-After to avoid an out-of-memory crash."
     )
 

@@ -12,15 +12,18 @@ from exporter.catalog import (
     ENGINE_RESTARTS,
     GPU_MEMORY_TOTAL,
     GPU_MEMORY_USED,
+    MEMORY_RISK,
     NONFINITE_LOGITS,
     REQUEST_RETRIES,
     REQUEST_RETRIES_EXHAUSTED,
     REQUESTS,
+    SATURATED,
     TORCH_ALLOCATED,
     TORCH_DEVICE_TOTAL,
     TORCH_RESERVED,
     VLLM_NUM_PREEMPTIONS,
-    VLLM_NUM_REQUESTS_WAITING,
+    VLLM_QUEUE_TIME,
+    VLLM_REQUEST_SUCCESS,
 )
 from tests.promtool.memory import LEVEL, PEAK
 from tests.promtool.model import (
@@ -74,11 +77,6 @@ RECORDING_SCENARIOS = (
         (
             ExprCheck(
                 "1m",
-                rec.GPU_USED_RATIO,
-                (at(rec.GPU_USED_RATIO, 0.5, gpu="0"), at(rec.GPU_USED_RATIO, 0.75, gpu="1")),
-            ),
-            ExprCheck(
-                "1m",
                 rec.TORCH_RESERVED_RATIO,
                 (
                     at(rec.TORCH_RESERVED_RATIO, 0.45, device="cuda:0"),
@@ -93,8 +91,6 @@ RECORDING_SCENARIOS = (
     RecordingScenario(
         "traffic: two engines, requests by outcome",
         {
-            s(VLLM_NUM_REQUESTS_WAITING, engine="0"): "100x10",
-            s(VLLM_NUM_REQUESTS_WAITING, engine="1"): "250x10",
             s(VLLM_NUM_PREEMPTIONS, engine="0"): "0+30x10",
             s(VLLM_NUM_PREEMPTIONS, engine="1"): "0+90x10",
             s(REQUESTS, outcome="success"): "0+540x10",
@@ -108,7 +104,6 @@ RECORDING_SCENARIOS = (
             s(NONFINITE_LOGITS, kind="inf"): "0+1.2x10",
         },
         (
-            ExprCheck("10m", rec.QUEUE_WAITING, (at(rec.QUEUE_WAITING, 350),)),
             # (30 + 90) a minute
             ExprCheck("10m", rec.PREEMPTIONS_RATE, (at(rec.PREEMPTIONS_RATE, 2),)),
             ExprCheck(
@@ -131,6 +126,47 @@ RECORDING_SCENARIOS = (
             ),
             ExprCheck("10m", rec.NONFINITE_RATE, (at(rec.NONFINITE_RATE, 0.12),)),
             ExprCheck("10m", rec.NONFINITE_RATIO, (at(rec.NONFINITE_RATIO, 0.01),)),
+        ),
+    ),
+    RecordingScenario(
+        "saturation and memory risk",
+        {
+            s(MEMORY_RISK, source="device"): "0.25x10",
+            s(MEMORY_RISK, source="allocator"): "0.5x10",
+            s(VLLM_REQUEST_SUCCESS, finished_reason="stop"): "0+30x10",
+            s(VLLM_REQUEST_SUCCESS, finished_reason="length"): "0+30x10",
+            # 15 preemptions a minute on each of two engines
+            s(VLLM_NUM_PREEMPTIONS, engine="0"): "0+15x10",
+            s(VLLM_NUM_PREEMPTIONS, engine="1"): "0+15x10",
+            # 60 requests a minute, every one waiting between 10 s and 60 s
+            s(f"{VLLM_QUEUE_TIME.name}_bucket", le="1"): "0x10",
+            s(f"{VLLM_QUEUE_TIME.name}_bucket", le="10"): "0x10",
+            s(f"{VLLM_QUEUE_TIME.name}_bucket", le="60"): "0+60x10",
+            s(f"{VLLM_QUEUE_TIME.name}_bucket", le="+Inf"): "0+60x10",
+            # saturated once, at 8m, for one scrape
+            s(SATURATED): "0x7 1 0x2",
+            s(REQUESTS, outcome="success"): "0+60x10",
+            s(REQUESTS, outcome="rejected"): "0+20x10",
+        },
+        (
+            ExprCheck(
+                "10m",
+                rec.MEMORY_RISK_MAX,
+                (
+                    at(rec.MEMORY_RISK_MAX, 0.5, source="allocator"),
+                    at(rec.MEMORY_RISK_MAX, 0.25, source="device"),
+                ),
+            ),
+            ExprCheck("10m", rec.FINISHED_RATE, (at(rec.FINISHED_RATE, 1),)),
+            # 30 preemptions for 60 finished a minute
+            ExprCheck("10m", rec.RECOMPUTE_RATIO, (at(rec.RECOMPUTE_RATIO, 0.5),)),
+            # p90 inside the (10, 60] bucket: 10 + 50 * 0.9
+            ExprCheck("10m", rec.QUEUE_TIME_P90, (at(rec.QUEUE_TIME_P90, 55),)),
+            ExprCheck("7m", rec.SATURATED_1M, (at(rec.SATURATED_1M, 0),)),
+            ExprCheck("9m", rec.SATURATED_1M, (at(rec.SATURATED_1M, 1),)),
+            ExprCheck("10m", rec.SATURATED_1M, (at(rec.SATURATED_1M, 0),)),
+            # 20 refused of 80 a minute
+            ExprCheck("10m", rec.REJECTED_RATIO, (at(rec.REJECTED_RATIO, 0.25),)),
         ),
     ),
     RecordingScenario(

@@ -1,4 +1,5 @@
-"""Traffic: the queue backlog bands, preemption storms and the error-ratio circuit.
+"""Traffic: saturation, queue wait, preemption storms, the error-ratio circuit, and six hours of
+steady saturation that must alert nobody.
 
 Expected labels and descriptions are spelled out by hand, so they check the rules instead of
 echoing them.
@@ -6,15 +7,29 @@ echoing them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from alerts.rules import ALERT_NAMES
 from exporter.catalog import (
     ACTION_LABEL,
+    GPU_MEMORY_TOTAL,
+    GPU_MEMORY_USED,
+    MEMORY_RISK,
+    MEMORY_WATERMARK,
+    MEMORY_WATERMARK_PEAK,
     PARAM_ADMIT_FRACTION,
     PARAM_CIRCUIT,
-    PARAM_MAX_TOKENS,
     PARAM_PRIORITY_THRESHOLD,
-    PARAM_RETRY_AFTER,
+    SATURATED,
+    TORCH_ALLOCATED,
+    TORCH_DEVICE_TOTAL,
+    TORCH_RESERVED,
+    VLLM_KV_CACHE_USAGE,
     VLLM_NUM_PREEMPTIONS,
+    VLLM_NUM_REQUESTS_RUNNING,
     VLLM_NUM_REQUESTS_WAITING,
+    VLLM_QUEUE_TIME,
+    VLLM_REQUEST_SUCCESS,
 )
 from tests.promtool.model import (
     Expected,
@@ -26,117 +41,174 @@ from tests.promtool.model import (
     values_text,
 )
 from tests.promtool.series import (
+    GIB,
     INSTANCE,
     counter,
+    engine_up,
     labels,
     per_minute,
     requests,
     s,
+    wobble,
 )
 
-BACKLOG_2048 = labels("warning", **{ACTION_LABEL: "cap_max_tokens", PARAM_MAX_TOKENS: "2048"})
-BACKLOG_512 = labels("warning", **{ACTION_LABEL: "cap_max_tokens", PARAM_MAX_TOKENS: "512"})
-BACKLOG_SHED = labels(
+SATURATED_WARNING = labels(
+    "warning", **{ACTION_LABEL: "shed_low_priority", PARAM_PRIORITY_THRESHOLD: "0"}
+)
+SATURATED_CRITICAL = labels(
     "critical", **{ACTION_LABEL: "shed_low_priority", PARAM_PRIORITY_THRESHOLD: "0"}
 )
-BACKLOG_REJECT = labels("critical", **{ACTION_LABEL: "reject_all", PARAM_RETRY_AFTER: "30"})
+_SATURATED_DESC = (
+    f"{INSTANCE} is saturated: a new request would miss its latency SLO or queue limit, so "
+    "warden refuses it with a Retry-After computed from the drain rate"
+)
 
 
-def backlog_desc(waiting: int, effect: str) -> str:
-    return f"{waiting} requests are waiting on {INSTANCE}; {effect}."
+def saturated(value: str = "1") -> Expected:
+    return Expected(
+        SATURATED_WARNING,
+        f"{_SATURATED_DESC} (saturated = {value}); low-priority requests are shed.",
+    )
 
 
-def cap_2048(waiting: int) -> Expected:
-    return Expected(BACKLOG_2048, backlog_desc(waiting, "warden caps max_tokens at 2048"))
+def overloaded(percent: str) -> Expected:
+    return Expected(
+        SATURATED_CRITICAL,
+        f"{_SATURATED_DESC} ({percent} of requests refused over 5 minutes); low-priority "
+        "requests are shed.",
+    )
 
 
-def cap_512(waiting: int) -> Expected:
-    return Expected(BACKLOG_512, backlog_desc(waiting, "warden caps max_tokens at 512"))
+def flags(*steps: tuple[int, int]) -> str:
+    """A 0/1 gauge per minute from (value, minutes) steps."""
+    return values_text(float(value) for value, minutes in steps for _ in range(minutes))
 
 
-def shed(waiting: int) -> Expected:
-    return Expected(BACKLOG_SHED, backlog_desc(waiting, "warden refuses low-priority requests"))
-
-
-def reject(waiting: int) -> Expected:
-    return Expected(BACKLOG_REJECT, backlog_desc(waiting, "warden rejects all new requests"))
-
-
-def queue(*steps: tuple[int, int]) -> list[float]:
-    """Queue length per minute from (length, minutes) steps."""
-    return [float(length) for length, minutes in steps for _ in range(minutes)]
-
-
-# Two engines (data parallel) share the instance's queue: the instance total counts.
-_QUEUE_RAMP = queue((10, 5), (150, 10), (300, 10), (450, 10), (600, 10), (0, 15))
-QUEUE_CLIMB = {
-    s(VLLM_NUM_REQUESTS_WAITING, engine="0"): values_text(_QUEUE_RAMP),
-    s(VLLM_NUM_REQUESTS_WAITING, engine="1"): values_text(
-        queue((10, 5), (150, 10), (300, 10), (450, 10), (600, 10), (0, 15))
+# warden_saturated (held 20 s by the engine) from 10m to 30m, scraped every minute.
+SATURATED_20M = {s(SATURATED): flags((0, 10), (1, 20), (0, 30))}
+# An overload hovering on the SLO: refusing for one minute, admitting for the next two, for 40
+# minutes. The alert must fire once and hold, not follow every swing.
+SATURATED_SWINGING = {s(SATURATED): flags((0, 10), *[(1, 1), (0, 2)] * 13, (0, 31))}
+# 3x overload: 60 completions a minute, 120 refused (2 in 3) from 10m to 40m.
+OVERLOAD = {
+    s(SATURATED): flags((0, 10), (1, 30), (0, 20)),
+    **requests(
+        60,
+        success=lambda m: 60,
+        rejected=per_minute((0, 10), (120, 30)),
     ),
 }
-# Short bursts over 100 (one minute each) between long calm stretches.
-QUEUE_BURSTS = {
-    s(VLLM_NUM_REQUESTS_WAITING): values_text(
-        queue((40, 5), (180, 1), (60, 5), (120, 1), (95, 10), (700, 1), (30, 10))
-    )
-}
 
-BACKLOG_SCENARIOS = (
+SATURATION_SCENARIOS = (
     Scenario(
-        "WardenQueueBacklog",
-        "queue climbs through every band (two engines) and drains",
-        QUEUE_CLIMB,
+        "WardenSaturated",
+        "admission refuses for saturation for 20 minutes",
+        SATURATED_20M,
         (
-            healthy("4m"),
-            pending("6m", BACKLOG_2048),
-            fires("8m", cap_2048(300)),
-            # 600: the 2048 cap holds on for 2 minutes while the 512 cap waits out its for.
-            pending("15m", BACKLOG_512, also_firing=[cap_2048(300)]),
-            fires("16m", cap_2048(300), cap_512(600)),
-            fires("18m", cap_512(600)),
-            pending("25m", BACKLOG_SHED, also_firing=[cap_512(600)]),
-            fires("26m", cap_512(600), shed(900)),
-            fires("28m", shed(900)),
-            pending("35m", BACKLOG_REJECT, also_firing=[shed(900)]),
-            fires("36m", shed(900), reject(1200)),
-            fires("40m", reject(1200)),
-            # drained: reject_all holds for 2 more minutes, then everything is over.
-            fires("46m", reject(1200)),
-            resolved("47m"),
+            healthy("9m"),
+            pending("10m", SATURATED_WARNING),
+            fires("11m", saturated()),
+            fires("29m", saturated()),
+            # cleared at 30m: the 1m window, then keep_firing_for 2m
+            fires("32m", saturated()),
+            resolved("34m"),
             resolved("59m"),
         ),
     ),
     Scenario(
-        "WardenQueueBacklog",
-        "one-minute bursts never fire",
-        QUEUE_BURSTS,
+        "WardenSaturated",
+        "an overload swinging in and out of saturation fires once and holds",
+        SATURATED_SWINGING,
         (
-            healthy("4m"),
-            pending("5m", BACKLOG_2048),
-            healthy("7m"),
-            healthy("14m"),
-            pending("22m", BACKLOG_512),
-            healthy("23m"),
-            healthy("30m"),
+            healthy("9m"),
+            pending("10m", SATURATED_WARNING),
+            # every check from 11m to 49m: firing, never pending again, never resolved
+            *(fires(f"{minute}m", saturated()) for minute in range(11, 50)),
+            resolved("52m"),
+            resolved("79m"),
+        ),
+    ),
+    Scenario(
+        "WardenSaturated",
+        "3x overload: two requests in three refused for 30 minutes",
+        OVERLOAD,
+        (
+            healthy("9m"),
+            # 360 refused of 660 over 5 minutes at 12m: over half, inside its for
+            pending("13m", SATURATED_CRITICAL, also_firing=[saturated()]),
+            # 2 refused a second (120 a minute) of 3: the refused share over 5 minutes
+            fires("20m", overloaded("66.67%"), saturated()),
+            fires("39m", overloaded("66.67%"), saturated()),
+            # refusals stopped at 40m; both hold for keep_firing_for, critical showing its value
+            # of 40m, the last evaluation it held: 480 refused of 780 over 5 minutes
+            fires("42m", overloaded("61.54%"), saturated()),
+            resolved("44m"),
+            resolved("59m"),
         ),
     ),
 )
 
+QUEUE_WAIT = labels("warning")
+QUEUE_BUCKETS = ("1", "10", "60", "120", "300", "+Inf")
+
+
+def queue_time(bad: Callable[[int], bool], minutes: int) -> dict[str, str]:
+    """vLLM's queue-time histogram, 60 requests a minute: all wait under a second, except in
+    ``bad`` minutes, when half of them wait between 2 and 5 minutes."""
+    out = {}
+    for le in QUEUE_BUCKETS:
+        slow = le in ("300", "+Inf")
+        out[s(f"{VLLM_QUEUE_TIME.name}_bucket", le=le)] = values_text(
+            counter(lambda m, slow=slow: 60 if slow or not bad(m) else 30, minutes)
+        )
+    return out
+
+
+def queue_wait_desc(seconds: str) -> str:
+    return (
+        f"90% of requests on {INSTANCE} waited up to {seconds} s in the queue over 5 minutes; "
+        "set a latency SLO (admission.saturation) to refuse what would miss it instead."
+    )
+
+
+QUEUE_WAIT_SCENARIOS = (
+    Scenario(
+        "WardenQueueWaitHigh",
+        "half the requests wait minutes in the queue for 40 minutes",
+        queue_time(lambda m: 10 <= m < 50, 70),
+        (
+            healthy("10m"),
+            pending("11m", QUEUE_WAIT),
+            # p90 within (120, 300]: 120 + 180 * (54 - 30) / 30
+            fires("26m", Expected(QUEUE_WAIT, queue_wait_desc("264"))),
+            fires("49m", Expected(QUEUE_WAIT, queue_wait_desc("264"))),
+            resolved("53m"),
+        ),
+    ),
+)
 
 PREEMPTION_STORM = labels("warning")
-# 60 preemptions a minute (1/s) from minute 10 to 30.
+
+
+def finished(per_minute_count: float, minutes: int) -> dict[str, str]:
+    return {
+        s(VLLM_REQUEST_SUCCESS, finished_reason="length"): values_text(
+            counter(lambda m: per_minute_count, minutes)
+        )
+    }
+
+
+# 60 requests finish a minute; 90 preemptions a minute from minute 10 to 40 (1.5 per finished).
 PREEMPTIONS_BURST = {
-    s(VLLM_NUM_PREEMPTIONS): values_text(counter(per_minute((0, 10), (60, 20)), 50))
+    s(VLLM_NUM_PREEMPTIONS): values_text(counter(per_minute((0, 10), (90, 30)), 60)),
+    **finished(60, 60),
 }
-# A steady trickle: 6 a minute (0.1/s) for an hour.
-PREEMPTIONS_TRICKLE = {s(VLLM_NUM_PREEMPTIONS): values_text(counter(lambda m: 6, 60))}
 
 
-def preemption_desc(per_second: str) -> str:
+def preemption_desc(per_finished: str) -> str:
     return (
-        f"vLLM on {INSTANCE} preempts {per_second} requests per second; their work is "
-        "recomputed or swapped, so throughput collapses."
+        f"vLLM on {INSTANCE} preempts {per_finished} requests per finished request; their work "
+        "is recomputed, so throughput collapses."
     )
 
 
@@ -180,20 +252,17 @@ ERRORS_IDLE = requests(40, server_error=per_minute(*[(1, 1), (0, 4)] * 8))
 TRAFFIC_SCENARIOS = (
     Scenario(
         "WardenPreemptionStorm",
-        "one preemption a second for 20 minutes",
+        "1.5 preemptions per finished request for 30 minutes",
         PREEMPTIONS_BURST,
         (
-            healthy("10m"),
-            pending("14m", PREEMPTION_STORM),
-            fires("25m", Expected(PREEMPTION_STORM, preemption_desc("1.00"))),
-            resolved("40m"),
+            # the 5-minute rate passes one per finished request at 13m
+            healthy("12m"),
+            pending("13m", PREEMPTION_STORM),
+            pending("27m", PREEMPTION_STORM),
+            fires("28m", Expected(PREEMPTION_STORM, preemption_desc("1.50"))),
+            fires("40m", Expected(PREEMPTION_STORM, preemption_desc("1.20"))),
+            resolved("41m"),
         ),
-    ),
-    Scenario(
-        "WardenPreemptionStorm",
-        "a steady trickle of preemptions",
-        PREEMPTIONS_TRICKLE,
-        (healthy("10m"), healthy("30m"), healthy("59m")),
     ),
     Scenario(
         "WardenErrorRateHigh",
@@ -219,5 +288,59 @@ TRAFFIC_SCENARIOS = (
         "2% errors, and an idle engine whose few requests fail",
         {**ERRORS_LOW, **{k.replace(INSTANCE, "idle:8000"): v for k, v in ERRORS_IDLE.items()}},
         (healthy("10m"), healthy("20m"), healthy("39m")),
+    ),
+)
+
+
+# Six hours of an engine at full load, as vLLM runs it (H200, 140.54 GiB, default 0.92): the
+# batch is full and the KV cache at 97-100%, 20 requests queue for a few seconds, a preemption
+# now and then (4 per 60 finished), every request admitted (no SLO is missed, so
+# warden_saturated stays 0), memory exactly where vLLM planned it (device and allocator risk 0,
+# the allocator's live tensors churning inside the reserved pool). Not one alert may fire or
+# even go pending, at any evaluation.
+STEADY_MINUTES = 6 * 60
+H200_TOTAL = round(140.54 * GIB)
+H200_PLANNED = round(0.92 * 140.54 * GIB)
+
+
+def _wobbled(level: float, amplitude: float, period: int = 7) -> list[float]:
+    return [round(level + wobble(m, amplitude, period), 4) for m in range(STEADY_MINUTES)]
+
+
+STEADY_SATURATION = {
+    **engine_up(STEADY_MINUTES),
+    s(VLLM_KV_CACHE_USAGE): values_text(_wobbled(0.985, 0.015)),
+    s(VLLM_NUM_REQUESTS_RUNNING): f"256x{STEADY_MINUTES - 1}",
+    s(VLLM_NUM_REQUESTS_WAITING): values_text(_wobbled(20, 12, 5)),
+    s(VLLM_NUM_PREEMPTIONS): values_text(counter(lambda m: 4, STEADY_MINUTES)),
+    **finished(60, STEADY_MINUTES),
+    **queue_time(lambda m: False, STEADY_MINUTES),
+    **requests(STEADY_MINUTES, success=lambda m: 60),
+    s(SATURATED): f"0x{STEADY_MINUTES - 1}",
+    s(MEMORY_WATERMARK): f"0x{STEADY_MINUTES - 1}",
+    s(MEMORY_WATERMARK_PEAK): f"0x{STEADY_MINUTES - 1}",
+    s(MEMORY_RISK, source="device"): f"0x{STEADY_MINUTES - 1}",
+    s(MEMORY_RISK, source="allocator"): f"0x{STEADY_MINUTES - 1}",
+    s(GPU_MEMORY_USED, gpu="0"): values_text(
+        [H200_PLANNED - round(wobble(m, GIB / 4)) - GIB // 4 for m in range(STEADY_MINUTES)]
+    ),
+    s(GPU_MEMORY_TOTAL, gpu="0"): f"{H200_TOTAL}x{STEADY_MINUTES - 1}",
+    s(TORCH_RESERVED, device="cuda:0"): f"{H200_PLANNED - 2 * GIB}x{STEADY_MINUTES - 1}",
+    s(TORCH_ALLOCATED, device="cuda:0"): values_text(
+        [H200_PLANNED - 4 * GIB + round(wobble(m, GIB, 5)) for m in range(STEADY_MINUTES)]
+    ),
+    s(TORCH_DEVICE_TOTAL, device="cuda:0"): f"{H200_TOTAL}x{STEADY_MINUTES - 1}",
+}
+
+STEADY_SCENARIOS = (
+    Scenario(
+        "WardenSaturated",
+        "six hours of steady saturation: no alert, nothing pending",
+        STEADY_SATURATION,
+        tuple(
+            healthy(f"{minute}m", alertname=name)
+            for minute in range(0, STEADY_MINUTES, 10)
+            for name in sorted(ALERT_NAMES)
+        ),
     ),
 )

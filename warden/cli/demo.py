@@ -11,8 +11,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import yaml
+
 from alerts.alertmanager import RouteTiming
-from warden.cli.scenario import ClosedLoopScenario, metric_names_seen
+from warden.cli.scenario import ClosedLoopScenario, demo_control_config, metric_names_seen
 from warden.stack.config import Intervals
 from warden.stack.native import NativeStack, StackSettings
 
@@ -22,10 +24,16 @@ DEMO_PAGER_TIMING = RouteTiming("1s", "5s", "4h")
 
 
 def demo_settings(workdir: Path, **overrides: object) -> StackSettings:
+    """The demo's stack: fast intervals and the control config the scenario's overload breaks
+    (written to ``workdir/warden.yaml``, handed to the engine as WARDEN_CONFIG)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    config = workdir / "warden.yaml"
+    config.write_text(yaml.safe_dump(demo_control_config()), encoding="utf-8")
     settings: dict[str, object] = {
         "workdir": workdir,
         "intervals": DEMO_INTERVALS,
         "pager_timing": DEMO_PAGER_TIMING,
+        "engine_env": {"WARDEN_CONFIG": str(config)},
     }
     settings.update(overrides)
     return StackSettings(**settings)  # type: ignore[arg-type]

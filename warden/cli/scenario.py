@@ -1,11 +1,22 @@
 """The closed loop, end to end, on a running stack: the scenario ``warden demo`` shows and the
 end-to-end test asserts.
 
-pressure -> watermark high -> local reflex -> alert pending -> firing in Prometheus ->
-Alertmanager -> webhook -> lease active -> page recorded -> pressure removed -> resolved ->
-normal. Every step is observed from outside, through the same HTTP APIs an operator would use,
-and stamped with the time since pressure started. Request outcomes are tallied: each request
-must finish, or be refused with 503/429 and Retry-After; anything else counts as lost.
+overload -> saturated -> local reflex (admission refuses within a step) -> WardenSaturated
+pending -> firing in Prometheus -> Alertmanager -> webhook lease (shed_low_priority) -> page
+(critical: most requests refused) -> overload removed -> resolved -> normal.
+
+Why overload and not memory: a CPU engine's memory does not creep, and the KV cache filling up
+is vLLM working as designed (it queues), so neither is an honest memory signal. What the CPU
+engine really produces is a queue users wait in: more clients than the tiny engine can serve
+(``--max-num-seqs 8`` and a 12-block KV cache) against the stack's limit of
+``DEMO_MAX_QUEUE_DEPTH`` waiting requests (``admission.saturation.max_queue_depth``, set by the
+demo's control config). A queue-depth limit, unlike a latency SLO, does not depend on how fast
+two busy cores happen to be, so the loop runs the same on every machine.
+
+Every step is observed from outside, through the same HTTP APIs an operator would use, and
+stamped with the time since the overload started. Request outcomes are counted with the one
+rule (warden/common/outcomes.py): completed, refused (429/503 with Retry-After), failed; the
+scenario requires failed = 0.
 """
 
 from __future__ import annotations
@@ -20,14 +31,27 @@ from typing import Any
 import httpx
 
 from alerts.model import AlertRule
-from alerts.rules import MEMORY
+from alerts.rules import TRAFFIC
 from exporter import catalog
+from warden.common.outcomes import COMPLETED, FAILED, REFUSED, OutcomeTally, classify
 from warden.common.waiting import wait_until
 from warden.stack.native import NativeStack, StackError
 
-# The memory alerts, named by the rule definitions themselves (never retyped).
-MEMORY_ALERTS = tuple(rule.name for rule in MEMORY.rules if isinstance(rule, AlertRule))
-REFLEX_REASONS = ("stop_admission", "reject_all", "shed_low_priority", "kv_headroom")
+# The saturation alert (the traffic alert that sheds), named by the rule definitions themselves.
+SATURATION_ALERTS = tuple(
+    sorted(
+        {
+            rule.name
+            for rule in TRAFFIC.rules
+            if isinstance(rule, AlertRule) and rule.action == "shed_low_priority"
+        }
+    )
+)
+# Requests the overload's clients send: waiting beyond this many refuses (the demo's config).
+DEMO_MAX_QUEUE_DEPTH = 4
+# Clients: important ones (priority 0, kept while low priority is shed) and batch ones.
+IMPORTANT_CLIENTS, BATCH_CLIENTS = 8, 4
+IMPORTANT_PRIORITY, BATCH_PRIORITY = 0, 5
 
 
 class ScenarioError(RuntimeError):
@@ -37,23 +61,31 @@ class ScenarioError(RuntimeError):
 @dataclass
 class Step:
     name: str
-    at: float  # seconds since pressure started
+    at: float  # seconds since the overload started
     detail: str = ""
 
 
 @dataclass
 class Outcomes:
-    """What every pressure request ended as."""
+    """What every overload request ended as (warden/common/outcomes.py), thread-safe."""
 
-    counts: Counter[str] = field(default_factory=Counter)
-    lost: list[str] = field(default_factory=list)
+    tally: OutcomeTally = field(default_factory=OutcomeTally)
+    by_reason: Counter[str] = field(default_factory=Counter)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def add(self, kind: str, problem: str | None = None) -> None:
+    def add(self, outcome: str, detail: str = "", reason: str = "") -> None:
         with self.lock:
-            self.counts[kind] += 1
-            if problem is not None:
-                self.lost.append(problem)
+            self.tally.add(outcome, detail)
+            if outcome == REFUSED:
+                self.by_reason[reason or "unnamed"] += 1
+
+    @property
+    def counts(self) -> Counter[str]:
+        return self.tally.counts
+
+    @property
+    def failed(self) -> list[str]:
+        return self.tally.failures
 
 
 @dataclass
@@ -71,17 +103,17 @@ class ScenarioResult:
         return next(s for s in self.timeline if s.name == name)
 
     def report(self) -> str:
-        lines = ["closed-loop timeline (seconds since pressure started):"]
+        lines = ["closed-loop timeline (seconds since the overload started):"]
         previous = 0.0
         for step in self.timeline:
             lines.append(
                 f"  {step.at:7.1f}s  (+{step.at - previous:5.1f}s)  {step.name:<26} {step.detail}"
             )
             previous = step.at
-        counts = ", ".join(f"{k}: {v}" for k, v in sorted(self.outcomes.counts.items()))
-        lines.append(f"request outcomes: {counts}; lost: {len(self.outcomes.lost)}")
-        for problem in self.outcomes.lost[:5]:
-            lines.append(f"  lost: {problem}")
+        reasons = ", ".join(f"{k} {v}" for k, v in sorted(self.outcomes.by_reason.items()))
+        lines.append(f"request outcomes: {self.outcomes.tally.line()} (refused by: {reasons})")
+        for problem in self.outcomes.failed[:5]:
+            lines.append(f"  failed: {problem}")
         lines.append("intervals: " + ", ".join(f"{k} {v}" for k, v in self.intervals.items()))
         for name, ok in self.checks.items():
             lines.append(f"  [{'ok' if ok else 'FAILED'}] {name}")
@@ -89,75 +121,82 @@ class ScenarioResult:
 
 
 class Pressure:
-    """Concurrent clients sending long prompts in a loop until stopped (bounded in time)."""
+    """Concurrent clients sending requests in a loop until stopped (bounded in time). Impatient
+    ones: a refused client tries again after 50 ms instead of its Retry-After, the retry storm
+    an overloaded service sees. ``priorities``: one client per entry, sent as the request's
+    priority header (the demo's config trusts loopback to name one)."""
 
     def __init__(
         self,
         engine_url: str,
         model: str,
         outcomes: Outcomes,
-        clients: int = 8,
+        priorities: list[int],
         max_duration_s: float = 600.0,
+        priority_header: str = "X-Request-Priority",
     ) -> None:
         self.engine_url = engine_url
         self.model = model
         self.outcomes = outcomes
-        self.clients = clients
+        self.priorities = priorities
         self.max_duration_s = max_duration_s
+        self.priority_header = priority_header
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
-    def _client(self) -> None:
-        prompt = " ".join(["memory watermark cache block engine request"] * 10)
+    def _client(self, priority: int) -> None:
+        prompt = " ".join(["the engine queue keeps growing under load"] * 6)
         deadline = time.monotonic() + self.max_duration_s
         # A new connection per request: a kept-alive one that sat idle past the server's
         # keep-alive timeout (a client thread starved by the engine for seconds) can be closed
         # by the server just as the next request goes out. That is a client pooling race, not a
-        # request the server dropped, and must not count as lost.
+        # request the server dropped, and must not count as failed.
         fresh = httpx.Limits(max_keepalive_connections=0)
-        with httpx.Client(base_url=self.engine_url, timeout=60, limits=fresh) as client:
+        headers = {self.priority_header: str(priority)}
+        with httpx.Client(
+            base_url=self.engine_url, timeout=120, limits=fresh, headers=headers
+        ) as client:
             while not self._stop.is_set() and time.monotonic() < deadline:
-                body = {
-                    "model": self.model,
-                    "prompt": prompt,
-                    "max_tokens": 120,
-                    "ignore_eos": True,
-                }
+                body = {"model": self.model, "prompt": prompt, "max_tokens": 48, "ignore_eos": True}
                 try:
                     response = client.post("/v1/completions", json=body)
                 except httpx.HTTPError as exc:
-                    self.outcomes.add("lost", f"{type(exc).__name__}: {exc}")
+                    self.outcomes.add(FAILED, f"{type(exc).__name__}: {exc}")
                     continue
                 self._judge(response)
                 if response.status_code != 200:
                     self._stop.wait(0.05)
 
     def _judge(self, response: httpx.Response) -> None:
-        status = response.status_code
-        if status == 200:
+        outcome = classify(response.status_code, dict(response.headers), response.content)
+        if outcome == COMPLETED:
             try:
                 finish = response.json()["choices"][0]["finish_reason"]
-            except (ValueError, KeyError, IndexError):
+            except (ValueError, KeyError, IndexError, TypeError):
                 finish = None
-            if finish in ("length", "stop"):
-                self.outcomes.add("completed")
-            else:
-                self.outcomes.add("lost", f"200 without a finished choice: {response.text[:120]}")
-        elif status in (429, 503) and response.headers.get("retry-after"):
-            self.outcomes.add(f"refused_{status}")
-        else:
-            self.outcomes.add("lost", f"{status}: {response.text[:120]}")
+            if finish not in ("length", "stop"):
+                outcome = FAILED
+        reason = ""
+        if outcome == REFUSED:
+            try:
+                reason = str(response.json()["error"]["warden_reason"])
+            except (ValueError, KeyError, TypeError):
+                reason = ""
+        detail = f"{response.status_code}: {response.text[:120]}" if outcome == FAILED else ""
+        self.outcomes.add(outcome, detail, reason)
 
     def start(self) -> None:
-        for index in range(self.clients):
-            thread = threading.Thread(target=self._client, name=f"pressure-{index}", daemon=True)
+        for index, priority in enumerate(self.priorities):
+            thread = threading.Thread(
+                target=self._client, args=(priority,), name=f"pressure-{index}", daemon=True
+            )
             thread.start()
             self._threads.append(thread)
 
     def stop(self) -> None:
         self._stop.set()
         for thread in self._threads:
-            thread.join(timeout=70)
+            thread.join(timeout=130)
 
 
 class ClosedLoopScenario:
@@ -195,7 +234,7 @@ class ClosedLoopScenario:
 
     def _prometheus_alert(self, state: str) -> dict[str, Any] | None:
         for alert in self.stack.alerts():
-            if alert["labels"].get("alertname") in MEMORY_ALERTS and alert["state"] == state:
+            if alert["labels"].get("alertname") in SATURATION_ALERTS and alert["state"] == state:
                 return alert
         return None
 
@@ -205,41 +244,45 @@ class ClosedLoopScenario:
 
     # --- the scenario -----------------------------------------------------------------
 
-    def run(self, clients: int = 8) -> ScenarioResult:
+    def run(self) -> ScenarioResult:
         stack = self.stack
         assert stack.model is not None, "the scenario drives the engine's served model"
         outcomes = Outcomes()
         checks: dict[str, bool] = {}
-        pressure = Pressure(stack.engine_url, stack.model, outcomes, clients)
+        priorities = [IMPORTANT_PRIORITY] * IMPORTANT_CLIENTS + [BATCH_PRIORITY] * BATCH_CLIENTS
+        pressure = Pressure(stack.engine_url, stack.model, outcomes, priorities)
         self.t0 = time.time()
-        self.out("closed-loop scenario: pressure on")
+        self.out("closed-loop scenario: overload on")
         pressure.start()
-        self._mark("pressure", f"{clients} clients, long prompts, ignore_eos")
+        self._mark(
+            "overload",
+            f"{IMPORTANT_CLIENTS} important + {BATCH_CLIENTS} batch clients, queue limit "
+            f"{DEMO_MAX_QUEUE_DEPTH}",
+        )
         try:
-            crossing = self._wait(
-                "watermark above normal",
-                lambda: next(
-                    (
-                        t
-                        for t in self._state()["watermark_transitions"]
-                        if t["at"] >= self.t0 and t["level"] != "normal"
-                    ),
-                    None,
-                ),
-            )
-            self._mark("watermark high", f"entered {crossing['level']}", at=crossing["at"])
-            reflex = self._wait(
-                "a reflex rejection",
+            reaction = self._wait(
+                "saturation and the first refusal after it",
                 lambda: next(
                     (
                         r
-                        for r in self._state()["recent_rejections"]
-                        if r["at"] >= self.t0 and r["reason"] in REFLEX_REASONS
+                        for r in self._state()["reactions"]
+                        if r["kind"] == "saturation"
+                        and r["crossed_at"] >= self.t0
+                        and r["first_refusal_at"] is not None
                     ),
                     None,
                 ),
             )
-            self._mark("local reflex", f"first refusal: {reflex['reason']}", at=reflex["at"])
+            self._mark(
+                "saturated",
+                f"{reaction['signal']} = {reaction['value']}",
+                at=reaction["crossed_at"],
+            )
+            self._mark(
+                "local reflex",
+                f"first refusal: {reaction['first_refusal']} after {reaction['reaction_s']}s",
+                at=reaction["first_refusal_at"],
+            )
             pending = self._wait("alert pending", lambda: self._prometheus_alert("pending"))
             self._mark("alert pending", pending["labels"]["alertname"])
             firing = self._wait("alert firing", lambda: self._prometheus_alert("firing"))
@@ -250,7 +293,7 @@ class ClosedLoopScenario:
                     (
                         a
                         for a in self._alertmanager_alerts()
-                        if a["labels"].get("alertname") in MEMORY_ALERTS
+                        if a["labels"].get("alertname") in SATURATION_ALERTS
                     ),
                     None,
                 ),
@@ -265,15 +308,30 @@ class ClosedLoopScenario:
             self._mark("webhook lease active", f"{lease['action']} from {lease['alertname']}")
             page = self._wait(
                 "page",
-                lambda: next((p for p in stack.pages() if p.get("status") == "firing"), None),
+                lambda: next(
+                    (
+                        p
+                        for p in stack.pages()
+                        if p.get("status") == "firing"
+                        and any(
+                            a["labels"].get("alertname") in SATURATION_ALERTS for a in p["alerts"]
+                        )
+                    ),
+                    None,
+                ),
             )
             paged = sorted({a["labels"].get("alertname", "") for a in page["alerts"]})
             self._mark("page recorded", ", ".join(paged))
             checks["page reached the pager"] = True
+            checks["the lease shed low-priority requests"] = self._wait(
+                "a low-priority request shed by the lease",
+                lambda: outcomes.by_reason["shed_low_priority"] > 0 or None,
+                timeout_s=30,
+            )
             checks["inhibition held"] = self._check_inhibition()
         finally:
             pressure.stop()
-        self._mark("pressure removed")
+        self._mark("overload removed")
         self._wait(
             "leases released",
             lambda: not any(x["source"] == "alertmanager" for x in self._state()["leases"]),
@@ -283,7 +341,7 @@ class ClosedLoopScenario:
         self._wait(
             "engine back to normal",
             lambda: (
-                self._state()["watermark"] == "normal"
+                self._state()["saturation"]["state"] == "normal"
                 and not self._state()["leases"]
                 and self._state()["policy"]["stop_admission"] is False
                 and self._state()["policy"]["reject_all"] is False
@@ -296,11 +354,11 @@ class ClosedLoopScenario:
         )
         self._mark("normal", f"new request answered {probe.status_code}")
         checks["engine serves again after resolution"] = probe.status_code == 200
-        checks["zero requests lost"] = not outcomes.lost
+        checks["failed = 0"] = outcomes.counts[FAILED] == 0
         checks["some requests completed and some were refused"] = (
-            outcomes.counts["completed"] > 0
-            and outcomes.counts["refused_503"] + outcomes.counts["refused_429"] > 0
+            outcomes.counts[COMPLETED] > 0 and outcomes.counts[REFUSED] > 0
         )
+        checks["saturation refusals name their signal"] = outcomes.by_reason["saturated"] > 0
         intervals = {
             "scrape": stack.settings.intervals.scrape,
             "evaluation": stack.settings.intervals.evaluation,
@@ -314,7 +372,7 @@ class ClosedLoopScenario:
             a
             for a in self._alertmanager_alerts()
             if a["labels"].get("severity") == "critical"
-            and a["labels"].get("alertname") in MEMORY_ALERTS
+            and a["labels"].get("alertname") in SATURATION_ALERTS
         ]
         if not firing:
             return False
@@ -351,6 +409,17 @@ class ClosedLoopScenario:
         )
         self._mark("inhibition", "warning twin suppressed" if suppressed else "NOT suppressed")
         return suppressed
+
+
+def demo_control_config() -> dict[str, Any]:
+    """The control config the demo's engine runs with: the queue limit the overload breaks, and
+    loopback trusted to name a request's priority (the scenario's clients do)."""
+    return {
+        "admission": {
+            "saturation": {"max_queue_depth": DEMO_MAX_QUEUE_DEPTH},
+            "priority": {"trusted_networks": ["127.0.0.1/32"]},
+        }
+    }
 
 
 def metric_names_seen(stack: NativeStack) -> set[str]:

@@ -1,19 +1,40 @@
-"""Per-request admission: the effective policy and the KV forecast applied to one request.
+"""Per-request admission: the effective policy, the KV forecast and saturation, applied to one
+request.
 
 Pure: facts in, decision out. The middleware gathers the facts (priority, max_tokens, prompt
-tokens) and carries out the decision (answer 503/429/400, or rewrite max_tokens). It asks in
-two steps: ``admit`` (the policy's refusals, before the request's body is read) and ``limit``
-(the cap and the KV forecast, which need the body); ``decide`` is both at once.
+tokens) and carries out the decision (answer 503/429/400 with the decision's error fields and
+Retry-After headers, or rewrite max_tokens). It asks in two steps: ``admit`` (the policy's
+refusals and saturation for a typical request, before the request's body is read, so a refused
+request costs nothing) and ``limit`` (the cap, the KV forecast and saturation for this request's
+prompt, which need the body); ``decide`` is both at once. Every refusal names its cause: the
+``signal`` (the memory watermark, a saturation signal, the alert or override behind a lease)
+and its ``value``, so a false intervention is visible in the answer and in ``/warden/state``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+from exporter.saturation import SaturationState
 from warden.control.actions import REGISTRY
 from warden.control.config import AdmissionSettings
 from warden.control.policy import EffectivePolicy
+from warden.control.saturation import KvState, RetrySchedule, breach
+
+__all__ = [
+    "Cause",
+    "Decision",
+    "HalfOpenGate",
+    "KvState",
+    "RequestFacts",
+    "Saturation",
+    "admit",
+    "decide",
+    "limit",
+]
 
 
 @dataclass(frozen=True)
@@ -24,18 +45,14 @@ class RequestFacts:
 
 
 @dataclass(frozen=True)
-class KvState:
-    """KV cache geometry and use, from vLLM's cache config and its last step."""
+class Cause:
+    """What made warden act: a signal and its value (``value`` may be a level or a text)."""
 
-    total_blocks: int
-    block_size: int
-    usage: float  # 0..1
+    signal: str
+    value: float | str | None = None
 
-    def free_blocks(self, margin: int) -> int:
-        return int(self.total_blocks * (1.0 - self.usage)) - margin
 
-    def blocks_for(self, tokens: int) -> int:
-        return math.ceil(tokens / self.block_size)
+NO_CAUSE = Cause("unknown")
 
 
 @dataclass(frozen=True)
@@ -44,12 +61,27 @@ class Decision:
     status: int = 200
     reason: str = ""
     message: str = ""
-    retry_after_s: int = 0
+    retry_after_s: float = 0
     cap: int | None = None  # write this max_tokens into the request
+    signal: str = ""  # what caused a refusal, and its value
+    value: float | str | None = None
 
+    def retry_after_headers(self) -> list[tuple[bytes, bytes]]:
+        """``Retry-After`` in whole seconds (rounded up, at least 1) and ``retry-after-ms``,
+        which the OpenAI SDK reads first; none when the client should not come back."""
+        if self.retry_after_s <= 0:
+            return []
+        millis = round(self.retry_after_s * 1000)
+        seconds = max(1, math.ceil(self.retry_after_s))
+        return [(b"retry-after", str(seconds).encode()), (b"retry-after-ms", str(millis).encode())]
 
-def _refuse(status: int, reason: str, message: str, retry_after: int) -> Decision:
-    return Decision(False, status, reason, message, retry_after if status != 400 else 0)
+    def error_fields(self) -> dict[str, Any]:
+        """Warden's fields of the OpenAI-style error body."""
+        return {
+            "warden_reason": self.reason,
+            "warden_signal": self.signal,
+            "warden_value": self.value,
+        }
 
 
 class HalfOpenGate:
@@ -66,15 +98,49 @@ class HalfOpenGate:
         return False
 
 
-def admit(facts: RequestFacts, policy: EffectivePolicy, gate: HalfOpenGate) -> Decision:
-    """The policy's refusals, from the request's priority alone: decided before its body is
-    read, so a refused request costs nothing."""
+# A refusal reason names its action, except the circuit breaker's two.
+_ACTION_OF_REASON = {"circuit_open": "circuit_breaker", "circuit_half_open": "circuit_breaker"}
+
+
+@dataclass(frozen=True)
+class Saturation:
+    """What admission at saturation decides from: the engine's measured saturation, the
+    Retry-After schedule (None: the constant admission.retry_after_s) and the time now."""
+
+    state: SaturationState
+    schedule: RetrySchedule | None = None
+    now: float = 0.0
+
+
+def admit(
+    facts: RequestFacts,
+    policy: EffectivePolicy,
+    gate: HalfOpenGate,
+    settings: AdmissionSettings | None = None,
+    saturation: Saturation | None = None,
+    cause_of: Callable[[str], Cause] | None = None,
+) -> Decision:
+    """The policy's refusals, from the request's priority alone, then saturation for a typical
+    request (``settings`` and ``saturation`` given): decided before the body is read.
+    ``cause_of(action)`` names the signal behind the lease that holds an action."""
     retry = policy.retry_after_s
     checks = [a.refuse for a in REGISTRY] + [a.refuse_last for a in REGISTRY]
     for check in checks:
         refusal = check(policy, facts.priority, gate.admit) if check is not None else None
         if refusal is not None:
-            return _refuse(refusal.status, refusal.reason, refusal.message, retry)
+            holder = _ACTION_OF_REASON.get(refusal.reason, refusal.reason)
+            cause = cause_of(holder) if cause_of is not None else NO_CAUSE
+            return Decision(
+                False,
+                refusal.status,
+                refusal.reason,
+                f"{refusal.message} ({cause.signal}: {cause.value})",
+                retry,
+                signal=cause.signal,
+                value=cause.value,
+            )
+    if settings is not None and saturation is not None:
+        return _saturation(settings, saturation, None, None, 0)
     return Decision(True)
 
 
@@ -83,10 +149,12 @@ def limit(
     policy: EffectivePolicy,
     settings: AdmissionSettings,
     kv: KvState | None = None,
+    saturation: Saturation | None = None,
 ) -> Decision:
-    """The cap and the KV forecast for an admitted request, once its body says what it wants
-    (``facts.max_tokens``: the limit vLLM would apply, None = up to the context length)."""
-    retry = policy.retry_after_s
+    """The cap, the KV forecast and saturation for an admitted request, once its body says
+    what it wants (``facts.max_tokens``: the limit vLLM would apply, None = up to the context
+    length). A full cache alone never refuses: the blocks this prompt lacks lengthen its
+    predicted queue wait."""
     cap = None
     max_tokens = facts.max_tokens
     for action in REGISTRY:
@@ -94,30 +162,60 @@ def limit(
         if ceiling is not None and (max_tokens is None or max_tokens > ceiling):
             cap = max_tokens = ceiling
     forecast = settings.forecast
-    if kv is not None and forecast.enabled and facts.prompt_tokens is not None:
-        capacity = (kv.total_blocks - forecast.safety_margin_blocks) * kv.block_size
-        if facts.prompt_tokens + 1 > capacity:
-            return _refuse(
+    margin = forecast.safety_margin_blocks if forecast.enabled else 0
+    prompt = facts.prompt_tokens if forecast.enabled else None
+    if kv is not None and prompt is not None:
+        capacity = (kv.total_blocks - margin) * kv.block_size
+        if prompt + 1 > capacity:
+            return Decision(
+                False,
                 400,
                 "kv_never_fits",
-                f"prompt of {facts.prompt_tokens} tokens can never fit in the KV cache "
-                f"({capacity} tokens)",
-                0,
+                f"prompt of {prompt} tokens can never fit in the KV cache ({capacity} tokens)",
+                signal="prompt_tokens",
+                value=prompt,
             )
-        free_tokens = kv.free_blocks(forecast.safety_margin_blocks) * kv.block_size
-        wanted = facts.prompt_tokens + (max_tokens if max_tokens is not None else 0)
-        if max_tokens is not None and wanted > free_tokens:
-            room = free_tokens - facts.prompt_tokens
-            if room >= forecast.min_max_tokens:
-                cap = room
-            else:
-                return _refuse(
-                    429,
-                    "kv_headroom",
-                    f"request needs {wanted} tokens of KV cache, {max(free_tokens, 0)} free",
-                    retry,
-                )
+    if saturation is not None:
+        decision = _saturation(settings, saturation, kv, prompt, margin)
+        if not decision.admit:
+            return decision
     return Decision(True, cap=cap)
+
+
+def _saturation(
+    settings: AdmissionSettings,
+    saturation: Saturation,
+    kv: KvState | None,
+    prompt: int | None,
+    margin: int,
+) -> Decision:
+    """503 with a Retry-After when this request would break a saturation limit."""
+    sat = settings.saturation
+    if not sat.enabled:
+        return Decision(True)
+    state = saturation.state
+    found = breach(sat, state, kv, prompt, margin)
+    if found is None:
+        return Decision(True)
+    if sat.retry_after == "computed" and saturation.schedule is not None:
+        retry_s: float = saturation.schedule.book(
+            saturation.now,
+            found.earliest_s,
+            state.drain_rate,
+            sat.retry_after_min_s,
+            sat.retry_after_max_s,
+        )
+    else:
+        retry_s = settings.retry_after_s
+    return Decision(
+        False,
+        503,
+        "saturated",
+        found.message(),
+        retry_s,
+        signal=found.signal,
+        value=round(found.value, 3),
+    )
 
 
 def decide(
@@ -126,7 +224,9 @@ def decide(
     settings: AdmissionSettings,
     gate: HalfOpenGate,
     kv: KvState | None = None,
+    saturation: Saturation | None = None,
+    cause_of: Callable[[str], Cause] | None = None,
 ) -> Decision:
     """``admit`` then ``limit``: one request's whole decision."""
-    decision = admit(facts, policy, gate)
-    return limit(facts, policy, settings, kv) if decision.admit else decision
+    decision = admit(facts, policy, gate, settings, saturation, cause_of)
+    return limit(facts, policy, settings, kv, saturation) if decision.admit else decision

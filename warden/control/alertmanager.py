@@ -9,7 +9,7 @@ older engine.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -35,6 +35,7 @@ class AlertEvent:
     request: ActionRequest | None  # None: no warden_action, or unknown action
     unknown_action: str | None
     labels: dict[str, str]
+    annotations: dict[str, str] = field(default_factory=dict)  # description names the value
 
 
 def _parse_time(text: str) -> float:
@@ -101,7 +102,7 @@ def parse_payload(body: bytes) -> list[AlertEvent]:
         if status not in ("firing", "resolved"):
             raise PayloadError(f"{where}.status: expected firing or resolved, got {status!r}")
         labels = _string_map(alert.get("labels"), f"{where}.labels")
-        _string_map(alert.get("annotations", {}), f"{where}.annotations")
+        annotations = _string_map(alert.get("annotations", {}), f"{where}.annotations")
         fingerprint = alert.get("fingerprint")
         if not isinstance(fingerprint, str) or not fingerprint:
             raise PayloadError(f"{where}.fingerprint: expected a non-empty string")
@@ -132,6 +133,7 @@ def parse_payload(body: bytes) -> list[AlertEvent]:
                 request=request,
                 unknown_action=unknown,
                 labels=labels,
+                annotations=annotations,
             )
         )
     return events

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import yaml
 from pydantic import (
@@ -64,9 +64,44 @@ class WebhookSettings(_Strict):
 
 
 class ForecastSettings(_Strict):
+    """The KV forecast for the request at hand. A full cache never refuses by itself (vLLM
+    queues the request until blocks free up): a prompt that can never fit is answered 400, and
+    the blocks a prompt lacks lengthen its predicted queue wait (admission.saturation)."""
+
     enabled: bool = True
     safety_margin_blocks: int = Field(1, ge=0, le=1 << 20)
-    min_max_tokens: int = Field(16, ge=1, description="smallest cap worth admitting with")
+
+
+class SaturationSettings(_Strict):
+    """Admission at saturation, from what queueing costs users. Off until a limit is set: only
+    the operator knows the latency their users accept, and a queue is no risk to the engine."""
+
+    latency_slo_s: float | None = Field(
+        None, gt=0, le=86400, description="refuse what would finish later: queue wait + service"
+    )
+    max_queue_wait_s: float | None = Field(
+        None, gt=0, le=86400, description="refuse what would wait longer in vLLM's queue"
+    )
+    max_queue_depth: int | None = Field(None, ge=1, le=10_000_000, description="waiting cap")
+    hold_s: float = Field(20.0, ge=0, le=3600, description="saturated held this long after")
+    retry_after: Literal["computed", "constant"] = Field(
+        "computed", description="computed from drain rate and queue, or admission.retry_after_s"
+    )
+    retry_after_min_s: float = Field(0.5, ge=0, le=3600)
+    retry_after_max_s: float = Field(30.0, gt=0, le=3600)
+
+    @property
+    def enabled(self) -> bool:
+        return any(
+            limit is not None
+            for limit in (self.latency_slo_s, self.max_queue_wait_s, self.max_queue_depth)
+        )
+
+    @model_validator(mode="after")
+    def _bounds_ordered(self) -> SaturationSettings:
+        if self.retry_after_min_s > self.retry_after_max_s:
+            raise ValueError("retry_after_min_s must not exceed retry_after_max_s")
+        return self
 
 
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
@@ -107,6 +142,7 @@ class AdmissionSettings(_Strict):
     )
     priority: PrioritySettings = PrioritySettings()
     forecast: ForecastSettings = ForecastSettings()
+    saturation: SaturationSettings = SaturationSettings()
 
 
 def _reflex_action(name: str) -> str:
@@ -138,24 +174,20 @@ class WatermarkLevelActions(_Strict):
     preempt: int = Field(0, ge=0, le=64, description="requests to preempt on entering")
 
 
-def _default_queue_levels() -> tuple[QueueLevel, ...]:
-    return (
-        QueueLevel(depth=100, action="cap_max_tokens", max_tokens=2048),
-        QueueLevel(depth=500, action="cap_max_tokens", max_tokens=512),
-        QueueLevel(depth=800, action="shed_low_priority"),
-        QueueLevel(depth=1000, action="reject_all"),
-    )
-
-
 class ReflexSettings(_Strict):
+    """The in-engine short path. ``high`` (most of the memory margin beyond the plan used up)
+    only warns by default: refusing traffic hours before a slow creep becomes dangerous would
+    sacrifice healthy requests; ``critical`` and ``oom_imminent`` act. Queue levels (depth ->
+    action) are off by default: saturation is judged by queue wait (admission.saturation)."""
+
     enabled: bool = True
     lease_ttl_s: float = Field(10.0, gt=0, le=3600, description="renewed every step it holds")
-    high: WatermarkLevelActions = WatermarkLevelActions(actions=("stop_admission",))
+    high: WatermarkLevelActions = WatermarkLevelActions()
     critical: WatermarkLevelActions = WatermarkLevelActions(actions=("stop_admission",), preempt=1)
     oom_imminent: WatermarkLevelActions = WatermarkLevelActions(
         actions=("stop_admission", "reject_all"), preempt=3
     )
-    queue_levels: tuple[QueueLevel, ...] = Field(default_factory=_default_queue_levels)
+    queue_levels: tuple[QueueLevel, ...] = ()
     queue_hysteresis: float = Field(0.1, ge=0, lt=1, description="release below depth*(1-h)")
     preempt_cooldown_s: float = Field(2.0, ge=0)
     release_delay_s: float = Field(1.0, ge=0, le=3600, description="hold after it clears")

@@ -1,9 +1,13 @@
-"""The API process's control state: leases, the effective policy, and the engine link.
+"""The API process's control state: leases, the effective policy, saturation, the engine link.
 
 One Controller per API server process. The webhook, manual overrides and the reflex write
-leases into it; the admission middleware reads ``policy()`` on every request (cached until a
-lease changes or expires). It publishes the degradation gauges whenever the policy changes
-and opens a span for every lease change.
+leases into it, each lease naming its cause (signal and value); the saturation watch hands it
+the engine's saturation every step; the admission middleware asks ``admit()`` (before the
+body) and ``limit()`` (with it) on every request (the policy is cached until a lease changes or
+expires). It publishes the degradation and saturation gauges, opens a span for every lease
+change, and keeps the records operators and tests read in ``/warden/state``: recent refusals
+with their cause, policy changes, and for each crossing (watermark or saturation) the first
+refusal that followed it.
 """
 
 from __future__ import annotations
@@ -19,18 +23,30 @@ from typing import Any
 
 from exporter import catalog, vllm_compat
 from exporter.metrics import WardenMetrics
-from warden.control import telemetry
+from exporter.saturation import SaturationState
+from warden.control import admission, telemetry
 from warden.control.actions import REFLEX_ACTIONS, ActionRequest
+from warden.control.admission import Cause, Decision, HalfOpenGate, RequestFacts, Saturation
 from warden.control.alertmanager import AlertEvent
 from warden.control.config import ControlConfig
 from warden.control.identity import EngineIdentity
 from warden.control.leases import Lease, LeaseTable, Outcome
 from warden.control.policy import CIRCUIT_ORDER, EffectivePolicy, combine, gauge_values
+from warden.control.saturation import (
+    SATURATED,
+    KvState,
+    RetrySchedule,
+    SaturationChange,
+    SaturationJudge,
+)
 
 log = logging.getLogger("warden.control")
 WARDEN_RID = re.compile(r"warden-[0-9a-f]{32}")
 ALERTMANAGER, REFLEX, MANUAL = catalog.LEASE_SOURCES
 NOT_FOR_THIS_ENGINE = "not_for_this_engine"
+# Where a lease keeps its cause (internal keys of Lease.labels, never alert labels).
+CAUSE_SIGNAL, CAUSE_VALUE = "_cause_signal", "_cause_value"
+SATURATION_SIGNAL = "saturation"
 
 
 class Controller:
@@ -54,11 +70,29 @@ class Controller:
         self._last_lease_preempt: float | None = None  # alerts' and overrides' shared cooldown
         self._foreign_logged: set[tuple[str, str]] = set()
         self.last_policy_change: float = clock()
-        # (time, reason) of recent refusals: operators and tests read reaction times here.
-        self.recent_rejections: deque[tuple[float, str]] = deque(maxlen=64)
+        # Recent refusals with their cause: operators see a false intervention here.
+        self.recent_rejections: deque[dict[str, Any]] = deque(maxlen=64)
         # (time, actions in force) at each policy change: when a lease took effect, even if no
         # request arrived to be refused then.
         self.policy_changes: deque[tuple[float, list[str]]] = deque(maxlen=64)
+        # One record per crossing (memory watermark into an acting level, or saturation): when
+        # it happened, and the first refusal it caused. Reaction times are read here, not from
+        # the ring of recent refusals, which a flood overwrites.
+        self.reactions: deque[dict[str, Any]] = deque(maxlen=32)
+        self.gate = HalfOpenGate()
+        self.retry_schedule = RetrySchedule()
+        self.saturation = SaturationState()
+        self.saturation_judge: SaturationJudge | None = None
+        self.saturation_changes: deque[dict[str, Any]] = deque(maxlen=64)
+        self._saturated = metrics.get(catalog.SATURATED)
+        self._saturated.set(0)
+        self._saturation_transitions = metrics.get(catalog.SATURATION_TRANSITIONS)
+        # Exported at 0 from the start, like the reflex actions: a series born at 1 hides its
+        # first event from increase() (and leaves its panel without data until then).
+        for entered in catalog.SATURATION_STATES:
+            self._saturation_transitions.labels(entered)
+        slo = config.admission.saturation.latency_slo_s
+        metrics.get(catalog.LATENCY_SLO).set(slo or 0)
         self._active = metrics.get(catalog.DEGRADATION_ACTIVE)
         self._lease_count = metrics.get(catalog.DEGRADATION_LEASES)
         self._circuit = metrics.get(catalog.CIRCUIT_BREAKER_STATE)
@@ -150,6 +184,8 @@ class Controller:
             elif event.request is None:
                 outcome = "not_for_warden"
             elif event.status == "firing":
+                # The alert names the signal; its description carries the value it fired at.
+                cause = Cause(event.alertname, event.annotations.get("description", ""))
                 outcome = self.leases.renew(
                     ALERTMANAGER,
                     event.fingerprint,
@@ -157,7 +193,7 @@ class Controller:
                     ttl,
                     now,
                     started_at=event.starts_at,
-                    labels=event.labels,
+                    labels={**event.labels, **_cause_labels(cause)},
                 )
                 if outcome == Outcome.APPLIED:
                     preempt = max(preempt, event.request.preempt)
@@ -201,7 +237,8 @@ class Controller:
     def set_manual(self, key: str, request: ActionRequest, ttl_s: float) -> Lease | None:
         """Take or renew a manual lease; None when the manual source holds its maximum."""
         now = self.clock()
-        if self.leases.renew(MANUAL, key, request, ttl_s, now) == Outcome.LIMITED:
+        labels = _cause_labels(Cause(MANUAL, key))
+        if self.leases.renew(MANUAL, key, request, ttl_s, now, labels=labels) == Outcome.LIMITED:
             return None
         lease = self.leases.get(MANUAL, key)
         assert lease is not None
@@ -236,8 +273,9 @@ class Controller:
         self.policy()
         return cleared
 
-    def hold_reflex(self, key: str, request: ActionRequest) -> None:
-        """Take or keep a reflex lease; renewed only when half its life is gone (cheap)."""
+    def hold_reflex(self, key: str, request: ActionRequest, cause: Cause) -> None:
+        """Take or keep a reflex lease; renewed only when half its life is gone (cheap). A
+        renewal keeps the cause the lease was taken for."""
         now = self.clock()
         ttl = self.config.reflex.lease_ttl_s
         current = self.leases.get(REFLEX, key)
@@ -247,7 +285,8 @@ class Controller:
             and (current.expires_at - now > ttl / 2)
         ):
             return
-        if self.leases.renew(REFLEX, key, request, ttl, now) == Outcome.APPLIED:
+        labels = dict(current.labels) if current is not None else _cause_labels(cause)
+        if self.leases.renew(REFLEX, key, request, ttl, now, labels=labels) == Outcome.APPLIED:
             self._reflex_actions.labels(request.action).inc()
             self._span("warden.lease.applied", self.leases.get(REFLEX, key))
             self.policy()  # in force from this step on, and recorded as such
@@ -288,22 +327,158 @@ class Controller:
         with self._lock:
             return warden_rid in self._preempted
 
-    def record_rejection(self, reason: str) -> None:
-        self.rejections.labels(reason).inc()
-        self.recent_rejections.append((self.clock(), reason))
+    # --- admission ----------------------------------------------------------------------
+
+    def _saturation(self) -> Saturation:
+        return Saturation(self.saturation, self.retry_schedule, self.clock())
+
+    def admit(
+        self, facts: RequestFacts, policy: EffectivePolicy, gate: HalfOpenGate | None = None
+    ) -> Decision:
+        """Before the body: the policy's refusals (named by the lease's cause) and saturation
+        for a typical request."""
+        return admission.admit(
+            facts,
+            policy,
+            gate or self.gate,
+            self.config.admission,
+            self._saturation(),
+            self.cause_of,
+        )
+
+    def limit(
+        self, facts: RequestFacts, policy: EffectivePolicy, kv: KvState | None = None
+    ) -> Decision:
+        """With the body: the cap, the KV forecast and saturation for this request's prompt."""
+        return admission.limit(facts, policy, self.config.admission, kv, self._saturation())
+
+    def decide(
+        self, facts: RequestFacts, kv: KvState | None = None, gate: HalfOpenGate | None = None
+    ) -> Decision:
+        """``admit`` then ``limit`` for one request, against the policy in force now."""
+        policy = self.policy()
+        decision = self.admit(facts, policy, gate)
+        return self.limit(facts, policy, kv) if decision.admit else decision
+
+    def cause_of(self, action: str) -> Cause:
+        """The signal and value behind the lease holding ``action`` (the oldest, if several)."""
+        holders = [x for x in self.leases.live(self.clock()) if x.action == action]
+        if not holders:
+            return Cause("unknown")
+        return _lease_cause(min(holders, key=lambda x: x.started_at))
+
+    def record_rejection(self, decision: Decision | str) -> None:
+        """Count a refusal; keep it with its cause; close any crossing still waiting for its
+        first refusal."""
+        if isinstance(decision, str):  # a bare reason (older callers)
+            decision = Decision(False, 503, decision)
+        now = self.clock()
+        self.rejections.labels(decision.reason).inc()
+        self.recent_rejections.append(
+            {
+                "at": now,
+                "reason": decision.reason,
+                "signal": decision.signal,
+                "value": decision.value,
+                "retry_after_s": round(float(decision.retry_after_s), 3),
+            }
+        )
+        for reaction in list(self.reactions):
+            if reaction["first_refusal_at"] is None and _caused_by(decision, reaction["kind"]):
+                reaction["first_refusal_at"] = now
+                reaction["reaction_s"] = round(now - reaction["crossed_at"], 4)
+                reaction["first_refusal"] = decision.reason
+
+    def note_crossing(self, kind: str, cause: Cause, at: float) -> None:
+        """A signal crossed into a level that refuses: time it until the first refusal."""
+        self.reactions.append(
+            {
+                "kind": kind,
+                "signal": cause.signal,
+                "value": cause.value,
+                "crossed_at": at,
+                "first_refusal_at": None,
+                "reaction_s": None,
+                "first_refusal": None,
+            }
+        )
+
+    def observe_saturation(
+        self, state: SaturationState, judge: SaturationJudge, change: SaturationChange | None
+    ) -> None:
+        """Each step: the engine's saturation (admission reads it) and any change of state."""
+        self.saturation = state
+        self.saturation_judge = judge
+        if change is None:
+            return
+        saturated = change.entered == SATURATED
+        self._saturated.set(1 if saturated else 0)
+        self._saturation_transitions.labels(change.entered).inc()
+        record: dict[str, Any] = {"at": change.at, "state": change.entered}
+        if change.breach is not None:
+            record.update(signal=change.breach.signal, value=round(change.breach.value, 3))
+            self.note_crossing(
+                SATURATION_SIGNAL,
+                Cause(change.breach.signal, round(change.breach.value, 3)),
+                change.at,
+            )
+        self.saturation_changes.append(record)
 
     # --- state --------------------------------------------------------------------------
 
+    def saturation_json(self) -> dict[str, Any]:
+        judge = self.saturation_judge
+        limits = self.config.admission.saturation
+        return {
+            "state": judge.state if judge is not None else "normal",
+            "since": judge.since if judge is not None else None,
+            "breach": (
+                {"signal": judge.breach.signal, "value": round(judge.breach.value, 3)}
+                if judge is not None and judge.breach is not None
+                else None
+            ),
+            "limits": {
+                "latency_slo_s": limits.latency_slo_s,
+                "max_queue_wait_s": limits.max_queue_wait_s,
+                "max_queue_depth": limits.max_queue_depth,
+            },
+            "measured": self.saturation.to_json(),
+            "changes": list(self.saturation_changes),
+        }
+
     def state_json(self) -> dict[str, Any]:
         policy = self.policy()
+        leases = []
+        for lease in self.leases.live(self.clock()):
+            cause = _lease_cause(lease)
+            leases.append(
+                {**lease.to_json(), "cause": {"signal": cause.signal, "value": cause.value}}
+            )
         return {
             "policy": policy.to_json(),
-            "leases": [lease.to_json() for lease in self.leases.live(self.clock())],
+            "leases": leases,
             "last_policy_change": self.last_policy_change,
-            "recent_rejections": [
-                {"at": at, "reason": reason} for at, reason in list(self.recent_rejections)
-            ],
+            "recent_rejections": list(self.recent_rejections),
             "policy_changes": [
                 {"at": at, "active": active} for at, active in list(self.policy_changes)
             ],
+            "reactions": [dict(r) for r in self.reactions],
+            "saturation": self.saturation_json(),
         }
+
+
+def _cause_labels(cause: Cause) -> dict[str, str]:
+    value = "" if cause.value is None else str(cause.value)
+    return {CAUSE_SIGNAL: cause.signal, CAUSE_VALUE: value}
+
+
+def _lease_cause(lease: Lease) -> Cause:
+    signal = lease.labels.get(CAUSE_SIGNAL) or lease.labels.get("alertname") or lease.source
+    return Cause(signal, lease.labels.get(CAUSE_VALUE))
+
+
+def _caused_by(decision: Decision, kind: str) -> bool:
+    """Whether a refusal answers a crossing of ``kind``."""
+    if kind == SATURATION_SIGNAL:
+        return decision.reason == "saturated"
+    return decision.signal == kind

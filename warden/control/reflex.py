@@ -1,9 +1,10 @@
-"""The local reflex: the short path from the in-engine watermark and queue to leases.
+"""The local reflex: the short path from the in-engine memory watermark and queue to leases.
 
 Called by the exporter's StepMonitor once per engine step, in the API process, so it acts
 within one step of a crossing, long before a scrape, a rule evaluation and a notification
-could. It only takes and releases leases (source ``reflex``) and asks for preemptions; the
-admission middleware enforces the resulting policy like any other.
+could. It only takes and releases leases (source ``reflex``), each naming the signal and value
+that caused it, notes each crossing so the first refusal after it can be timed, and asks for
+preemptions; the admission middleware enforces the resulting policy like any other.
 """
 
 from __future__ import annotations
@@ -15,13 +16,28 @@ from typing import Protocol
 from exporter.catalog import WATERMARK_LEVELS
 from exporter.step_monitor import StepSnapshot
 from warden.control.actions import ActionRequest
+from warden.control.admission import Cause
 from warden.control.config import ReflexSettings, WatermarkLevelActions
+
+WATERMARK_SIGNAL = "memory_watermark"
 
 
 class LeaseSink(Protocol):
-    def hold_reflex(self, key: str, request: ActionRequest) -> None: ...
+    def hold_reflex(self, key: str, request: ActionRequest, cause: Cause) -> None: ...
     def drop_reflex(self, key: str) -> None: ...
     def preempt_largest(self, count: int, reason: str) -> None: ...
+    def note_crossing(self, kind: str, cause: Cause, at: float) -> None: ...
+
+
+def watermark_cause(snap: StepSnapshot) -> Cause:
+    """The memory watermark's level, and the risk signal that set it: ``critical: device risk
+    0.932``."""
+    level = WATERMARK_LEVELS[snap.watermark]
+    if snap.watermark_source is None:
+        return Cause(WATERMARK_SIGNAL, level)
+    return Cause(
+        WATERMARK_SIGNAL, f"{level}: {snap.watermark_source} risk {snap.watermark_value:.3f}"
+    )
 
 
 class Reflex:
@@ -35,7 +51,7 @@ class Reflex:
         self.clock = clock
         self.level = 0
         self.queue_index = -1  # index into settings.queue_levels; -1 = below all
-        self._held: dict[str, ActionRequest] = {}
+        self._held: dict[str, tuple[ActionRequest, Cause]] = {}
         self._clear_since: dict[str, float] = {}
         self._last_preempt = -1e18
         self.first_action_at: dict[str, float] = {}
@@ -57,13 +73,16 @@ class Reflex:
         if not self.settings.enabled:
             return
         now = self.clock()
-        wanted: dict[str, ActionRequest] = {}
+        wanted: dict[str, tuple[ActionRequest, Cause]] = {}
         entered = snap.watermark > self.level
         self.level = snap.watermark
         level_actions = self._level_actions(snap.watermark)
         if level_actions is not None:
+            cause = watermark_cause(snap)
+            if entered and level_actions.actions:
+                self.sink.note_crossing(WATERMARK_SIGNAL, cause, now)
             for action in level_actions.actions:
-                wanted[f"watermark:{action}"] = ActionRequest(action)
+                wanted[f"watermark:{action}"] = (ActionRequest(action), cause)
             cooled = now - self._last_preempt >= self.settings.preempt_cooldown_s
             if level_actions.preempt and entered and cooled:
                 self._last_preempt = now
@@ -72,11 +91,14 @@ class Reflex:
         if self.queue_index >= 0:
             level = self.settings.queue_levels[self.queue_index]
             params = {"max_tokens": level.max_tokens} if level.max_tokens is not None else {}
-            wanted[f"queue:{level.depth}"] = ActionRequest(level.action, params)
-        for key, request in wanted.items():
-            self.sink.hold_reflex(key, request)
+            wanted[f"queue:{level.depth}"] = (
+                ActionRequest(level.action, params),
+                Cause("queue_depth", snap.waiting),
+            )
+        for key, (request, cause) in wanted.items():
+            self.sink.hold_reflex(key, request, cause)
             self.first_action_at.setdefault(key, now)
-            self._held[key] = request
+            self._held[key] = (request, cause)
             self._clear_since.pop(key, None)
         for key in list(self._held.keys() - wanted.keys()):
             # Held a little after the condition clears: relief from a preemption must not
@@ -88,4 +110,4 @@ class Reflex:
                 del self._clear_since[key]
                 self.first_action_at.pop(key, None)
             else:
-                self.sink.hold_reflex(key, self._held[key])
+                self.sink.hold_reflex(key, *self._held[key])  # still named by its cause

@@ -2,7 +2,8 @@
 
 Registered under ``vllm.endpoint_plugins`` (it must be named in VLLM_PLUGINS). ``init_state``
 is where warden gets the engine client: the stall detector reads its in-flight request count,
-the controller uses it to preempt, and the local reflex is attached to the step monitor.
+the controller uses it to preempt, and the local reflex and the saturation watch are attached to
+the step monitor.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from fastapi import FastAPI
 
 from exporter.step_monitor import process_monitor
 from warden.control.reflex import Reflex
+from warden.control.saturation import SaturationWatch
 from warden.engine import runtime
 
 # Background tasks live here so they are not garbage-collected while the server runs.
@@ -29,9 +31,10 @@ def _inflight_counter(engine_client: Any) -> Any:
     return processor.get_num_unfinished_requests
 
 
-async def _tick_forever(reflex: Reflex | None, interval_s: float = 0.25) -> None:
-    """Between engine steps: expire leases, and let the reflex release what it holds once the
-    engine has gone quiet (an idle engine makes no steps to release them on)."""
+async def _tick_forever(interval_s: float = 0.25) -> None:
+    """Between engine steps: expire leases, and once the engine has gone quiet (an idle engine
+    makes no steps) refresh the memory watermark and let the step listeners (the reflex, the
+    saturation watch) see it, so they act on and release what they hold."""
     control = runtime.controller()
     while True:
         with contextlib.suppress(Exception):
@@ -39,8 +42,8 @@ async def _tick_forever(reflex: Reflex | None, interval_s: float = 0.25) -> None
             quiet = monitor is not None and (
                 control.clock() - monitor.snapshot.timestamp >= interval_s
             )
-            if reflex is not None and monitor is not None and quiet:
-                reflex(monitor.snapshot)
+            if monitor is not None and quiet:
+                monitor.refresh_memory()
             control.policy()
         await asyncio.sleep(interval_s)
 
@@ -59,10 +62,9 @@ class WardenEndpoints:
         control = runtime.controller()
         control.engine_client = engine_client
         monitor = process_monitor()
-        reflex = None
         if monitor is not None and engine_client is not None:
             monitor.inflight = _inflight_counter(engine_client)
-            reflex = Reflex(control.config.reflex, control)
-            monitor.add_listener(reflex)
-        task = asyncio.get_running_loop().create_task(_tick_forever(reflex))
+            monitor.add_listener(Reflex(control.config.reflex, control))
+            monitor.add_listener(SaturationWatch(control.config.admission.saturation, control))
+        task = asyncio.get_running_loop().create_task(_tick_forever())
         _tasks.add(task)

@@ -39,14 +39,7 @@ from exporter.signals import SignalBoard
 from exporter.step_monitor import process_monitor
 from warden.common.jsonbody import BadRequest, content_length, lax_bool, load_json
 from warden.control import telemetry, token_limits, trust
-from warden.control.admission import (
-    Decision,
-    HalfOpenGate,
-    KvState,
-    RequestFacts,
-    admit,
-    limit,
-)
+from warden.control.admission import Decision, HalfOpenGate, KvState, RequestFacts
 from warden.control.policy import EffectivePolicy
 from warden.control.retry import TRANSIENT_REASONS, backoff_s, classify_failure
 from warden.control.token_limits import TokenLimit, Unreadable
@@ -88,18 +81,11 @@ def outcome_of(status: int) -> str:
     return "client_error" if status < 500 else "server_error"
 
 
-def _error_body(message: str, kind: str, code: int, reason: str) -> bytes:
-    return json.dumps(
-        {
-            "error": {
-                "message": message,
-                "type": kind,
-                "param": None,
-                "code": code,
-                "warden_reason": reason,
-            }
-        }
-    ).encode()
+def _error_body(
+    message: str, kind: str, code: int, reason: str, extra: dict[str, Any] | None = None
+) -> bytes:
+    error = {"message": message, "type": kind, "param": None, "code": code, "warden_reason": reason}
+    return json.dumps({"error": {**error, **(extra or {})}}).encode()
 
 
 def _headers(scope: Scope) -> dict[str, str]:
@@ -180,8 +166,8 @@ class WardenMiddleware:
         )
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, decision: Decision) -> None:
-        """The one place a refusal is answered, from its Decision."""
-        self.control.record_rejection(decision.reason)
+        """The one place a refusal is answered, from its Decision (signal, value, Retry-After)."""
+        self.control.record_rejection(decision)
         with telemetry.tracer().start_as_current_span("warden.reject") as span:
             span.set_attribute("warden.reason", decision.reason)
             span.set_attribute("warden.status", decision.status)
@@ -197,10 +183,10 @@ class WardenMiddleware:
             self.requests.labels(outcome_of(decision.status)).inc()
             return
         kind = "invalid_request_error" if decision.status == 400 else "server_overloaded"
-        headers = []
-        if decision.retry_after_s:
-            headers.append((b"retry-after", str(decision.retry_after_s).encode()))
-        body = _error_body(decision.message, kind, decision.status, decision.reason)
+        headers = decision.retry_after_headers()
+        body = _error_body(
+            decision.message, kind, decision.status, decision.reason, decision.error_fields()
+        )
         await self._reply(send, decision.status, body, headers)
 
     def _vllm_refuses_credentials(self, scope: Scope) -> bool:
@@ -308,7 +294,7 @@ class WardenMiddleware:
             settings.priority,
         )
         policy = control.policy()
-        decision = admit(RequestFacts(priority=priority), policy, self.gate)
+        decision = control.admit(RequestFacts(priority=priority), policy, self.gate)
         if not decision.admit:
             await self._refuse(scope, receive, send, decision)
             return
@@ -413,7 +399,7 @@ class WardenMiddleware:
             if kv is not None:
                 prompt_tokens = await self._prompt_tokens(route, body)
                 facts = dataclasses.replace(facts, prompt_tokens=prompt_tokens)
-        decision = limit(facts, policy, settings.admission, kv)
+        decision = control.limit(facts, policy, kv)
         if not decision.admit:
             await self._refuse(scope, receive, send, decision)
             return

@@ -209,12 +209,20 @@ async def warden_state() -> JSONResponse:
         snap = monitor.snapshot
         state.update(
             {
+                # The memory watermark: its level, the risk signal that sets it and its value,
+                # every risk signal (memory beyond the engine's plan; none on a CPU engine).
                 "watermark": WATERMARK_LEVELS[snap.watermark],
-                "watermark_source": monitor.watermark.worst_source,
+                "watermark_source": snap.watermark_source,
+                "watermark_value": round(snap.watermark_value, 4),
                 "watermark_changed_at": monitor.watermark_changed_at,
                 "watermark_transitions": [
-                    {"at": at, "level": WATERMARK_LEVELS[level]}
-                    for at, level in list(monitor.transitions)
+                    {
+                        "at": at,
+                        "level": WATERMARK_LEVELS[level],
+                        "signal": source,
+                        "value": round(value, 4),
+                    }
+                    for at, level, source, value in list(monitor.transitions)
                 ],
                 "signals": snap.signals,
                 "engine": {

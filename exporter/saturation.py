@@ -1,0 +1,119 @@
+"""Saturation, measured: how fast the engine drains its queue and how long service takes.
+
+A saturated engine is vLLM at its most efficient (the batch full, the KV cache near 100%, a
+preemption now and then); what hurts users is the time a request spends waiting in the queue
+and being served. This module measures the inputs of that judgement from vLLM's own per-step
+statistics, in the API process; admission (warden/control/admission.py) decides from them.
+
+- drain rate: requests finished per second *of busy time* (time with a request running or
+  waiting) over the last ``keep`` completions, so an idle night does not dilute it and a
+  burst after idle is judged on the engine's real speed; it decays while requests wait and
+  none finishes.
+- service time: the 90th percentile of end-to-end minus queue time of the same completions
+  (vLLM's ``FinishedRequestStats``), so preemptions and recomputation are in it.
+- preemption (recompute) rate: preemptions per busy second and per finished request.
+Pure arithmetic on numbers the stat logger hands over: no I/O, no device access.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from exporter.catalog import SATURATION_STATES
+
+NORMAL, SATURATED = SATURATION_STATES
+
+
+@dataclass(frozen=True)
+class SaturationState:
+    """What the queue costs, as of the last step (None: not measured yet)."""
+
+    running: int = 0
+    waiting: int = 0
+    drain_rate: float | None = None  # requests finished per busy second
+    service_s: float | None = None  # p90 time being served, recent completions
+    tokens_per_request: float | None = None  # mean prompt + generated tokens, same
+    preemptions_per_s: float = 0.0
+    recompute_ratio: float = 0.0  # preemptions per finished request, same window
+
+    @property
+    def queue_wait_s(self) -> float | None:
+        """Predicted wait in vLLM's queue for a request arriving now (Little's law)."""
+        if self.waiting <= 0:
+            return 0.0
+        if not self.drain_rate:
+            return None
+        return self.waiting / self.drain_rate
+
+    def to_json(self) -> dict[str, float | int | None]:
+        return {
+            "running": self.running,
+            "waiting": self.waiting,
+            "drain_rate_per_s": _rounded(self.drain_rate),
+            "service_s": _rounded(self.service_s),
+            "queue_wait_s": _rounded(self.queue_wait_s),
+            "tokens_per_request": _rounded(self.tokens_per_request),
+            "preemptions_per_s": _rounded(self.preemptions_per_s),
+            "recompute_ratio": _rounded(self.recompute_ratio),
+        }
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+def _p90(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+
+
+class SaturationMeter:
+    """Turns each step's counts and finished requests into a SaturationState."""
+
+    def __init__(self, keep: int = 32, min_finished: int = 3) -> None:
+        self.keep = keep
+        self.min_finished = min_finished
+        self._busy = 0.0  # seconds with work in the engine, since start
+        self._last: tuple[float, bool] | None = None  # (time, busy) of the previous step
+        # (busy clock, tokens, service seconds) of recent completions; one more than ``keep``:
+        # the oldest is the reference the rate is measured from.
+        self._done: deque[tuple[float, int, float]] = deque(maxlen=keep + 1)
+        self._preempted: deque[tuple[float, int]] = deque()
+
+    def observe(
+        self,
+        now: float,
+        running: int,
+        waiting: int,
+        finished: list[tuple[int, float, float]],
+        preempted: int = 0,
+    ) -> SaturationState:
+        if self._last is not None and self._last[1]:
+            self._busy += max(0.0, now - self._last[0])
+        self._last = (now, running + waiting > 0)
+        for tokens, _queued, served in finished:
+            self._done.append((self._busy, tokens, served))
+        if preempted:
+            self._preempted.append((self._busy, preempted))
+        done = list(self._done)
+        if len(done) < self.min_finished:
+            return SaturationState(running, waiting)
+        # The rate counts completions after the reference point, over the busy time since.
+        if len(done) > self.keep:
+            reference, counted = done[0][0], done[1:]
+        else:
+            reference, counted = 0.0, done
+        span = max(self._busy - reference, 1e-3)
+        while self._preempted and self._preempted[0][0] < reference:
+            self._preempted.popleft()
+        preemptions = sum(n for _at, n in self._preempted)
+        return SaturationState(
+            running,
+            waiting,
+            drain_rate=len(counted) / span,
+            service_s=_p90([served for _at, _tokens, served in counted]),
+            tokens_per_request=sum(tokens for _at, tokens, _s in counted) / len(counted),
+            preemptions_per_s=preemptions / span,
+            recompute_ratio=preemptions / len(counted),
+        )

@@ -1,0 +1,192 @@
+"""Admission at saturation: predicted queue wait and latency, the saturated state, Retry-After.
+
+Pure decisions on the measurements of exporter/saturation.py (clock values passed in, no I/O).
+
+- ``predicted_wait``: how long a request would sit in vLLM's queue: the requests ahead of it,
+  plus, when its prompt does not fit in the free KV blocks, the requests that must finish to
+  free them, divided by the drain rate. Preemptions are in it twice: preempted requests wait
+  again in the queue, and recomputation lowers the drain rate.
+- ``Limits.exceeded``: the first configured limit a request would break (latency = wait +
+  the service time the engine shows now; queue wait; queue depth), with the signal and value.
+- ``SaturationJudge``: saturated or normal for a typical request, held ``hold_s`` after it
+  clears (one change per hold at most: no flapping at steady saturation).
+- ``RetrySchedule``: Retry-After from the drain rate: no earlier than the queue is expected to
+  be back under the limit, and one slot per expected completion for the requests refused
+  together, so their retries arrive spread out instead of as one herd.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from exporter.catalog import SATURATION_STATES
+from exporter.saturation import SaturationState
+from exporter.step_monitor import StepSnapshot
+from warden.control.config import SaturationSettings
+
+NORMAL, SATURATED = SATURATION_STATES
+
+
+@dataclass(frozen=True)
+class KvState:
+    """KV cache geometry and use, from vLLM's cache config and its last step."""
+
+    total_blocks: int
+    block_size: int
+    usage: float  # 0..1
+
+    def free_blocks(self, margin: int) -> int:
+        return int(self.total_blocks * (1.0 - self.usage)) - margin
+
+    def blocks_for(self, tokens: float) -> int:
+        return math.ceil(tokens / self.block_size)
+
+
+def predicted_wait(
+    state: SaturationState,
+    kv: KvState | None = None,
+    prompt_tokens: int | None = None,
+    margin_blocks: int = 0,
+) -> float | None:
+    """Seconds a request would wait before vLLM schedules it; None when the drain rate is not
+    measured yet and something waits (no guess: unknown never refuses)."""
+    ahead = float(state.waiting)
+    if kv is not None and prompt_tokens is not None and state.tokens_per_request:
+        lacking = kv.blocks_for(prompt_tokens + 1) - kv.free_blocks(margin_blocks)
+        if lacking > 0:
+            # Each finished request frees about its own size in blocks.
+            ahead += lacking / max(1, kv.blocks_for(state.tokens_per_request))
+    if ahead <= 0:
+        return 0.0
+    if not state.drain_rate:
+        return None
+    return ahead / state.drain_rate
+
+
+@dataclass(frozen=True)
+class Breach:
+    """A limit a request would break: the signal, its value, the limit, and how long the queue
+    needs at the current drain rate before the same request would be within it."""
+
+    signal: str  # a catalog.SATURATION_SIGNALS name
+    value: float
+    limit: float
+    earliest_s: float
+
+    def message(self) -> str:
+        what = {
+            "latency_s": "would finish in {value:.1f} s, over the latency SLO of {limit:g} s",
+            "queue_wait_s": "would wait {value:.1f} s in the queue, over the limit of {limit:g} s",
+            "queue_depth": "{value:.0f} requests are waiting, at the limit of {limit:g}",
+        }[self.signal]
+        return "engine saturated: a new request " + what.format(value=self.value, limit=self.limit)
+
+
+def breach(
+    settings: SaturationSettings,
+    state: SaturationState,
+    kv: KvState | None = None,
+    prompt_tokens: int | None = None,
+    margin_blocks: int = 0,
+) -> Breach | None:
+    """The first configured limit this request would break, or None (admit)."""
+    rate = state.drain_rate or 0.0
+    depth = settings.max_queue_depth
+    if depth is not None and state.waiting >= depth:
+        earliest = (state.waiting - depth + 1) / rate if rate else 0.0
+        return Breach("queue_depth", state.waiting, depth, earliest)
+    wait = predicted_wait(state, kv, prompt_tokens, margin_blocks)
+    if wait is None:
+        return None
+    slo = settings.latency_slo_s
+    if slo is not None and state.service_s is not None and wait + state.service_s > slo:
+        latency = wait + state.service_s
+        return Breach("latency_s", latency, slo, latency - slo)
+    limit = settings.max_queue_wait_s
+    if limit is not None and wait > limit:
+        return Breach("queue_wait_s", wait, limit, wait - limit)
+    return None
+
+
+@dataclass(frozen=True)
+class SaturationChange:
+    entered: str  # NORMAL or SATURATED
+    at: float
+    breach: Breach | None  # what a typical request would break (None when leaving)
+
+
+class SaturationJudge:
+    """Saturated while a typical request (average prompt, nothing known about it) would break a
+    limit; back to normal only after ``hold_s`` without a breach."""
+
+    def __init__(self, settings: SaturationSettings) -> None:
+        self.settings = settings
+        self.state = NORMAL
+        self.since: float | None = None
+        self.breach: Breach | None = None
+        self._clear_since: float | None = None
+
+    def update(self, state: SaturationState, now: float) -> SaturationChange | None:
+        found = breach(self.settings, state) if self.settings.enabled else None
+        if found is not None:
+            self.breach = found
+            self._clear_since = None
+            if self.state == SATURATED:
+                return None
+            self.state, self.since = SATURATED, now
+            return SaturationChange(SATURATED, now, found)
+        if self.state == NORMAL:
+            return None
+        if self._clear_since is None:
+            self._clear_since = now
+        if now - self._clear_since < self.settings.hold_s:
+            return None
+        self.state, self.since, self.breach, self._clear_since = NORMAL, now, None, None
+        return SaturationChange(NORMAL, now, None)
+
+
+class RetrySchedule:
+    """Books a return time for each refused request (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._next = 0.0
+
+    def book(
+        self, now: float, earliest_s: float, drain_rate: float | None, low_s: float, high_s: float
+    ) -> float:
+        slot = max(now + max(earliest_s, 0.0), self._next)
+        retry = min(high_s, max(low_s, slot - now))
+        spacing = 1.0 / drain_rate if drain_rate else 0.0
+        self._next = max(self._next, now + retry + spacing)
+        return retry
+
+
+class SaturationSink(Protocol):
+    def observe_saturation(
+        self, state: SaturationState, judge: SaturationJudge, change: SaturationChange | None
+    ) -> None: ...
+
+
+class SaturationWatch:
+    """Step listener: judges saturation once per engine step and hands the state and any change
+    to the controller, which admission reads and ``/warden/state`` shows."""
+
+    name = "saturation"
+
+    def __init__(
+        self,
+        settings: SaturationSettings,
+        sink: SaturationSink,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.judge = SaturationJudge(settings)
+        self.sink = sink
+        self.clock = clock
+
+    def __call__(self, snap: StepSnapshot) -> None:
+        change = self.judge.update(snap.saturation, self.clock())
+        self.sink.observe_saturation(snap.saturation, self.judge, change)
