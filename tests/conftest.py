@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 # skip_policy: under CI a skip fails the run unless tests/skips.py lists it (see there).
+# shared_engine: one vLLM cache for every engine, one plain engine for several modules.
 # pytester: the skip policy's own tests run small pytest sessions.
-pytest_plugins = ("tests.support.skip_policy", "pytester")
+pytest_plugins = ("tests.support.skip_policy", "tests.support.shared_engine", "pytester")
 
 
 @pytest.fixture(scope="session")

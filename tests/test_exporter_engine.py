@@ -159,24 +159,6 @@ def test_injected_nonfinite_logits_count_exactly_that_request(
     assert counted == {k: (1.0 if k == kind else 0.0) for k in catalog.NONFINITE_KINDS}
 
 
-def test_a_plain_engine_has_no_test_switch_and_no_open_webhook(
-    tiny_model: Path, tmp_path: Path
-) -> None:
-    """Defaults: the poisoning switch is off unless its env var enables it, and without a
-    token the Alertmanager webhook is disabled (403) while requests are served."""
-    with running_engine(tiny_model, run_dir=tmp_path) as plain:
-        webhook = httpx.post(
-            f"{plain.base_url}/warden/alertmanager",
-            json={"version": "4", "status": "firing", "alerts": []},
-        )
-        assert webhook.status_code == 403 and "disabled" in webhook.text
-        complete(
-            plain, str(tiny_model), "cache block", 8, vllm_xargs={"warden_inject": "nan"}
-        ).raise_for_status()
-        samples = scrape(plain)
-        assert sample(samples, catalog.NONFINITE_LOGITS.name) == 0.0
-
-
 def test_failing_collector_is_counted_while_requests_succeed(engine: EngineProcess) -> None:
     first = sample(scrape(engine), catalog.COLLECTOR_ERRORS.name, collector="test_failing")
     time.sleep(2.5)

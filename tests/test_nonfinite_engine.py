@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
 from exporter import catalog
-from tests.support.engine import running_engine, sample, scrape
-from warden.cli.tinymodel import STACK_NAN_TOKEN, build_tiny_model, nan_token_of
+from tests.support.engine import complete, sample, scrape
+from warden.cli.tinymodel import STACK_NAN_TOKEN, nan_token_of
 from warden.stack import chaos
 from warden.supervisor.engine import EngineProcess
 
@@ -29,12 +28,11 @@ NAN_TOKEN = STACK_NAN_TOKEN  # <unk>: never produced from text, never generated
 ATTEMPTS = 3  # warden's default retry.max_attempts
 
 
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
-    model = build_tiny_model(tmp_path_factory.mktemp("nan-model"), seed=0, nan_token=NAN_TOKEN)
-    run_dir = tmp_path_factory.mktemp("nan-engine")
-    with running_engine(model, extra_args=("--max-num-seqs", "8"), run_dir=run_dir) as eng:
-        yield eng
+@pytest.fixture
+def engine(plain_engine: EngineProcess) -> EngineProcess:
+    """The session's plain engine (tests/support/shared_engine.py): the stack's tiny model,
+    whose token NAN_TOKEN makes NaN logits, with warden's default settings."""
+    return plain_engine
 
 
 def model(engine: EngineProcess) -> str:
@@ -62,6 +60,21 @@ def delta(before: dict[str, float], after: dict[str, float], name: str, **labels
 
 def test_the_model_records_its_nan_token(engine: EngineProcess) -> None:
     assert nan_token_of(model(engine)) == NAN_TOKEN
+
+
+def test_a_plain_engine_has_no_test_switch_and_no_open_webhook(engine: EngineProcess) -> None:
+    """Defaults: the poisoning switch is off unless its env var enables it, and without a
+    token the Alertmanager webhook is disabled (403) while requests are served."""
+    webhook = httpx.post(
+        f"{engine.base_url}/warden/alertmanager",
+        json={"version": "4", "status": "firing", "alerts": []},
+    )
+    assert webhook.status_code == 403 and "disabled" in webhook.text
+    before = scrape(engine)
+    complete(
+        engine, model(engine), "cache block", 8, vllm_xargs={"warden_inject": "nan"}
+    ).raise_for_status()
+    assert delta(before, scrape(engine), catalog.NONFINITE_LOGITS.name) == 0.0
 
 
 def test_real_nan_on_every_attempt_ends_in_a_clear_error(engine: EngineProcess) -> None:

@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
 
 from exporter import catalog
-from tests.support.engine import running_engine, sample, scrape
+from tests.support.engine import sample, scrape
 from warden.supervisor.engine import EngineProcess
 
 pytestmark = pytest.mark.engine
@@ -40,12 +39,12 @@ PROMPT = "memory watermark cache block engine request"
 SYSTEM = "You answer in one short line about memory."
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
-    """Warden as ``warden serve`` wires it, default settings: no test switch."""
-    run_dir = tmp_path_factory.mktemp("request-shapes")
-    with running_engine(tiny_model, extra_args=("--max-num-seqs", "8"), run_dir=run_dir) as eng:
-        yield eng
+@pytest.fixture
+def engine(plain_engine: EngineProcess) -> EngineProcess:
+    """Warden as ``warden serve`` wires it, default settings: no test switch. The session's
+    plain engine (tests/support/shared_engine.py), shared with test_nonfinite_engine.py: its
+    model is the stack's tiny model, and no prompt here holds the model's NaN token."""
+    return plain_engine
 
 
 def interventions(samples: dict[str, float]) -> dict[str, float]:
