@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from typing import Any
 
 from alerts.config import DEFAULT, MixinConfig
 from alerts.fleet import FLEET_RECORDING
-from alerts.model import RuleGroup
+from alerts.model import AlertRule, RuleGroup
 from alerts.recording import RECORDING_RULES
 from alerts.rules import ALERT_GROUPS
 from alerts.yamltext import dump_yaml
@@ -19,11 +21,46 @@ do not edit.
 Runbooks: alerts/runbooks.md."""
 
 
-def rule_groups(config: MixinConfig = DEFAULT) -> list[dict[str, Any]]:
-    """Every group as Prometheus wants it, rendered for ``config``."""
-    return [group.to_group(config) for group in RULE_GROUPS]
+_DURATION_PART = re.compile(r"([0-9]+)(ms|s|m|h|d|w|y)")
+_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
 
 
-def render_rules(config: MixinConfig = DEFAULT) -> str:
+def duration_s(duration: str) -> float:
+    """Seconds in a Prometheus duration (``1m``, ``1h30m``)."""
+    return sum(int(n) * _UNIT_S[unit] for n, unit in _DURATION_PART.findall(duration))
+
+
+def with_holds_capped(group: RuleGroup, cap_s: int) -> RuleGroup:
+    """``group`` with every alert's ``for`` and ``keep_firing_for`` cut to ``cap_s`` seconds at
+    most: the demo's timings (a closed loop a person watches in minutes, not quarter hours).
+    Expressions, labels and routes are untouched; production rules never pass through here."""
+
+    def capped(duration: str | None) -> str | None:
+        if duration is None or duration_s(duration) <= cap_s:
+            return duration
+        return f"{cap_s}s"
+
+    rules = tuple(
+        dataclasses.replace(
+            rule, for_=capped(rule.for_) or rule.for_, keep_firing_for=capped(rule.keep_firing_for)
+        )
+        if isinstance(rule, AlertRule)
+        else rule
+        for rule in group.rules
+    )
+    return dataclasses.replace(group, rules=rules)
+
+
+def rule_groups(
+    config: MixinConfig = DEFAULT, hold_cap_s: int | None = None
+) -> list[dict[str, Any]]:
+    """Every group as Prometheus wants it, rendered for ``config`` (holds capped for a demo)."""
+    groups = RULE_GROUPS
+    if hold_cap_s is not None:
+        groups = tuple(with_holds_capped(group, hold_cap_s) for group in groups)
+    return [group.to_group(config) for group in groups]
+
+
+def render_rules(config: MixinConfig = DEFAULT, hold_cap_s: int | None = None) -> str:
     """Text of alerts/generated/rules.yml (or of a user's rules, for their ``config``)."""
-    return dump_yaml({"groups": rule_groups(config)}, HEADER)
+    return dump_yaml({"groups": rule_groups(config, hold_cap_s)}, HEADER)

@@ -510,3 +510,30 @@ def test_mixin_config_rejects_what_would_generate_broken_rules(tmp_path: Path) -
         load_config(config_file)
     config_file.write_text("engine_selector: 'job=\"x\"'\n")
     assert load_config(config_file).select("up") == 'up{job="x"}'
+
+
+def test_a_demo_caps_alert_holds_and_changes_nothing_else() -> None:
+    """The demo's rules: every `for`/`keep_firing_for` above the cap is cut to it, shorter ones
+    and every expression, label and annotation stay; without a cap the rules are as generated."""
+    from alerts.rules_file import duration_s, render_rules, rule_groups
+
+    assert render_rules() == render_rules(hold_cap_s=None)
+    plain = {r["alert"]: r for g in rule_groups() for r in g["rules"] if "alert" in r}
+    capped_groups = rule_groups(hold_cap_s=30)
+    capped = {r["alert"]: r for g in capped_groups for r in g["rules"] if "alert" in r}
+    assert [g["name"] for g in capped_groups] == [g["name"] for g in rule_groups()]
+    assert capped.keys() == plain.keys()
+    shortened = 0
+    for name, rule in plain.items():
+        cut = capped[name]
+        for key in ("for", "keep_firing_for"):
+            if key not in rule:
+                assert key not in cut, name
+                continue
+            expected = min(duration_s(rule[key]), 30)
+            assert duration_s(cut[key]) == expected, (name, key, cut[key])
+            shortened += duration_s(rule[key]) > 30
+        rest = {k: v for k, v in rule.items() if k not in ("for", "keep_firing_for")}
+        assert {k: v for k, v in cut.items() if k not in ("for", "keep_firing_for")} == rest
+    assert shortened, "no alert holds longer than 30 s: the cap is not exercised"
+    assert duration_s("1h30m") == 5400 and duration_s("2m") == 120 and duration_s("500ms") == 0.5

@@ -21,6 +21,9 @@ from warden.stack.native import NativeStack, StackSettings
 # Fast loop for a demo: 1 s scrapes and rule evaluations, pages within seconds.
 DEMO_INTERVALS = Intervals("1s", "1s")
 DEMO_PAGER_TIMING = RouteTiming("1s", "5s", "4h")
+# Alerts hold 30 s at most before firing and after clearing (production: minutes), so the
+# whole loop, page and resolution included, plays out in about three minutes.
+DEMO_ALERT_HOLD_CAP_S = 30
 
 
 def demo_settings(workdir: Path, **overrides: object) -> StackSettings:
@@ -33,6 +36,7 @@ def demo_settings(workdir: Path, **overrides: object) -> StackSettings:
         "workdir": workdir,
         "intervals": DEMO_INTERVALS,
         "pager_timing": DEMO_PAGER_TIMING,
+        "alert_hold_cap_s": DEMO_ALERT_HOLD_CAP_S,
         "engine_env": {"WARDEN_CONFIG": str(config)},
     }
     settings.update(overrides)
