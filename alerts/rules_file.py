@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from alerts.config import DEFAULT, MixinConfig
@@ -52,15 +53,21 @@ def with_holds_capped(group: RuleGroup, cap_s: int) -> RuleGroup:
 
 
 def rule_groups(
-    config: MixinConfig = DEFAULT, hold_cap_s: int | None = None
+    config: MixinConfig = DEFAULT, hold_caps: Mapping[str, int] | None = None
 ) -> list[dict[str, Any]]:
-    """Every group as Prometheus wants it, rendered for ``config`` (holds capped for a demo)."""
-    groups = RULE_GROUPS
-    if hold_cap_s is not None:
-        groups = tuple(with_holds_capped(group, hold_cap_s) for group in groups)
+    """Every group as Prometheus wants it, rendered for ``config``; ``hold_caps`` (a demo's)
+    caps the holds of the groups it names, in seconds."""
+    caps = hold_caps or {}
+    unknown = set(caps) - {group.name for group in RULE_GROUPS}
+    if unknown:
+        raise ValueError(f"hold_caps: no such rule group {sorted(unknown)}")
+    groups = [
+        with_holds_capped(group, caps[group.name]) if group.name in caps else group
+        for group in RULE_GROUPS
+    ]
     return [group.to_group(config) for group in groups]
 
 
-def render_rules(config: MixinConfig = DEFAULT, hold_cap_s: int | None = None) -> str:
+def render_rules(config: MixinConfig = DEFAULT, hold_caps: Mapping[str, int] | None = None) -> str:
     """Text of alerts/generated/rules.yml (or of a user's rules, for their ``config``)."""
-    return dump_yaml({"groups": rule_groups(config, hold_cap_s)}, HEADER)
+    return dump_yaml({"groups": rule_groups(config, hold_caps)}, HEADER)

@@ -512,28 +512,33 @@ def test_mixin_config_rejects_what_would_generate_broken_rules(tmp_path: Path) -
     assert load_config(config_file).select("up") == 'up{job="x"}'
 
 
-def test_a_demo_caps_alert_holds_and_changes_nothing_else() -> None:
-    """The demo's rules: every `for`/`keep_firing_for` above the cap is cut to it, shorter ones
-    and every expression, label and annotation stay; without a cap the rules are as generated."""
+def test_a_demo_caps_alert_holds_of_the_groups_it_names_and_changes_nothing_else() -> None:
+    """The demo's rules: in the named group every `for`/`keep_firing_for` above the cap is cut
+    to it, shorter ones and every expression, label and annotation stay, and other groups are
+    as generated; without caps the rules are as generated; an unknown group is refused."""
+    from alerts.rules import TRAFFIC
     from alerts.rules_file import duration_s, render_rules, rule_groups
 
-    assert render_rules() == render_rules(hold_cap_s=None)
-    plain = {r["alert"]: r for g in rule_groups() for r in g["rules"] if "alert" in r}
-    capped_groups = rule_groups(hold_cap_s=30)
-    capped = {r["alert"]: r for g in capped_groups for r in g["rules"] if "alert" in r}
-    assert [g["name"] for g in capped_groups] == [g["name"] for g in rule_groups()]
-    assert capped.keys() == plain.keys()
+    assert render_rules() == render_rules(hold_caps={})
+    with pytest.raises(ValueError, match="no such rule group"):
+        rule_groups(hold_caps={"warden-nonesuch": 30})
+    plain_groups, capped_groups = rule_groups(), rule_groups(hold_caps={TRAFFIC.name: 30})
+    assert [g["name"] for g in capped_groups] == [g["name"] for g in plain_groups]
     shortened = 0
-    for name, rule in plain.items():
-        cut = capped[name]
-        for key in ("for", "keep_firing_for"):
-            if key not in rule:
-                assert key not in cut, name
-                continue
-            expected = min(duration_s(rule[key]), 30)
-            assert duration_s(cut[key]) == expected, (name, key, cut[key])
-            shortened += duration_s(rule[key]) > 30
-        rest = {k: v for k, v in rule.items() if k not in ("for", "keep_firing_for")}
-        assert {k: v for k, v in cut.items() if k not in ("for", "keep_firing_for")} == rest
-    assert shortened, "no alert holds longer than 30 s: the cap is not exercised"
+    for plain_group, capped_group in zip(plain_groups, capped_groups, strict=True):
+        if plain_group["name"] != TRAFFIC.name:
+            assert capped_group == plain_group
+            continue
+        for rule, cut in zip(plain_group["rules"], capped_group["rules"], strict=True):
+            for key in ("for", "keep_firing_for"):
+                if key not in rule:
+                    assert key not in cut, rule
+                    continue
+                assert duration_s(cut[key]) == min(duration_s(rule[key]), 30), (rule, key)
+                shortened += duration_s(rule[key]) > 30
+            holds = ("for", "keep_firing_for")
+            assert {k: v for k, v in cut.items() if k not in holds} == {
+                k: v for k, v in rule.items() if k not in holds
+            }
+    assert shortened, "no traffic alert holds longer than 30 s: the cap is not exercised"
     assert duration_s("1h30m") == 5400 and duration_s("2m") == 120 and duration_s("500ms") == 0.5

@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from alerts.alertmanager import RouteTiming
+from alerts.rules import TRAFFIC
 from warden.cli.scenario import ClosedLoopScenario, demo_control_config, metric_names_seen
 from warden.stack.config import Intervals
 from warden.stack.native import NativeStack, StackSettings
@@ -21,9 +22,11 @@ from warden.stack.native import NativeStack, StackSettings
 # Fast loop for a demo: 1 s scrapes and rule evaluations, pages within seconds.
 DEMO_INTERVALS = Intervals("1s", "1s")
 DEMO_PAGER_TIMING = RouteTiming("1s", "5s", "4h")
-# Alerts hold 30 s at most before firing and after clearing (production: minutes), so the
-# whole loop, page and resolution included, plays out in about three minutes.
-DEMO_ALERT_HOLD_CAP_S = 30
+# The alerts the demo drives (the traffic group: WardenSaturated) hold 30 s at most before
+# firing and after clearing (as generated: minutes), so the whole loop, page and resolution
+# included, plays out in about three minutes. Other groups keep their generated holds: an
+# engine still starting must not page anyone.
+DEMO_ALERT_HOLD_CAPS = {TRAFFIC.name: 30}
 
 
 def demo_settings(workdir: Path, **overrides: object) -> StackSettings:
@@ -36,7 +39,7 @@ def demo_settings(workdir: Path, **overrides: object) -> StackSettings:
         "workdir": workdir,
         "intervals": DEMO_INTERVALS,
         "pager_timing": DEMO_PAGER_TIMING,
-        "alert_hold_cap_s": DEMO_ALERT_HOLD_CAP_S,
+        "alert_hold_caps": DEMO_ALERT_HOLD_CAPS,
         "engine_env": {"WARDEN_CONFIG": str(config)},
     }
     settings.update(overrides)

@@ -362,11 +362,10 @@ class ClosedLoopScenario:
         intervals = {
             "scrape": stack.settings.intervals.scrape,
             "evaluation": stack.settings.intervals.evaluation,
-            "alert for/keep_firing_for at most": (
-                f"{stack.settings.alert_hold_cap_s}s"
-                if stack.settings.alert_hold_cap_s is not None
-                else "as generated"
-            ),
+            "alert holds": ", ".join(
+                f"{group} at most {cap}s" for group, cap in stack.settings.alert_hold_caps.items()
+            )
+            or "as generated",
         }
         return ScenarioResult(self.timeline, outcomes, checks, intervals)
 

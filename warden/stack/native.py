@@ -93,9 +93,9 @@ class StackSettings:
     grafana_port: int = 3000
     pager_port: int = 9099
     intervals: Intervals = field(default_factory=Intervals)
-    # A demo's alert timings: every alert's `for` and `keep_firing_for` cut to this many
-    # seconds (None: the rules exactly as generated, as an operator runs them).
-    alert_hold_cap_s: int | None = None
+    # A demo's alert timings: rule group name -> seconds; every alert of that group has its
+    # `for` and `keep_firing_for` cut to that (empty: the rules exactly as generated).
+    alert_hold_caps: Mapping[str, int] = field(default_factory=dict)
     engine_timing: RouteTiming | None = None
     pager_timing: RouteTiming | None = None
     inject_faults: bool = False
@@ -412,7 +412,7 @@ class NativeStack:
         s = self.settings
         engine_address = self.engine_url.split("://", 1)[1]
         self.rules_path.parent.mkdir(parents=True, exist_ok=True)
-        self.rules_path.write_text(render_rules(hold_cap_s=s.alert_hold_cap_s), encoding="utf-8")
+        self.rules_path.write_text(render_rules(hold_caps=s.alert_hold_caps), encoding="utf-8")
         config = prometheus_config(
             [engine_address],
             rule_files=[str(self.rules_path)],
