@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from alerts.config import DEFAULT, SEVERITIES, MixinConfig, Severity, Templated, render
@@ -18,6 +18,13 @@ from exporter.catalog import ACTION_LABEL, ACTION_PARAM_LABELS, DEGRADATION_ACTI
 _RECORD_NAME = re.compile(r"^[a-z_]+:[a-z0-9_]+:[a-z0-9_]+$")
 _ALERT_NAME = re.compile(r"^Warden[A-Z][A-Za-z0-9]*$")
 _DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
+_DURATION_PART = re.compile(r"([0-9]+)(ms|s|m|h|d|w|y)")
+_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+
+
+def duration_s(duration: str) -> float:
+    """Seconds in a Prometheus duration (``1m``, ``1h30m``)."""
+    return sum(int(n) * _UNIT_S[unit] for n, unit in _DURATION_PART.findall(duration))
 
 
 def recorded_name(level: str, metric: MetricSpec | str, operations: str) -> str:
@@ -119,6 +126,17 @@ class AlertRule:
             "runbook_url": config.runbook_url(self.name),
             "dashboard_url": config.dashboard_url(self.dashboard),
         }
+
+    def with_holds_at_most(self, cap_s: int) -> AlertRule:
+        """This rule with ``for`` and ``keep_firing_for`` cut to ``cap_s`` seconds at most: a
+        demo's timings. The expression, labels and annotations stay as they are."""
+        cap = f"{cap_s}s"
+        keep = self.keep_firing_for
+        return replace(
+            self,
+            for_=cap if duration_s(self.for_) > cap_s else self.for_,
+            keep_firing_for=cap if keep is not None and duration_s(keep) > cap_s else keep,
+        )
 
     def to_rule(self, config: MixinConfig = DEFAULT) -> dict[str, Any]:
         rule: dict[str, Any] = {

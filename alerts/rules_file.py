@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,31 +21,11 @@ do not edit.
 Runbooks: alerts/runbooks.md."""
 
 
-_DURATION_PART = re.compile(r"([0-9]+)(ms|s|m|h|d|w|y)")
-_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
-
-
-def duration_s(duration: str) -> float:
-    """Seconds in a Prometheus duration (``1m``, ``1h30m``)."""
-    return sum(int(n) * _UNIT_S[unit] for n, unit in _DURATION_PART.findall(duration))
-
-
 def with_holds_capped(group: RuleGroup, cap_s: int) -> RuleGroup:
-    """``group`` with every alert's ``for`` and ``keep_firing_for`` cut to ``cap_s`` seconds at
-    most: the demo's timings (a closed loop a person watches in minutes, not quarter hours).
-    Expressions, labels and routes are untouched; production rules never pass through here."""
-
-    def capped(duration: str | None) -> str | None:
-        if duration is None or duration_s(duration) <= cap_s:
-            return duration
-        return f"{cap_s}s"
-
+    """``group`` with every alert's holds cut to ``cap_s`` seconds at most (a demo's timings;
+    production rules never pass through here)."""
     rules = tuple(
-        dataclasses.replace(
-            rule, for_=capped(rule.for_) or rule.for_, keep_firing_for=capped(rule.keep_firing_for)
-        )
-        if isinstance(rule, AlertRule)
-        else rule
+        rule.with_holds_at_most(cap_s) if isinstance(rule, AlertRule) else rule
         for rule in group.rules
     )
     return dataclasses.replace(group, rules=rules)

@@ -516,8 +516,9 @@ def test_a_demo_caps_alert_holds_of_the_groups_it_names_and_changes_nothing_else
     """The demo's rules: in the named group every `for`/`keep_firing_for` above the cap is cut
     to it, shorter ones and every expression, label and annotation stay, and other groups are
     as generated; without caps the rules are as generated; an unknown group is refused."""
+    from alerts.model import duration_s
     from alerts.rules import TRAFFIC
-    from alerts.rules_file import duration_s, render_rules, rule_groups
+    from alerts.rules_file import render_rules, rule_groups
 
     assert render_rules() == render_rules(hold_caps={})
     with pytest.raises(ValueError, match="no such rule group"):
