@@ -36,6 +36,7 @@ class SaturationState:
     tokens_per_request: float | None = None  # mean prompt + generated tokens, same
     preemptions_per_s: float = 0.0
     recompute_ratio: float = 0.0  # preemptions per finished request, same window
+    capacity: int | None = None  # the batch's size limit (max_num_seqs), when known
 
     @property
     def queue_wait_s(self) -> float | None:
@@ -56,6 +57,7 @@ class SaturationState:
             "tokens_per_request": _rounded(self.tokens_per_request),
             "preemptions_per_s": _rounded(self.preemptions_per_s),
             "recompute_ratio": _rounded(self.recompute_ratio),
+            "capacity": self.capacity,
         }
 
 

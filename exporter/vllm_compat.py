@@ -166,6 +166,16 @@ def inflight_requests(engine_client: Any) -> list[tuple[str, int]]:
     return result
 
 
+def unfinished_requests(engine_client: Any) -> int | None:
+    """Requests this API process has handed to the engine and not yet seen finish: counted
+    when they are added, not at the next step."""
+    processor = getattr(engine_client, "output_processor", None)
+    try:
+        return int(processor.get_num_unfinished_requests())  # type: ignore[union-attr]
+    except Exception:
+        return None
+
+
 def kv_geometry(engine_client: Any) -> tuple[int, int] | None:
     """(total KV blocks, tokens per block) once the engine has profiled its cache."""
     try:
@@ -174,6 +184,15 @@ def kv_geometry(engine_client: Any) -> tuple[int, int] | None:
     except Exception:
         return None
     return (blocks, size) if blocks > 0 and size > 0 else None
+
+
+def max_num_seqs(engine_client: Any) -> int | None:
+    """The batch's size limit (``--max-num-seqs``): requests beyond it wait in vLLM's queue."""
+    try:
+        seqs = int(engine_client.vllm_config.scheduler_config.max_num_seqs or 0)
+    except Exception:
+        return None
+    return seqs if seqs > 0 else None
 
 
 def uses_priority_scheduling(engine_client: Any) -> bool:

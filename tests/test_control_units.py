@@ -450,20 +450,21 @@ def test_saturation_refuses_on_predicted_latency_wait_or_depth_naming_the_signal
             Saturation(state, RetrySchedule()),
         )
 
-    # 8 waiting at 4 per second: a 2 s wait, plus 2 s of service = 4 s.
-    assert judge(busy(8), latency_slo_s=5).admit
-    late = judge(busy(12), latency_slo_s=4)
-    assert (late.status, late.reason, late.signal, late.value) == (503, "saturated", "latency_s", 5)
-    assert "latency SLO of 4 s" in late.message
-    waits = judge(busy(12), max_queue_wait_s=2)
-    assert (waits.signal, waits.value) == ("queue_wait_s", 3)
+    # 8 running, 4 finish per second: a batch lasts 2 s. 7 waiting: this request is in the
+    # next batch, a 2 s wait plus 2 s of service = 4 s. 8 waiting: the batch after, 6 s.
+    assert judge(busy(7), latency_slo_s=5).admit
+    late = judge(busy(8), latency_slo_s=5)
+    assert (late.status, late.reason, late.signal, late.value) == (503, "saturated", "latency_s", 6)
+    assert "latency SLO of 5 s" in late.message
+    waits = judge(busy(12), max_queue_wait_s=3)
+    assert (waits.signal, waits.value) == ("queue_wait_s", 4)
     deep = judge(busy(12), max_queue_depth=10)
     assert (deep.signal, deep.value) == ("queue_depth", 12)
     # The KV forecast for the request at hand: 4 blocks free (5 of 20, less a margin of 1), a
     # 300-token prompt needs 10; each finished request frees 3 blocks (96 tokens), so two must
-    # finish first: a 0.5 s wait although nothing is queued.
-    assert judge(busy(0), prompt=300, max_queue_wait_s=0.4).value == 0.5
-    assert judge(busy(0), prompt=300, max_queue_wait_s=0.6).admit
+    # finish first: one batch, a 2 s wait, although nothing is queued.
+    assert judge(busy(0), prompt=300, max_queue_wait_s=1.9).value == 2.0
+    assert judge(busy(0), prompt=300, max_queue_wait_s=2.1).admit
     assert judge(busy(0), prompt=40, max_queue_wait_s=0.1).admit  # fits: no wait
     # An unmeasured drain rate is no reason to refuse: unknown never refuses.
     assert judge(busy(500, drain=None), max_queue_wait_s=1).admit
@@ -471,8 +472,8 @@ def test_saturation_refuses_on_predicted_latency_wait_or_depth_naming_the_signal
 
 def test_retry_after_comes_from_the_drain_rate_and_spreads_the_herd() -> None:
     schedule = RetrySchedule()
-    settings = saturation_config(max_queue_wait_s=2.0)
-    state = busy(waiting=12, drain=4.0)  # a 3 s wait, 1 s over the limit
+    settings = saturation_config(max_queue_wait_s=3.0)
+    state = busy(waiting=12, drain=4.0)  # two batches of 2 s: a 4 s wait, 1 s over the limit
 
     def refuse(now: float, state: SaturationState, schedule: RetrySchedule) -> Decision:
         return decide(
@@ -494,11 +495,64 @@ def test_retry_after_comes_from_the_drain_rate_and_spreads_the_herd() -> None:
     deep = refuse(0.0, busy(waiting=100_000, drain=1.0), RetrySchedule())
     assert deep.retry_after_s == 30.0
     assert deep.retry_after_headers() == [(b"retry-after", b"30"), (b"retry-after-ms", b"30000")]
-    constant = saturation_config(max_queue_wait_s=2.0, retry_after="constant")
+    constant = saturation_config(max_queue_wait_s=3.0, retry_after="constant")
     fixed = decide(
         RequestFacts(), EffectivePolicy(), constant, HalfOpenGate(), None, Saturation(state)
     )
     assert fixed.retry_after_s == 5
+
+
+class BatchOfEight:
+    """The engine client's parts live admission reads: max_num_seqs 8, and vLLM's unfinished
+    count (requests already handed to the engine)."""
+
+    def __init__(self, unfinished: int = 0) -> None:
+        self.unfinished = unfinished
+        scheduler = type("SchedulerConfig", (), {"max_num_seqs": 8})()
+        self.vllm_config = type("VllmConfig", (), {"scheduler_config": scheduler})()
+        self.output_processor = self
+
+    def get_num_unfinished_requests(self) -> int:
+        return self.unfinished
+
+
+def test_a_herd_arriving_between_two_steps_is_admitted_only_as_far_as_the_slo_allows(
+    registry: CollectorRegistry, clock: Clock
+) -> None:
+    # One batch (8 running) lasts 1 s; the SLO is 2.5 s. The last step saw an idle queue;
+    # 24 requests then arrive before the next one, each admitted one held in flight.
+    config = ControlConfig(admission=saturation_config(latency_slo_s=2.5))
+    controller = Controller(config, WardenMetrics(registry), clock=clock)
+    controller.engine_client = BatchOfEight()
+    controller.saturation = SaturationState(
+        running=0, waiting=0, drain_rate=8.0, service_s=1.0, tokens_per_request=96
+    )
+    with contextlib.ExitStack() as in_flight:
+        admitted = []
+        for _ in range(24):
+            decision = controller.decide(RequestFacts(prompt_tokens=40))
+            admitted.append(decision.admit)
+            if decision.admit:
+                in_flight.enter_context(controller.serving())
+        # 8 fill the batch; the next 8 wait one batch (1 s + 1 s of service); the 17th would
+        # wait two (3 s): it and the rest are refused, each naming its predicted latency.
+        assert admitted == [True] * 16 + [False] * 8
+        assert controller.admitted_in_flight == 16
+        live = controller.live_saturation()
+        assert (live.running, live.waiting, live.capacity) == (8, 8, 8)
+        refused = controller.decide(RequestFacts())
+        assert (refused.signal, refused.value) == ("latency_s", 3.0)
+    assert controller.admitted_in_flight == 0
+    # vLLM's own unfinished count is read too (requests another path handed to the engine).
+    controller.engine_client = BatchOfEight(unfinished=16)
+    assert controller.live_saturation().waiting == 8
+    # With 7 in flight there is a free slot: no wait at all, whatever the last step said.
+    controller.engine_client = BatchOfEight(unfinished=7)
+    controller.saturation = SaturationState(
+        running=8, waiting=0, drain_rate=8.0, service_s=1.0, tokens_per_request=96
+    )
+    assert controller.live_saturation().running == 7
+    assert controller.decide(RequestFacts()).admit
 
 
 def value(registry: CollectorRegistry, name: str, **labels: str) -> float | None:

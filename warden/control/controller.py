@@ -13,12 +13,13 @@ refusal that followed it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from exporter import catalog, vllm_compat
@@ -38,6 +39,7 @@ from warden.control.saturation import (
     RetrySchedule,
     SaturationChange,
     SaturationJudge,
+    with_live_queue,
 )
 
 log = logging.getLogger("warden.control")
@@ -82,6 +84,7 @@ class Controller:
         self.gate = HalfOpenGate()
         self.retry_schedule = RetrySchedule()
         self.saturation = SaturationState()
+        self.admitted_in_flight = 0  # admitted by the middleware, not yet answered
         self.saturation_judge: SaturationJudge | None = None
         self.saturation_changes: deque[dict[str, Any]] = deque(maxlen=64)
         self._saturated = metrics.get(catalog.SATURATED)
@@ -330,7 +333,27 @@ class Controller:
     # --- admission ----------------------------------------------------------------------
 
     def _saturation(self) -> Saturation:
-        return Saturation(self.saturation, self.retry_schedule, self.clock())
+        return Saturation(self.live_saturation(), self.retry_schedule, self.clock())
+
+    def live_saturation(self) -> SaturationState:
+        """The last step's saturation with the queue as it is now: the requests warden has
+        admitted and not yet answered, or vLLM's own unfinished count if higher."""
+        in_flight = max(
+            self.admitted_in_flight, vllm_compat.unfinished_requests(self.engine_client) or 0
+        )
+        capacity = vllm_compat.max_num_seqs(self.engine_client)
+        return with_live_queue(self.saturation, in_flight, capacity)
+
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[None]:
+        """Counts an admitted request as in flight until it is answered (see live_saturation)."""
+        with self._lock:
+            self.admitted_in_flight += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.admitted_in_flight -= 1
 
     def admit(
         self, facts: RequestFacts, policy: EffectivePolicy, gate: HalfOpenGate | None = None

@@ -2,10 +2,16 @@
 
 Pure decisions on the measurements of exporter/saturation.py (clock values passed in, no I/O).
 
+- ``with_live_queue``: the last step's counts brought up to this instant with the requests in
+  flight now. Requests that arrive together (the clients of a batch that just finished) are
+  each judged with the others already counted, not on the same stale step.
 - ``predicted_wait``: how long a request would sit in vLLM's queue: the requests ahead of it,
   plus, when its prompt does not fit in the free KV blocks, the requests that must finish to
-  free them, divided by the drain rate. Preemptions are in it twice: preempted requests wait
-  again in the queue, and recomputation lowers the drain rate.
+  free them. Slots free up in batches (requests admitted together finish together), so the
+  wait is counted in whole batches of the running size, each lasting ``running / drain rate``:
+  the worst case, since admission promises the SLO to the requests it admits. Preemptions are
+  in it twice: preempted requests wait again in the queue, and recomputation lowers the drain
+  rate.
 - ``Limits.exceeded``: the first configured limit a request would break (latency = wait +
   the service time the engine shows now; queue wait; queue depth), with the signal and value.
 - ``SaturationJudge``: saturated or normal for a typical request, held ``hold_s`` after it
@@ -17,6 +23,7 @@ Pure decisions on the measurements of exporter/saturation.py (clock values passe
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -46,6 +53,23 @@ class KvState:
         return math.ceil(tokens / self.block_size)
 
 
+def with_live_queue(
+    state: SaturationState, in_flight: int, capacity: int | None
+) -> SaturationState:
+    """``state`` with the batch and queue this instant: ``in_flight`` requests unfinished now
+    (this request not among them), at most ``capacity`` (max_num_seqs) of them running. The
+    queue is never taken below what the engine last reported (another API server's requests
+    are only in that); without a capacity the state is left as measured."""
+    if capacity is None or capacity <= 0:
+        return state
+    return dataclasses.replace(
+        state,
+        running=min(max(in_flight, 0), capacity),
+        waiting=max(state.waiting, in_flight - capacity),
+        capacity=capacity,
+    )
+
+
 def predicted_wait(
     state: SaturationState,
     kv: KvState | None = None,
@@ -60,11 +84,15 @@ def predicted_wait(
         if lacking > 0:
             # Each finished request frees about its own size in blocks.
             ahead += lacking / max(1, kv.blocks_for(state.tokens_per_request))
-    if ahead <= 0:
+    batch_full = state.capacity is not None and state.running >= state.capacity
+    if ahead <= 0 and not batch_full:
         return 0.0
     if not state.drain_rate:
         return None
-    return ahead / state.drain_rate
+    # This request needs the (ahead + 1)-th free slot; slots free a batch at a time.
+    slots = max(1, state.running)
+    batches = math.ceil((max(ahead, 0.0) + 1) / slots)
+    return batches * slots / state.drain_rate
 
 
 @dataclass(frozen=True)

@@ -403,6 +403,23 @@ class WardenMiddleware:
         if not decision.admit:
             await self._refuse(scope, receive, send, decision)
             return
+        with control.serving():
+            await self._serve(scope, receive, send, route, raw, body, rule, decision)
+
+    async def _serve(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        route: str,
+        raw: bytes,
+        body: dict[str, Any],
+        rule: TokenLimit,
+        decision: Decision,
+    ) -> None:
+        """An admitted request: its cap written, then vLLM, retried on a transient failure."""
+        control = self.control
+        settings = control.config
         if decision.cap is not None:
             control.capped.inc()
             rule.write_cap(body, decision.cap)
