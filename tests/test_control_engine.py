@@ -590,40 +590,41 @@ def test_a_preempted_request_is_retried_to_a_whole_200(engine: EngineProcess) ->
     """Preempt-the-largest aborts the one long request in flight; the middleware resubmits
     it and the client gets the whole answer (all its tokens), not an error.
 
-    The engine core is paused (SIGSTOP) once the request is in flight, so the preemption is
-    sure to find it whatever the machine's speed; the abort waits for the core to continue."""
+    The engine core is paused (SIGSTOP) before the request is sent, and the preemption comes
+    once vLLM's API process holds the request (its unfinished count, in /warden/state): the
+    request is in flight whatever the machine's speed, where polling a gauge for a running
+    request could miss a request that finished between two slow scrapes. The abort and the
+    resubmission wait for the core to continue."""
     core = find_engine_core(psutil.Process(engine.process.pid))
     before = scrape(engine)
     retried = catalog.REQUEST_RETRIES.name
-    response = None
-    for _ in range(5):
-        with ThreadPoolExecutor(1) as pool:
+    with ThreadPoolExecutor(1) as pool:
+        core.suspend()
+        try:
             pending = pool.submit(
                 complete, engine, model(engine), LONG_PROMPT, 180, 300.0, ignore_eos=True
             )
-            while not pending.done() and _running(engine) < 1:
-                time.sleep(0.002)
-            core.suspend()
-            try:
-                if pending.done():
-                    continue
-                lease = httpx.post(
-                    f"{engine.base_url}/warden/degrade",
-                    json={
-                        "action": "cap_max_tokens",
-                        "params": {"max_tokens": 10_000, "preempt": 1},
-                        "ttl_s": 60,
-                        "key": "preempt-largest",
-                    },
-                    headers=AUTH,
-                    timeout=10,
-                )
-                assert lease.status_code == 200, lease.text
-            finally:
-                core.resume()
-            response = pending.result(timeout=300)
-            break
-    assert response is not None, "the long request never stayed in flight long enough"
+            wait_until(
+                lambda: (state(engine)["saturation"]["in_flight"]["engine"] or 0) >= 1,
+                60,
+                0.05,
+                "the long request held by vLLM's API process",
+            )
+            lease = httpx.post(
+                f"{engine.base_url}/warden/degrade",
+                json={
+                    "action": "cap_max_tokens",
+                    "params": {"max_tokens": 10_000, "preempt": 1},
+                    "ttl_s": 60,
+                    "key": "preempt-largest",
+                },
+                headers=AUTH,
+                timeout=10,
+            )
+            assert lease.status_code == 200, lease.text
+        finally:
+            core.resume()
+        response = pending.result(timeout=300)
     after = scrape(engine)
     assert (
         sample(after, catalog.WARDEN_PREEMPTIONS.name)
@@ -639,10 +640,6 @@ def test_a_preempted_request_is_retried_to_a_whole_200(engine: EngineProcess) ->
     choice = response.json()["choices"][0]
     assert choice["finish_reason"] == "length"
     assert response.json()["usage"]["completion_tokens"] == 180
-
-
-def _running(engine: EngineProcess) -> float:
-    return sample(scrape(engine), catalog.VLLM_NUM_REQUESTS_RUNNING.name)
 
 
 def test_huge_body_is_refused_without_state_change(engine: EngineProcess) -> None:

@@ -466,6 +466,11 @@ class Controller:
                 "max_queue_depth": limits.max_queue_depth,
             },
             "measured": self.saturation.to_json(),
+            # What admission judges the queue from between two steps (live_saturation).
+            "in_flight": {
+                "admitted": self.admitted_in_flight,
+                "engine": vllm_compat.unfinished_requests(self.engine_client),
+            },
             "changes": list(self.saturation_changes),
         }
 
