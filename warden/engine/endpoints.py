@@ -15,6 +15,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from exporter import vllm_compat
 from exporter.step_monitor import process_monitor
 from warden.control.reflex import Reflex
 from warden.control.saturation import SaturationWatch
@@ -22,13 +23,6 @@ from warden.engine import runtime
 
 # Background tasks live here so they are not garbage-collected while the server runs.
 _tasks: set[asyncio.Task[None]] = set()
-
-
-def _inflight_counter(engine_client: Any) -> Any:
-    processor = getattr(engine_client, "output_processor", None)
-    if processor is None or not hasattr(processor, "get_num_unfinished_requests"):
-        return None
-    return processor.get_num_unfinished_requests
 
 
 async def _tick_forever(interval_s: float = 0.25) -> None:
@@ -63,7 +57,8 @@ class WardenEndpoints:
         control.engine_client = engine_client
         monitor = process_monitor()
         if monitor is not None and engine_client is not None:
-            monitor.inflight = _inflight_counter(engine_client)
+            if vllm_compat.unfinished_requests(engine_client) is not None:
+                monitor.inflight = lambda: vllm_compat.unfinished_requests(engine_client) or 0
             monitor.add_listener(Reflex(control.config.reflex, control))
             monitor.add_listener(SaturationWatch(control.config.admission.saturation, control))
         task = asyncio.get_running_loop().create_task(_tick_forever())

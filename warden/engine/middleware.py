@@ -403,70 +403,61 @@ class WardenMiddleware:
         if not decision.admit:
             await self._refuse(scope, receive, send, decision)
             return
+        # Counted in flight until answered: admission judges the queue from it (live_saturation).
         with control.serving():
-            await self._serve(scope, receive, send, route, raw, body, rule, decision)
-
-    async def _serve(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        route: str,
-        raw: bytes,
-        body: dict[str, Any],
-        rule: TokenLimit,
-        decision: Decision,
-    ) -> None:
-        """An admitted request: its cap written, then vLLM, retried on a transient failure."""
-        control = self.control
-        settings = control.config
-        if decision.cap is not None:
-            control.capped.inc()
-            rule.write_cap(body, decision.cap)
-        if route not in RETRIED_ROUTES:
-            payload = json.dumps(body).encode() if decision.cap is not None else raw
-            await self._forward_raw(_with_body(scope, payload), receive, send, payload)
-            return
-        try:
-            stream = bool(lax_bool(body.get("stream")))
-        except BadRequest:
-            stream = False  # vLLM refuses it (400)
-        xargs = body.get("vllm_xargs")
-        tag = route in TAGGED_ROUTES and (xargs is None or isinstance(xargs, dict))
-        attempts = settings.retry.max_attempts
-        original_seed = body.get("seed")
-        original_priority = body.get("priority")
-        preempted_before = False
-        for attempt in range(1, attempts + 1):
-            rid = f"warden-{uuid.uuid4().hex}"
-            attempt_body = dict(body)
-            if tag:
-                attempt_xargs = dict(xargs or {})
-                attempt_xargs.update({RID_ARG: rid, ATTEMPT_ARG: attempt})
-                attempt_body["vllm_xargs"] = attempt_xargs
-            if attempt > 1:
-                if isinstance(original_seed, int) and not isinstance(original_seed, bool):
-                    attempt_body["seed"] = original_seed + attempt - 1
-                if preempted_before and vllm_compat.uses_priority_scheduling(control.engine_client):
-                    base = original_priority if isinstance(original_priority, int) else 0
-                    attempt_body["priority"] = base - settings.retry.priority_boost
-            payload = json.dumps(attempt_body).encode()
-            sub_scope = _with_body(scope, payload, rid)
-            last = attempt == attempts
-            if stream:
-                reason = await self._stream_attempt(sub_scope, receive, send, payload, rid, last)
-            else:
-                reason = await self._buffered_attempt(sub_scope, receive, send, payload, rid, last)
-            if reason is None:
+            if decision.cap is not None:
+                control.capped.inc()
+                rule.write_cap(body, decision.cap)
+            if route not in RETRIED_ROUTES:
+                payload = json.dumps(body).encode() if decision.cap is not None else raw
+                await self._forward_raw(_with_body(scope, payload), receive, send, payload)
                 return
-            preempted_before = preempted_before or reason == "warden_preemption"
-            if last:
-                return
-            control.retries.labels(reason).inc()
-            with telemetry.tracer().start_as_current_span("warden.retry") as span:
-                span.set_attribute("warden.reason", reason)
-                span.set_attribute("warden.attempt", attempt + 1)
-            await asyncio.sleep(backoff_s(settings.retry, attempt + 1, random.Random()))
+            try:
+                stream = bool(lax_bool(body.get("stream")))
+            except BadRequest:
+                stream = False  # vLLM refuses it (400)
+            xargs = body.get("vllm_xargs")
+            tag = route in TAGGED_ROUTES and (xargs is None or isinstance(xargs, dict))
+            attempts = settings.retry.max_attempts
+            original_seed = body.get("seed")
+            original_priority = body.get("priority")
+            preempted_before = False
+            for attempt in range(1, attempts + 1):
+                rid = f"warden-{uuid.uuid4().hex}"
+                attempt_body = dict(body)
+                if tag:
+                    attempt_xargs = dict(xargs or {})
+                    attempt_xargs.update({RID_ARG: rid, ATTEMPT_ARG: attempt})
+                    attempt_body["vllm_xargs"] = attempt_xargs
+                if attempt > 1:
+                    if isinstance(original_seed, int) and not isinstance(original_seed, bool):
+                        attempt_body["seed"] = original_seed + attempt - 1
+                    if preempted_before and vllm_compat.uses_priority_scheduling(
+                        control.engine_client
+                    ):
+                        base = original_priority if isinstance(original_priority, int) else 0
+                        attempt_body["priority"] = base - settings.retry.priority_boost
+                payload = json.dumps(attempt_body).encode()
+                sub_scope = _with_body(scope, payload, rid)
+                last = attempt == attempts
+                if stream:
+                    reason = await self._stream_attempt(
+                        sub_scope, receive, send, payload, rid, last
+                    )
+                else:
+                    reason = await self._buffered_attempt(
+                        sub_scope, receive, send, payload, rid, last
+                    )
+                if reason is None:
+                    return
+                preempted_before = preempted_before or reason == "warden_preemption"
+                if last:
+                    return
+                control.retries.labels(reason).inc()
+                with telemetry.tracer().start_as_current_span("warden.retry") as span:
+                    span.set_attribute("warden.reason", reason)
+                    span.set_attribute("warden.attempt", attempt + 1)
+                await asyncio.sleep(backoff_s(settings.retry, attempt + 1, random.Random()))
 
     async def _failure(self, status: int, body: bytes, rid: str) -> str | None:
         # A success may still carry a poisoned last token: wait (boundedly) for its flag.
