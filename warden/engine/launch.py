@@ -21,6 +21,9 @@ VLLM_PLUGINS = "warden,warden_stats,warden_endpoints"
 LOGITS_PROCESSOR = "exporter.logits:NonFiniteLogitsProcessor"
 WORKER_EXTENSION = "warden.engine.worker_extension.WardenWorkerExtension"
 MIDDLEWARE = "warden.engine.middleware.WardenMiddleware"
+# vLLM's OpenAI API server, through a module that spawned engine processes import for free
+# (warden/engine/vllm_entry.py says why).
+SERVER_MODULE = "warden.engine.vllm_entry"
 # Flags LaunchSpec writes itself from ``warden serve``'s own options (flag -> that option):
 # repeated among vLLM's arguments they would win silently (a server on another port than the
 # one supervised and probed).
@@ -65,7 +68,7 @@ class LaunchSpec:
         return [
             sys.executable,
             "-m",
-            "vllm.entrypoints.openai.api_server",
+            SERVER_MODULE,
             "--model",
             self.model,
             "--host",
