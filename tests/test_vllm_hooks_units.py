@@ -8,6 +8,7 @@ One fake: ``FakeRunner`` stands in for vLLM's GPU model runner (CUDA graphs need
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -100,6 +101,28 @@ def test_missing_hooks_disable_their_sources_and_vllm_still_loads_the_plugin(
     assert "WorkerWrapperBase.gone is missing" in out
     assert "EngineArgs.gone is missing" in out
     assert "EngineCore.gone is missing" in out
+
+
+def test_the_server_entry_runs_vllms_own_server_and_imports_nothing_before() -> None:
+    """warden starts vLLM through warden.engine.vllm_entry: it must name an entry point the
+    installed vLLM has, and importing it (what each spawned engine process does first) must not
+    import vLLM."""
+    from warden.engine.launch import SERVER_MODULE, LaunchSpec
+    from warden.engine.vllm_entry import VLLM_SERVER_ENTRY
+
+    assert LaunchSpec("m").argv()[1:3] == ["-m", SERVER_MODULE]
+    module, function = VLLM_SERVER_ENTRY
+    assert callable(getattr(importlib.import_module(module), function))
+    probe = f"import sys, {SERVER_MODULE}; print(sorted(m for m in sys.modules if m[:4] == 'vllm'))"
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert done.stdout.strip() == "[]", done.stdout
 
 
 # --- logits processor for the engine's model runner ---------------------------------------------

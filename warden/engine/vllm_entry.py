@@ -11,12 +11,16 @@ is that much shorter.
 
 from __future__ import annotations
 
+import importlib
+
+# vLLM's own entry point behind ``-m vllm.entrypoints.openai.api_server`` (vLLM 0.32); the
+# installed vLLM is checked for it by tests/test_vllm_hooks_units.py.
+VLLM_SERVER_ENTRY = ("vllm.entrypoints.launchers.api_server.entry", "main")
+
 
 def main() -> None:
-    # vLLM's own entry point behind ``-m vllm.entrypoints.openai.api_server`` (vLLM 0.32).
-    from vllm.entrypoints.launchers.api_server.entry import main as serve
-
-    serve()
+    module, function = VLLM_SERVER_ENTRY
+    getattr(importlib.import_module(module), function)()
 
 
 if __name__ == "__main__":
