@@ -281,7 +281,7 @@ def start_warden(
     argv += ["--port", str(port), "--run-dir", str(run_dir)]
     if args.supervise:
         argv += ["--supervisor-port", str(free_port())]
-        argv += ["--unhealthy-grace-s", str(args.unhealthy_grace_s)]
+        argv += ["--unresponsive-grace-s", str(args.unresponsive_grace_s)]
     else:
         argv.append("--no-supervise")
     argv += [model, *BASE_ARGS, *engine_args(args)]
@@ -427,10 +427,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-constant", action="store_true", help="skip warden_constant")
     parser.add_argument("--supervise", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument(
-        "--unhealthy-grace-s",
+        "--unresponsive-grace-s",
         type=float,
         default=300.0,
-        help="the supervisor's grace for an engine that does not answer (default 15 s): on a "
+        help="the supervisor's grace for an engine whose probes time out (default 45 s): on a "
         "2-core host, an engine idle between its phases can answer late while another one is "
         "loaded, and a restart there would load the phase being measured",
     )

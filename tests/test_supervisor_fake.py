@@ -73,6 +73,7 @@ def _serve(port: int, args: list[str]) -> None:
             if path == "/health":
                 self._send(200, b"")
             elif path == "/warden/ready":
+                time.sleep(float(flag("ready_delay_s") or 0))  # a slow, not a dead, server
                 stalled = flag("stalled") is not None
                 dead = flag("engine_dead") is not None
                 driver = flag("driver_error") is not None
@@ -129,6 +130,9 @@ def _serve(port: int, args: list[str]) -> None:
 
     signal.signal(signal.SIGTERM, on_term)
     while child.poll() is None:
+        if flag("close_port") is not None and server.socket.fileno() != -1:
+            server.shutdown()  # alive, but nothing serves the port: connections are refused
+            server.server_close()
         exit_code = flag("exit_code")
         if exit_code is not None and (control / "exit_now").exists():
             child.kill()
@@ -337,6 +341,31 @@ def test_dead_engine_after_the_grace_and_driver_errors_at_once_are_unhealthy(
     event = h.state().restarts[-1]
     assert event.reason == "unhealthy" and "CUDA driver" in event.detail
     assert event.failed_at - noticed < 0.9, "no grace for a poisoned context"
+
+
+def test_a_slow_server_gets_the_long_grace_and_a_closed_port_the_short_one(
+    supervised: Callable[..., Harness],
+) -> None:
+    """Probes that time out (a busy or paged-out server) are not a dead engine: the restart
+    waits for ``unresponsive_grace_s``; a refused connection waits only ``unhealthy_grace_s``."""
+    h = supervised(unhealthy_grace_s=1.0, unresponsive_grace_s=6.0)
+    h.wait_running(1)
+    (h.control / "ready_delay_s").write_text("2.5")  # over the supervisor's 2 s probe timeout
+    slow_since = time.time()
+    h.wait("slow server restart", lambda: h.state().generation == 2, timeout=30)
+    (h.control / "ready_delay_s").unlink()
+    event = h.state().restarts[-1]
+    assert event.reason == "unhealthy" and "timed out" in event.detail, event
+    assert event.failed_at - slow_since >= 6.0, "a slow server got the long grace"
+    h.wait_running(2)
+    (h.control / "close_port").touch()
+    closed_at = time.time()
+    h.wait("closed port restart", lambda: h.state().generation == 3, timeout=30)
+    (h.control / "close_port").unlink()
+    event = h.state().restarts[-1]
+    assert event.reason == "unhealthy" and "connection refused" in event.detail, event
+    assert 1.0 <= event.failed_at - closed_at < 6.0, "a refused port got the short grace"
+    h.wait_running(3)
 
 
 def test_restart_loop_opens_the_circuit_and_the_stand_in_says_why(

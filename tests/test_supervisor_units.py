@@ -23,6 +23,7 @@ from warden.common.metrics_text import family_names, parse_samples, sum_samples
 from warden.common.tokens import TokenError, bearer_matches, load_token
 from warden.supervisor import cpu_memory, first_start
 from warden.supervisor.config import SupervisorConfig
+from warden.supervisor.engine import PROBE_TIMEOUT_S
 from warden.supervisor.fault_tolerance import fault_tolerance_enabled
 from warden.supervisor.metrics import render
 from warden.supervisor.policy import (
@@ -359,3 +360,7 @@ def test_a_hung_engine_is_restarted_within_a_minute_by_default() -> None:
         + config.poll_s
     )
     assert worst < 60.0, worst
+    # A frozen API server (no probe answered) is restarted within the minute too, yet only
+    # after a grace far longer than a paged-out server's slowest answers (7 to 9 s seen).
+    frozen = config.unresponsive_grace_s + PROBE_TIMEOUT_S + config.probe_s + config.poll_s
+    assert frozen < 60.0 and config.unresponsive_grace_s >= 30.0, frozen

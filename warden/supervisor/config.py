@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from warden.supervisor.engine import PROBE_TIMEOUT_S
 from warden.supervisor.policy import Backoff
 
 
@@ -33,7 +34,14 @@ class SupervisorConfig:
     backoff_max_s: float = _option(60.0, "longest wait between restarts")
     backoff_reset_s: float = _option(600.0, "ready this long: the next failure restarts at once")
     stall_grace_s: float = _option(10.0, "engine stalled this long: restart")
-    unhealthy_grace_s: float = _option(15.0, "engine dead or silent this long: restart")
+    unhealthy_grace_s: float = _option(
+        15.0, "engine dead, or its port refusing connections, this long: restart"
+    )
+    unresponsive_grace_s: float = _option(
+        45.0,
+        f"engine taking connections but answering no probe within {PROBE_TIMEOUT_S:.0f} s "
+        "this long (slow, not gone): restart",
+    )
     start_timeout_s: float = _option(900.0, "not ready this long after a start: restart")
     drain_timeout_s: float = _option(120.0, "longest wait for in-flight requests on a drain")
     eager_fallback: bool = _option(

@@ -58,12 +58,20 @@ def is_gone(pid: int) -> bool:
         return True
 
 
+# Why a probe got no answer. A refused (or dropped) connection means nothing serves the port; a
+# timeout means a server took the connection but is slow, which a paged-out or busy engine is.
+REFUSED = "refused"
+TIMED_OUT = "timed out"
+PROBE_TIMEOUT_S = 2.0  # longest wait for one answer to a supervisor probe
+
+
 @dataclass
 class Probe:
     """A short HTTP answer from the server: status code and JSON body (None if no answer)."""
 
     status: int | None
     body: Any = None
+    no_answer: str | None = None  # REFUSED or TIMED_OUT when status is None
 
     @property
     def answered(self) -> bool:
@@ -86,7 +94,7 @@ class EngineProcess(ChildProcess):
         )
         self.spec = spec
         self.children: dict[int, str] = {}
-        self._client = httpx.Client(timeout=2.0)
+        self._client = httpx.Client(timeout=PROBE_TIMEOUT_S)
 
     @property
     def base_url(self) -> str:
@@ -134,20 +142,24 @@ class EngineProcess(ChildProcess):
 
     # --- HTTP probes ------------------------------------------------------------------
 
-    def _probe(self, method: str, path: str, timeout: float = 2.0, **kwargs: Any) -> Probe:
+    def _probe(
+        self, method: str, path: str, timeout: float = PROBE_TIMEOUT_S, **kwargs: Any
+    ) -> Probe:
         try:
             response = self._client.request(
                 method, f"{self.base_url}{path}", timeout=timeout, **kwargs
             )
+        except httpx.TimeoutException:
+            return Probe(None, no_answer=TIMED_OUT)
         except httpx.HTTPError:
-            return Probe(None)
+            return Probe(None, no_answer=REFUSED)
         try:
             body = response.json()
         except ValueError:
             body = response.text
         return Probe(response.status_code, body)
 
-    def get(self, path: str, timeout: float = 2.0) -> Probe:
+    def get(self, path: str, timeout: float = PROBE_TIMEOUT_S) -> Probe:
         return self._probe("GET", path, timeout)
 
     def post(self, path: str, json: Any, headers: dict[str, str] | None = None) -> Probe:

@@ -3,6 +3,9 @@
 ``ProbeTimers`` remembers since when each bad condition has held for the current engine;
 ``evaluate`` turns one ``/warden/ready`` answer into a ``Failure`` once a condition outlasts its
 grace (no answer, stalled, engine dead) or at once (a CUDA driver error poisons the context).
+No answer has two graces: a refused connection means nothing serves the port (short grace), a
+timeout means a server that is alive but slow, as a busy or paged-out engine is (long grace: a
+real hang is caught sooner by the stall check, which reads engine steps, not HTTP answers).
 ``policy_wants_eager`` reads the engine's effective policy for the ``enforce_eager`` action.
 """
 
@@ -11,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from warden.supervisor.engine import EngineProcess, Probe
+from warden.supervisor.config import SupervisorConfig
+from warden.supervisor.engine import REFUSED, EngineProcess, Probe
 from warden.supervisor.policy import STALLED, UNHEALTHY
 
 
@@ -47,26 +51,31 @@ def failing_checks(probe: Probe, engine: EngineProcess) -> dict[str, str]:
 
 
 def evaluate(
-    engine: EngineProcess,
-    timers: ProbeTimers,
-    now: float,
-    stall_grace_s: float,
-    unhealthy_grace_s: float,
+    engine: EngineProcess, timers: ProbeTimers, now: float, config: SupervisorConfig
 ) -> Failure | None:
     """Probe ``/warden/ready`` once; a Failure when a bad condition has outlasted its grace."""
     probe = engine.get("/warden/ready")
     if not probe.answered:
         timers.silent = timers.silent or now
-        if now - timers.silent >= unhealthy_grace_s:
+        silent_for = now - timers.silent
+        if probe.no_answer == REFUSED and silent_for >= config.unhealthy_grace_s:
             return Failure(
-                UNHEALTHY, f"no answer on /warden/ready for {unhealthy_grace_s:.0f}s", now
+                UNHEALTHY,
+                f"no answer on /warden/ready for {silent_for:.0f}s, connection refused",
+                now,
+            )
+        if silent_for >= config.unresponsive_grace_s:
+            return Failure(
+                UNHEALTHY,
+                f"no answer on /warden/ready for {silent_for:.0f}s, every probe timed out",
+                now,
             )
         return None
     timers.silent = None
     failing = failing_checks(probe, engine)
     if "stalled" in failing:
         timers.stalled = timers.stalled or now
-        if now - timers.stalled >= stall_grace_s:
+        if now - timers.stalled >= config.stall_grace_s:
             return Failure(STALLED, f"engine stalled: {failing['stalled']}", now)
     else:
         timers.stalled = None
@@ -74,7 +83,7 @@ def evaluate(
         return Failure(UNHEALTHY, failing["driver_error"], now)
     if "engine" in failing:
         timers.sick = timers.sick or now
-        if now - timers.sick >= unhealthy_grace_s:
+        if now - timers.sick >= config.unhealthy_grace_s:
             return Failure(UNHEALTHY, failing["engine"], now)
     else:
         timers.sick = None
