@@ -3,6 +3,7 @@ and its mirror into metrics, the stand-in metrics page, drain and fault-toleranc
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -364,3 +365,26 @@ def test_a_hung_engine_is_restarted_within_a_minute_by_default() -> None:
     # after a grace far longer than a paged-out server's slowest answers (7 to 9 s seen).
     frozen = config.unresponsive_grace_s + PROBE_TIMEOUT_S + config.probe_s + config.poll_s
     assert frozen < 60.0 and config.unresponsive_grace_s >= 30.0, frozen
+
+
+@pytest.mark.parametrize(
+    ("flag", "text", "error"),
+    [
+        ("--unresponsive-grace-s", "-5", "must be a finite number >= 0"),
+        ("--stall-grace-s", "nan", "must be a finite number >= 0"),
+        ("--max-restarts", "-1", "must be a finite number >= 0"),
+        ("--supervisor-port", "70000", "must be at most 65535"),
+        ("--backoff-max-s", "soon", "not a number: 'soon'"),
+    ],
+)
+def test_absurd_supervisor_settings_are_refused_with_the_flag_named(
+    flag: str, text: str, error: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    parser = argparse.ArgumentParser(prog="warden serve")
+    SupervisorConfig.add_arguments(parser)
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args([flag, text])
+    assert exited.value.code == 2
+    assert f"argument {flag}: {error}" in capsys.readouterr().err
+    accepted = SupervisorConfig.from_args(parser.parse_args(["--supervisor-port", "-1"]))
+    assert accepted.control_port is None and accepted.unresponsive_grace_s == 45.0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,25 @@ def _option(default: Any, help: str, flag: str | None = None, **extra: Any) -> A
 
 def _internal(default: Any) -> Any:
     return field(default=default, metadata={"flag": None})
+
+
+def _bounded(kind: type, minimum: float, maximum: float | None) -> Any:
+    """An argparse type: a finite ``kind`` within bounds, else a clear usage error (a negative
+    grace or a NaN backoff would make the supervisor restart at once, or never)."""
+
+    def parse(text: str) -> Any:
+        try:
+            number = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not math.isfinite(number) or number < minimum:
+            raise argparse.ArgumentTypeError(f"must be a finite number >= {minimum:g}: {text}")
+        if maximum is not None and number > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum:g}: {text}")
+        return number
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
 
 
 @dataclass(frozen=True)
@@ -54,7 +74,11 @@ class SupervisorConfig:
     reset_circuit: bool = _option(False, "close a restart circuit left open by an earlier run")
     control_host: str = _option("127.0.0.1", "supervisor control port address", "--supervisor-host")
     control_port: int | None = _option(
-        8001, "supervisor control/liveness port (0: any free port, -1: none)", "--supervisor-port"
+        8001,
+        "supervisor control/liveness port (0: any free port, -1: none)",
+        "--supervisor-port",
+        minimum=-1,
+        maximum=65535,
     )
     log_dir: Path | None = _option(
         None, "write each vLLM start's output to a file here", "--engine-log-dir"
@@ -87,7 +111,8 @@ class SupervisorConfig:
                 continue
             kind: Any = str if f.name in ("control_host", "log_dir") else None
             if kind is None:
-                kind = int if isinstance(f.default, int) else float
+                number = int if isinstance(f.default, int) else float
+                kind = _bounded(number, f.metadata.get("minimum", 0), f.metadata.get("maximum"))
             parser.add_argument(
                 flag,
                 dest=f.name,

@@ -67,7 +67,7 @@ def evaluate(
         if silent_for >= config.unresponsive_grace_s:
             return Failure(
                 UNHEALTHY,
-                f"no answer on /warden/ready for {silent_for:.0f}s, every probe timed out",
+                f"no answer on /warden/ready for {silent_for:.0f}s, last probe {probe.no_answer}",
                 now,
             )
         return None
