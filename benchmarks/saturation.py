@@ -1,8 +1,11 @@
 """Saturation and overload: plain vLLM against ``warden serve``, identical engine arguments.
 
 Both engines run the tiny model with the same vLLM arguments (the tests' base arguments,
-``--max-num-seqs``, a small KV cache of ``--kv-blocks`` blocks) and run side by side, each idle
-while another is measured. ``plain`` is vLLM with no warden hook at all (benchmarks/common.py);
+``--max-num-seqs``, a small KV cache of ``--kv-blocks`` blocks). By default only the engine
+being measured is up: each is started for its round and stopped after it, because on a small
+host an idle engine beside a loaded one is noise (its threads, its pages reclaimed and read
+back); ``--no-isolate`` keeps them all up side by side, each idle while another is measured.
+``plain`` is vLLM with no warden hook at all (benchmarks/common.py);
 ``warden`` is ``warden serve`` (supervisor included) with a control config that sets the
 latency SLO admission protects (``admission.saturation.latency_slo_s``) to the benchmark's own
 SLO; ``warden_constant`` (at overload only, ``--no-constant`` to skip) is the same with
@@ -14,8 +17,9 @@ Load is closed-loop: each client sends one completion (fixed prompt, ``--max-tok
 warden/common/outcomes.py counts it) is retried after the server's ``retry-after-ms`` or
 ``Retry-After``, capped at ``--retry-cap`` seconds, as the OpenAI SDK honours them. Loads are
 multiples of ``--max-num-seqs`` clients: 1x just saturates the batch, 3x is three times more.
-Phases are interleaved (plain, warden, plain, warden...), ``--rounds`` of them per load, each
-``--warmup`` seconds unmeasured then ``--duration`` seconds measured.
+Engines are interleaved (plain, warden, warden_constant, then the next round in rotated order),
+``--rounds`` rounds; in its turn an engine runs every load, each phase ``--warmup`` seconds
+unmeasured then ``--duration`` seconds measured.
 
 The SLO is ``--slo-factor`` times the unloaded latency (one request alone on the idle plain
 engine, median of five). Per engine and load: completed requests, generated tok/s, p50/p99
@@ -39,7 +43,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,6 +88,7 @@ class Attempt:
     ended: float
     outcome: str
     tokens: int = 0
+    detail: str = ""  # why it failed: the HTTP error, or the status and the body's start
 
 
 @dataclass
@@ -172,15 +177,18 @@ def client_loop(
                 started = time.time()
                 try:
                     response = client.post("/v1/completions", json=body)
-                except httpx.HTTPError:
-                    attempts.append(Attempt(started, time.time(), FAILED))
+                except httpx.HTTPError as exc:
+                    detail = f"{type(exc).__name__}: {exc}"
+                    attempts.append(Attempt(started, time.time(), FAILED, detail=detail))
                     break
                 ended = time.time()
                 outcome = classify(response.status_code, dict(response.headers), response.content)
-                tokens = 0
+                tokens, detail = 0, ""
                 if outcome == COMPLETED:
                     tokens = int(response.json()["usage"]["completion_tokens"])
-                attempts.append(Attempt(started, ended, outcome, tokens))
+                elif outcome == FAILED:
+                    detail = f"HTTP {response.status_code}: {response.text[:200]}"
+                attempts.append(Attempt(started, ended, outcome, tokens, detail))
                 if outcome != REFUSED or stop.is_set():
                     break
                 stop.wait(retry_delay(response, len(attempts), cap_s))
@@ -236,6 +244,8 @@ def run_phase(
                     result.repeated_refusals += int(index > 0)
                 elif attempt.outcome == FAILED:
                     result.failures += 1
+                    if len(result.failure_examples) < 5:
+                        result.failure_examples.append(attempt.detail)
                 elif attempt.outcome == COMPLETED:
                     latency = attempt.ended - attempt.started
                     result.completed += 1
@@ -260,8 +270,8 @@ def engine_args(args: argparse.Namespace) -> list[str]:
     ]
 
 
-def start_plain(model: str, work: Path, args: argparse.Namespace) -> Engine:
-    process = make_engine(VARIANTS["plain"], model, work / "engine-plain", engine_args(args))
+def start_plain(model: str, work: Path, args: argparse.Namespace, run_dir: str) -> Engine:
+    process = make_engine(VARIANTS["plain"], model, work / run_dir, engine_args(args))
     process.start()
     took = process.wait_ready(600)
     log(f"plain vLLM ready on {process.base_url} ({took:.0f}s)")
@@ -269,10 +279,10 @@ def start_plain(model: str, work: Path, args: argparse.Namespace) -> Engine:
 
 
 def start_warden(
-    name: str, model: str, work: Path, args: argparse.Namespace, config: dict[str, Any]
+    name: str, model: str, work: Path, args: argparse.Namespace, config: dict[str, Any], run: str
 ) -> Engine:
     """``warden serve`` with the same vLLM arguments, supervised, with ``config``."""
-    run_dir = work / f"engine-{name}"
+    run_dir = work / run
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "warden.yaml"
     config_path.write_text(json.dumps(config))  # JSON is YAML
@@ -427,6 +437,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-constant", action="store_true", help="skip warden_constant")
     parser.add_argument("--supervise", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument(
+        "--isolate",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="only the measured engine is up (default); --no-isolate keeps all up side by side",
+    )
+    parser.add_argument(
         "--unresponsive-grace-s",
         type=float,
         default=300.0,
@@ -444,37 +460,50 @@ def main(argv: list[str] | None = None) -> int:
     engines: dict[str, Engine] = {}
     try:
         model = tiny_model(work, args.model)
-        engines["plain"] = start_plain(model, work, args)
+        engines["plain"] = start_plain(model, work, args, "engine-plain-1")
         unloaded = unloaded_latency(engines["plain"], args)
         slo = args.slo_s or args.slo_factor * unloaded
         log(f"unloaded latency {unloaded:.3f}s; SLO {slo:.3f}s")
         saturation = {"latency_slo_s": round(slo, 3)}
-        engines["warden"] = start_warden(
-            "warden", model, work, args, {"admission": {"saturation": saturation}}
-        )
+        constant = {"admission": {"saturation": {**saturation, "retry_after": "constant"}}}
+        # Each start gets its own folder (engine-NAME-ROUND), so every run's log is kept.
+        starters: dict[str, Callable[[str], Engine]] = {
+            "plain": lambda run: start_plain(model, work, args, run),
+            "warden": lambda run: start_warden(
+                "warden", model, work, args, {"admission": {"saturation": saturation}}, run
+            ),
+        }
         if not args.no_constant and any(load > 1 for load in loads):
-            constant = {"admission": {"saturation": {**saturation, "retry_after": "constant"}}}
-            engines["warden_constant"] = start_warden(
-                "warden_constant", model, work, args, constant
+            starters["warden_constant"] = lambda run: start_warden(
+                "warden_constant", model, work, args, constant, run
             )
+        if not args.isolate:
+            for name, start in starters.items():
+                engines.setdefault(name, start(f"engine-{name}-1"))
         results: list[PhaseResult] = []
-        for load in loads:
-            clients = load * args.max_num_seqs
-            names = ["plain", "warden"] + (["warden_constant"] if load > 1 else [])
-            names = [n for n in names if n in engines]
-            for round_index in range(args.rounds):
-                order = names if round_index % 2 == 0 else [*names[1:], names[0]]
-                for name in order:
-                    result = run_phase(engines[name], load, clients, round_index, args, slo)
+        names = list(starters)
+        for round_index in range(args.rounds):
+            shift = round_index % len(names)
+            for name in names[shift:] + names[:shift]:
+                if name not in engines:
+                    engines[name] = starters[name](f"engine-{name}-{round_index + 1}")
+                for load in loads:
+                    if name == "warden_constant" and load == 1:
+                        continue
+                    result = run_phase(
+                        engines[name], load, load * args.max_num_seqs, round_index, args, slo
+                    )
                     results.append(result)
                     log(
                         f"{load}x {name} round {round_index + 1}: {result.completed} done, "
                         f"{result.tok_s:.0f} tok/s, {result.refusals} refused, "
                         f"{result.failures} failed, {result.within_slo} within SLO"
                     )
+                if args.isolate:
+                    engines.pop(name).process.stop()
         summary: dict[int, dict[str, dict[str, Any]]] = {}
         for load in loads:
-            for name in engines:
+            for name in starters:
                 mine = [r for r in results if r.load == load and r.engine == name]
                 if mine:
                     summary.setdefault(load, {})[name] = aggregate(mine)
