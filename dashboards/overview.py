@@ -217,11 +217,11 @@ def saturation_row() -> Row:
     wait = timeseries(
         "Predicted latency against the SLO",
         "What admission predicts for a new request: queue wait (from the queue and the measured "
-        "drain rate) and service time (p90 of recent requests), next to the SLO it protects "
+        "drain rate) and service time (p99 of recent requests), next to the SLO it protects "
         "(0 = none set). Normal: wait + service below the SLO.",
         [
             target(aggregate("max", selector(QUEUE_WAIT_PREDICTED), ["instance"]), "wait"),
-            target(aggregate("max", selector(SERVICE_TIME), ["instance"]), "service p90"),
+            target(aggregate("max", selector(SERVICE_TIME), ["instance"]), "service p99"),
             target(aggregate("max", selector(LATENCY_SLO), ["instance"]), "SLO"),
         ],
         QUEUE_WAIT_PREDICTED.unit,

@@ -420,8 +420,8 @@ DRAIN_RATE = _w(
 SERVICE_TIME = _w(
     "warden_service_time_seconds",
     "gauge",
-    "90th percentile of the time recent requests spent being served (end to end minus queue), "
-    "preemptions and recomputation included.",
+    "99th percentile of the time recent requests spent being served (end to end minus queue), "
+    "preemptions and recomputation included: what admission forecasts a request's latency with.",
     unit="s",
     multiprocess_mode="max",
 )

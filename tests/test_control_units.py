@@ -618,6 +618,17 @@ def test_saturation_meter_measures_busy_time_only() -> None:
     assert state.drain_rate is not None and state.drain_rate < 0.5
 
 
+def test_service_time_is_the_one_99_in_100_recent_requests_beat() -> None:
+    """Admission promises the SLO to each request it admits: a forecast made with a typical
+    service time (the 90th percentile here: 1 s) breaks that promise for the slow tenth."""
+    meter = SaturationMeter(keep=32, min_finished=3)
+    state = meter.observe(0.0, 8, 0, [])
+    for index in range(33):
+        served = 3.0 if index >= 30 else 1.0
+        state = meter.observe(0.1 * (index + 1), 8, 0, [(96, 0.0, served)])
+    assert state.service_s == 3.0
+
+
 # --- reflex ------------------------------------------------------------------------------------
 
 
