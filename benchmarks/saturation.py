@@ -8,7 +8,8 @@ back); ``--no-isolate`` keeps them all up side by side, each idle while another 
 ``plain`` is vLLM with no warden hook at all (benchmarks/common.py);
 ``warden`` is ``warden serve`` (supervisor included) with a control config that sets the
 latency SLO admission protects (``admission.saturation.latency_slo_s``) to the benchmark's own
-SLO; ``warden_constant`` (at overload only, ``--no-constant`` to skip) is the same with
+SLO, and the longest Retry-After (``retry_after_max_s``) to what its clients honour;
+``warden_constant`` (at overload only, ``--no-constant`` to skip) is the same with
 ``retry_after: constant`` (the old fixed Retry-After of 5 s), to show what the computed one is
 worth.
 
@@ -464,7 +465,11 @@ def main(argv: list[str] | None = None) -> int:
         unloaded = unloaded_latency(engines["plain"], args)
         slo = args.slo_s or args.slo_factor * unloaded
         log(f"unloaded latency {unloaded:.3f}s; SLO {slo:.3f}s")
-        saturation = {"latency_slo_s": round(slo, 3)}
+        # Retry-After bounded by what the clients honour (--retry-cap), as an operator sets it.
+        saturation = {
+            "latency_slo_s": round(slo, 3),
+            "retry_after_max_s": max(args.retry_cap, 0.5),
+        }
         constant = {"admission": {"saturation": {**saturation, "retry_after": "constant"}}}
         # Each start gets its own folder (engine-NAME-ROUND), so every run's log is kept.
         starters: dict[str, Callable[[str], Engine]] = {

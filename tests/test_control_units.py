@@ -5,6 +5,7 @@ No fakes: the real Controller with its own registry; only the clock is controlle
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from typing import Any
 
@@ -538,11 +539,14 @@ def test_a_herd_arriving_between_two_steps_is_admitted_only_as_far_as_the_slo_al
         # wait two (3 s): it and the rest are refused, each naming its predicted latency.
         assert admitted == [True] * 16 + [False] * 8
         assert controller.admitted_in_flight == 16
+        # The 8 refused hold their places behind the 8 queued until they are due back.
         live = controller.live_saturation()
-        assert (live.running, live.waiting, live.capacity) == (8, 8, 8)
+        assert (live.running, live.waiting, live.capacity) == (8, 16, 8)
         refused = controller.decide(RequestFacts())
-        assert (refused.signal, refused.value) == ("latency_s", 3.0)
+        assert (refused.signal, refused.value) == ("latency_s", 4.0)
+        assert (controller.live_saturation(held=False).waiting) == 8
     assert controller.admitted_in_flight == 0
+    clock.now += 60  # every booking has expired: no place is held any more
     # vLLM's own unfinished count is read too (requests another path handed to the engine).
     controller.engine_client = BatchOfEight(unfinished=16)
     assert controller.live_saturation().waiting == 8
@@ -553,6 +557,49 @@ def test_a_herd_arriving_between_two_steps_is_admitted_only_as_far_as_the_slo_al
     )
     assert controller.live_saturation().running == 7
     assert controller.decide(RequestFacts()).admit
+
+
+def test_retry_schedule_holds_each_place_until_its_client_is_due_back() -> None:
+    schedule = RetrySchedule(grace_s=1.0)
+    first = schedule.book(10.0, 0.5, 8.0, 0.5, 30.0)
+    second = schedule.book(10.0, 0.5, 8.0, 0.5, 30.0)
+    assert (first, second) == (0.5, 0.625)  # one expected completion apart
+    assert schedule.held(10.1) == 2 and not schedule.due(10.1)
+    assert not schedule.claim(10.1)  # an arrival before any is due takes no place
+    assert schedule.due(10.5) and schedule.claim(10.5)  # the first client is back
+    assert schedule.held(10.5) == 1
+    # The second comes back and is refused again: rebooked, not held twice.
+    schedule.book(10.7, 0.5, 8.0, 0.5, 30.0)
+    assert schedule.held(10.7) == 1
+    # A client that never comes back holds its place only until the grace after its due time.
+    assert schedule.held(12.0) == 1 and schedule.held(12.5) == 0
+
+
+def test_a_client_that_honours_retry_after_is_not_overtaken_by_a_later_arrival(
+    registry: CollectorRegistry, clock: Clock
+) -> None:
+    # One batch of 8 lasts 1 s, the SLO is 2.5 s, and 16 are in flight: a new request would
+    # wait two batches (3 s). A is refused and told to come back when one batch is done.
+    config = ControlConfig(admission=saturation_config(latency_slo_s=2.5))
+    controller = Controller(config, WardenMetrics(registry), clock=clock)
+    controller.engine_client = BatchOfEight(unfinished=16)
+    controller.saturation = SaturationState(
+        running=8, waiting=8, drain_rate=8.0, service_s=1.0, tokens_per_request=96
+    )
+    told = controller.decide(RequestFacts())
+    assert not told.admit and told.retry_after_s == 0.5
+    # One request finishes: 15 in flight. B arrives first; without A's place it would be
+    # admitted (7 queued: one batch of wait) and A, back on time, refused again.
+    clock.now += 0.2
+    controller.engine_client = BatchOfEight(unfinished=15)
+    controller.saturation = dataclasses.replace(controller.saturation, waiting=7)
+    later = controller.decide(RequestFacts())
+    assert (later.admit, later.signal) == (False, "latency_s")
+    clock.now += 0.31  # A is back, just after its due time
+    back = controller.decide(RequestFacts())
+    assert back.admit
+    with controller.serving():  # admitted: it takes the place held for it
+        assert controller.retry_schedule.held(clock.now) == 1  # B's, booked behind it
 
 
 def value(registry: CollectorRegistry, name: str, **labels: str) -> float | None:

@@ -333,20 +333,27 @@ class Controller:
     # --- admission ----------------------------------------------------------------------
 
     def _saturation(self) -> Saturation:
-        return Saturation(self.live_saturation(), self.retry_schedule, self.clock())
+        now = self.clock()
+        # A request arriving when a refused one is due back is taken for it: the places held
+        # for the others (due later) are behind it, not ahead.
+        held = not self.retry_schedule.due(now)
+        return Saturation(self.live_saturation(held), self.retry_schedule, now)
 
-    def live_saturation(self) -> SaturationState:
+    def live_saturation(self, held: bool = True) -> SaturationState:
         """The last step's saturation with the queue as it is now: the requests warden has
         admitted and not yet answered, or vLLM's own unfinished count if higher."""
         in_flight = max(
             self.admitted_in_flight, vllm_compat.unfinished_requests(self.engine_client) or 0
         )
         capacity = vllm_compat.max_num_seqs(self.engine_client)
+        if held and capacity is not None and in_flight >= capacity:
+            in_flight += self.retry_schedule.held(self.clock())
         return with_live_queue(self.saturation, in_flight, capacity)
 
     @contextlib.contextmanager
     def serving(self) -> Iterator[None]:
         """Counts an admitted request as in flight until it is answered (see live_saturation)."""
+        self.retry_schedule.claim(self.clock())
         with self._lock:
             self.admitted_in_flight += 1
         try:
@@ -470,6 +477,8 @@ class Controller:
             "in_flight": {
                 "admitted": self.admitted_in_flight,
                 "engine": vllm_compat.unfinished_requests(self.engine_client),
+                # Refused requests told when to come back: new arrivals queue behind them.
+                "places_held": self.retry_schedule.held(self.clock()),
             },
             "changes": list(self.saturation_changes),
         }

@@ -18,13 +18,22 @@ Pure decisions on the measurements of exporter/saturation.py (clock values passe
   clears (one change per hold at most: no flapping at steady saturation).
 - ``RetrySchedule``: Retry-After from the drain rate: no earlier than the queue is expected to
   be back under the limit, and one slot per expected completion for the requests refused
-  together, so their retries arrive spread out instead of as one herd.
+  together, so their retries arrive spread out instead of as one herd. Each refused request's
+  place is held until it is due back (plus ``CLAIM_GRACE_S``): while the batch is full, a new
+  arrival queues behind the places held; a request arriving when one is due is taken for its
+  client and judged without the places behind it. It still needs the SLO forecast, so a client
+  that never waits gains nothing and costs no one the SLO. Without held places, the clients
+  whose requests had just finished (a closed loop sends the next at once) took every freed
+  slot, and a client that honoured Retry-After was refused again more often than one told a
+  constant (benchmarks/retry_after.py).
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -177,20 +186,61 @@ class SaturationJudge:
         return SaturationChange(NORMAL, now, None)
 
 
-class RetrySchedule:
-    """Books a return time for each refused request (see the module docstring)."""
+# How long after its due time a booked return keeps its place: a client reading only the
+# whole-second Retry-After comes back up to a second later than retry-after-ms says.
+CLAIM_GRACE_S = 1.0
 
-    def __init__(self) -> None:
+
+class RetrySchedule:
+    """Books a return time for each refused request and holds its place in line until then
+    (see the module docstring). Thread-safe: admission runs on the event loop, tests and the
+    state endpoint elsewhere."""
+
+    def __init__(self, grace_s: float = CLAIM_GRACE_S) -> None:
+        self.grace_s = grace_s
         self._next = 0.0
+        self._due: list[float] = []  # booked return times, sorted
+        self._lock = threading.Lock()
 
     def book(
         self, now: float, earliest_s: float, drain_rate: float | None, low_s: float, high_s: float
     ) -> float:
-        slot = max(now + max(earliest_s, 0.0), self._next)
-        retry = min(high_s, max(low_s, slot - now))
-        spacing = 1.0 / drain_rate if drain_rate else 0.0
-        self._next = max(self._next, now + retry + spacing)
-        return retry
+        with self._lock:
+            slot = max(now + max(earliest_s, 0.0), self._next)
+            retry = min(high_s, max(low_s, slot - now))
+            spacing = 1.0 / drain_rate if drain_rate else 0.0
+            self._next = max(self._next, now + retry + spacing)
+            self._expire(now)
+            if self._due and self._due[0] <= now:
+                self._due.pop(0)  # its client came back and was refused again: rebooked
+            bisect.insort(self._due, now + retry)
+            return retry
+
+    def held(self, now: float) -> int:
+        """Places held in line: bookings whose client has not come back yet."""
+        with self._lock:
+            self._expire(now)
+            return len(self._due)
+
+    def due(self, now: float) -> bool:
+        """A booking is due: the request arriving now takes it for the client it was booked
+        for (nothing tells them apart)."""
+        with self._lock:
+            self._expire(now)
+            return bool(self._due) and self._due[0] <= now
+
+    def claim(self, now: float) -> bool:
+        """An admitted request takes the earliest booking due now, if there is one."""
+        with self._lock:
+            self._expire(now)
+            if self._due and self._due[0] <= now:
+                self._due.pop(0)
+                return True
+            return False
+
+    def _expire(self, now: float) -> None:
+        """Drops bookings whose client never came back (gave up, or honoured a shorter wait)."""
+        del self._due[: bisect.bisect_left(self._due, now - self.grace_s)]
 
 
 class SaturationSink(Protocol):
