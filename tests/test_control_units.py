@@ -573,6 +573,10 @@ def test_retry_schedule_holds_each_place_until_its_client_is_due_back() -> None:
     assert schedule.held(10.7) == 1
     # A client that never comes back holds its place only until the grace after its due time.
     assert schedule.held(12.0) == 1 and schedule.held(12.5) == 0
+    # A flood holds a bounded number of places; the rest are still told when to come back.
+    bounded = RetrySchedule(max_held=3)
+    retries = [bounded.book(0.0, 1.0, 8.0, 0.5, 30.0) for _ in range(5)]
+    assert bounded.held(0.0) == 3 and retries == [1.0, 1.125, 1.25, 1.375, 1.5]
 
 
 def test_a_client_that_honours_retry_after_is_not_overtaken_by_a_later_arrival(

@@ -341,7 +341,9 @@ class Controller:
 
     def live_saturation(self, held: bool = True) -> SaturationState:
         """The last step's saturation with the queue as it is now: the requests warden has
-        admitted and not yet answered, or vLLM's own unfinished count if higher."""
+        admitted and not yet answered, or vLLM's own unfinished count if higher, and, while
+        the batch is full and ``held``, the places held for refused requests due back later
+        (a free slot is taken at once: places held never leave the engine idle)."""
         in_flight = max(
             self.admitted_in_flight, vllm_compat.unfinished_requests(self.engine_client) or 0
         )

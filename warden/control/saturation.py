@@ -189,6 +189,9 @@ class SaturationJudge:
 # How long after its due time a booked return keeps its place: a client reading only the
 # whole-second Retry-After comes back up to a second later than retry-after-ms says.
 CLAIM_GRACE_S = 1.0
+# Places held at most: a flood of refusals (30 s apart at most, each booked) keeps the list,
+# and the work of each booking, bounded; past it a refusal is told when, and holds no place.
+MAX_PLACES_HELD = 10_000
 
 
 class RetrySchedule:
@@ -196,8 +199,9 @@ class RetrySchedule:
     (see the module docstring). Thread-safe: admission runs on the event loop, tests and the
     state endpoint elsewhere."""
 
-    def __init__(self, grace_s: float = CLAIM_GRACE_S) -> None:
+    def __init__(self, grace_s: float = CLAIM_GRACE_S, max_held: int = MAX_PLACES_HELD) -> None:
         self.grace_s = grace_s
+        self.max_held = max_held
         self._next = 0.0
         self._due: list[float] = []  # booked return times, sorted
         self._lock = threading.Lock()
@@ -213,7 +217,8 @@ class RetrySchedule:
             self._expire(now)
             if self._due and self._due[0] <= now:
                 self._due.pop(0)  # its client came back and was refused again: rebooked
-            bisect.insort(self._due, now + retry)
+            if len(self._due) < self.max_held:
+                bisect.insort(self._due, now + retry)
             return retry
 
     def held(self, now: float) -> int:
