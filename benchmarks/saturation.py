@@ -484,7 +484,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         if not args.isolate:
             for name, start in starters.items():
-                engines.setdefault(name, start(f"engine-{name}-1"))
+                if name not in engines:  # plain is up already (it measured the SLO)
+                    engines[name] = start(f"engine-{name}-1")
         results: list[PhaseResult] = []
         names = list(starters)
         for round_index in range(args.rounds):
