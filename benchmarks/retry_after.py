@@ -60,8 +60,8 @@ class SimulatedClock:
 class SimulatedEngineClient:
     """What admission reads from vLLM's engine client: max_num_seqs and the unfinished count."""
 
-    def __init__(self, slots: int) -> None:
-        self.unfinished = 0
+    def __init__(self, slots: int, unfinished: int = 0) -> None:
+        self.unfinished = unfinished
         scheduler = type("SchedulerConfig", (), {"max_num_seqs": slots})()
         self.vllm_config = type("VllmConfig", (), {"scheduler_config": scheduler})()
         self.output_processor = self

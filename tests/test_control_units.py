@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
+from benchmarks.retry_after import SimulatedEngineClient
 from exporter import catalog
 from exporter.metrics import WardenMetrics
 from exporter.saturation import SaturationMeter, SaturationState
@@ -503,20 +504,6 @@ def test_retry_after_comes_from_the_drain_rate_and_spreads_the_herd() -> None:
     assert fixed.retry_after_s == 5
 
 
-class BatchOfEight:
-    """The engine client's parts live admission reads: max_num_seqs 8, and vLLM's unfinished
-    count (requests already handed to the engine)."""
-
-    def __init__(self, unfinished: int = 0) -> None:
-        self.unfinished = unfinished
-        scheduler = type("SchedulerConfig", (), {"max_num_seqs": 8})()
-        self.vllm_config = type("VllmConfig", (), {"scheduler_config": scheduler})()
-        self.output_processor = self
-
-    def get_num_unfinished_requests(self) -> int:
-        return self.unfinished
-
-
 def test_a_herd_arriving_between_two_steps_is_admitted_only_as_far_as_the_slo_allows(
     registry: CollectorRegistry, clock: Clock
 ) -> None:
@@ -524,7 +511,7 @@ def test_a_herd_arriving_between_two_steps_is_admitted_only_as_far_as_the_slo_al
     # 24 requests then arrive before the next one, each admitted one held in flight.
     config = ControlConfig(admission=saturation_config(latency_slo_s=2.5))
     controller = Controller(config, WardenMetrics(registry), clock=clock)
-    controller.engine_client = BatchOfEight()
+    controller.engine_client = SimulatedEngineClient(8)
     controller.saturation = SaturationState(
         running=0, waiting=0, drain_rate=8.0, service_s=1.0, tokens_per_request=96
     )
@@ -548,10 +535,10 @@ def test_a_herd_arriving_between_two_steps_is_admitted_only_as_far_as_the_slo_al
     assert controller.admitted_in_flight == 0
     clock.now += 60  # every booking has expired: no place is held any more
     # vLLM's own unfinished count is read too (requests another path handed to the engine).
-    controller.engine_client = BatchOfEight(unfinished=16)
+    controller.engine_client = SimulatedEngineClient(8, unfinished=16)
     assert controller.live_saturation().waiting == 8
     # With 7 in flight there is a free slot: no wait at all, whatever the last step said.
-    controller.engine_client = BatchOfEight(unfinished=7)
+    controller.engine_client = SimulatedEngineClient(8, unfinished=7)
     controller.saturation = SaturationState(
         running=8, waiting=0, drain_rate=8.0, service_s=1.0, tokens_per_request=96
     )
@@ -586,7 +573,7 @@ def test_a_client_that_honours_retry_after_is_not_overtaken_by_a_later_arrival(
     # wait two batches (3 s). A is refused and told to come back when one batch is done.
     config = ControlConfig(admission=saturation_config(latency_slo_s=2.5))
     controller = Controller(config, WardenMetrics(registry), clock=clock)
-    controller.engine_client = BatchOfEight(unfinished=16)
+    controller.engine_client = SimulatedEngineClient(8, unfinished=16)
     controller.saturation = SaturationState(
         running=8, waiting=8, drain_rate=8.0, service_s=1.0, tokens_per_request=96
     )
@@ -595,7 +582,7 @@ def test_a_client_that_honours_retry_after_is_not_overtaken_by_a_later_arrival(
     # One request finishes: 15 in flight. B arrives first; without A's place it would be
     # admitted (7 queued: one batch of wait) and A, back on time, refused again.
     clock.now += 0.2
-    controller.engine_client = BatchOfEight(unfinished=15)
+    controller.engine_client = SimulatedEngineClient(8, unfinished=15)
     controller.saturation = dataclasses.replace(controller.saturation, waiting=7)
     later = controller.decide(RequestFacts())
     assert (later.admit, later.signal) == (False, "latency_s")
