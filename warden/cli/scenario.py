@@ -457,11 +457,8 @@ class ClosedLoopScenario:
                 f"engine leases {[(x['source'], x['action']) for x in self._state()['leases']]}"
             ),
         )
-        self._mark(
-            "webhook lease active",
-            f"{lease['action']} from {lease['alertname']}",
-            lease.get("started_at"),
-        )
+        # Seen, not stamped: a lease's started_at is the alert's own start, not the lease's.
+        self._mark("webhook lease active", f"{lease['action']} from {lease['alertname']}")
         page = self._wait(
             "page",
             f"a page of {'/'.join(SATURATION_ALERTS)} (critical) at the pager",
