@@ -412,3 +412,29 @@ def test_hostile_control_requests_get_a_4xx_and_change_nothing(
         httpx.delete(f"{engine.base_url}/warden/degrade?key=fuzz", headers=AUTH, timeout=10)
     else:
         assert policy_and_leases(engine) == before
+
+
+def test_a_refusal_keeps_the_connection_for_the_next_request(engine: EngineProcess) -> None:
+    """A refused request (503 with Retry-After, decided before its body is read) must not cost
+    the client its keep-alive connection: the next request on the same connection is served.
+    A client whose pooled connection the server dropped loses the request it sends on it."""
+    import http.client
+
+    lease(engine, "reject_all")
+    connection = http.client.HTTPConnection("127.0.0.1", engine.spec.port, timeout=60)
+    try:
+        body = json.dumps({"model": model(engine), "prompt": "hi", "max_tokens": 2})
+        headers = {**key(), "Content-Type": "application/json"}
+        connection.request("POST", f"{ROOT}/v1/completions", body=body, headers=headers)
+        refused = connection.getresponse()
+        refused.read()
+        assert refused.status == 503 and refused.getheader("Retry-After"), refused.status
+        assert (refused.getheader("Connection") or "").lower() != "close"
+        first_socket = connection.sock
+        connection.request("GET", f"{ROOT}/health")
+        health = connection.getresponse()
+        health.read()
+        assert health.status == 200
+        assert connection.sock is first_socket  # the same connection, not a reconnect
+    finally:
+        connection.close()
