@@ -404,8 +404,9 @@ SATURATION_STATES: tuple[str, ...] = ("normal", "saturated")
 QUEUE_WAIT_PREDICTED = _w(
     "warden_queue_wait_predicted_seconds",
     "gauge",
-    "How long a request arriving now would wait in vLLM's queue: requests waiting divided by "
-    "the drain rate. 0 when nothing waits.",
+    "How long a typical request arriving now would wait in vLLM's queue, counted in whole "
+    "batches at the drain rate: the prediction admission's saturation judge decides on. 0 when "
+    "nothing waits.",
     unit="s",
     multiprocess_mode="max",
 )
