@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import re
 import threading
@@ -176,16 +177,12 @@ class Controller:
         """
         now = self.clock()
         ttl = self.config.leases.ttl_s
-        hook = self.config.webhook
         counts: dict[str, int] = {}
         preempt = 0
-        for event in events:
-            problem = event.problem
-            if problem is None and event.status != INVALID:
-                problem = check_times(event, now, hook.max_clock_skew_s, hook.max_alert_age_s)
+        for event in self.checked(events):
             refusal = identity.refusal(event.labels) if identity is not None else None
-            if problem is not None:
-                self._log_invalid(event, problem)
+            if event.problem is not None:
+                self._log_invalid(event, event.problem)
                 outcome = INVALID
             elif refusal is not None:
                 self._log_foreign(event, refusal)
@@ -242,6 +239,20 @@ class Controller:
         if preempt and self._lease_preempt_allowed(now, "alert"):
             self.preempt_largest(preempt, "alert")
         return counts
+
+    def checked(self, events: list[AlertEvent]) -> list[AlertEvent]:
+        """``events`` with a ``problem`` set on each whose times this server's clock cannot
+        believe (``webhook.max_clock_skew_s`` ahead, ``max_alert_age_s`` behind)."""
+        now = self.clock()
+        hook = self.config.webhook
+        out = []
+        for event in events:
+            if event.problem is None and event.status != INVALID:
+                problem = check_times(event, now, hook.max_clock_skew_s, hook.max_alert_age_s)
+                if problem is not None:
+                    event = dataclasses.replace(event, problem=problem)
+            out.append(event)
+        return out
 
     def _log_invalid(self, event: AlertEvent, problem: str) -> None:
         log.warning(

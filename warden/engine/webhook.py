@@ -119,6 +119,7 @@ async def alertmanager_webhook(request: Request) -> JSONResponse:
             outcomes.labels("malformed").inc()
             span.set_attribute("warden.outcome", "malformed")
             return _error(400, f"malformed notification: {exc}")
+        events = control.checked(events)  # times against this server's clock
         span.set_attribute("warden.alertnames", sorted({e.alertname[:64] for e in events})[:32])
         # This engine's own alerts first, with the names known at once; the others after the
         # name lookups they need (concurrent, bounded in total), whatever those cost.
