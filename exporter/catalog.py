@@ -76,6 +76,7 @@ RELAY_ALERT_OUTCOMES: tuple[str, ...] = (
     "fleet_wide",  # no instance label: about the fleet, applied by no engine
     "unresolved",  # no engine of that identity is known (scaled away): dropped
     "ambiguous",  # several engines match its labels: dropped, add identity labels
+    "invalid",  # malformed or past a bound (docs/security.md): refused on its own, dropped
 )
 RELAY_DELIVERY_OUTCOMES: tuple[str, ...] = (
     "delivered",  # the engine answered 2xx
