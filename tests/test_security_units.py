@@ -881,3 +881,17 @@ def test_the_webhook_applies_this_engines_own_alerts_before_any_lookup(
     assert lease is not None and slow_resolver.started
     # Applied before the first lookup began.
     assert lease.renewed_at <= min(at for _host, at in slow_resolver.started)
+
+
+def test_a_notification_of_bad_alerts_cannot_flood_the_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    control = controller_at()
+    bad = [
+        {"status": "firing", "fingerprint": f"f{i}\nforged", "labels": {"a\nforged": 1}}
+        for i in range(1000)
+    ]
+    with caplog.at_level("WARNING", logger="warden.control"):
+        assert control.apply_alerts(parse_payload(notify(*bad))) == {"invalid": 1000}
+    assert len(caplog.records) <= 6
+    assert all("\n" not in record.getMessage() for record in caplog.records)

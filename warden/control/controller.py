@@ -54,6 +54,7 @@ EVICTED = "lease_evicted"  # an alert's protective lease evicted a less protecti
 # The alert labels a lease keeps (its identity and name); the rest is not warden's to store.
 KEPT_LABELS = ("alertname", "instance", "severity", catalog.ACTION_LABEL)
 CAUSE_VALUE_CHARS = 256
+LOGGED_PER_NOTIFICATION = 5  # refused alerts logged one by one; the rest in one line
 
 
 class Controller:
@@ -182,17 +183,19 @@ class Controller:
         for event in self.checked(events):
             refusal = identity.refusal(event.labels) if identity is not None else None
             if event.problem is not None:
-                self._log_invalid(event, event.problem)
+                if counts.get(INVALID, 0) < LOGGED_PER_NOTIFICATION:
+                    self._log_invalid(event, event.problem)
                 outcome = INVALID
             elif refusal is not None:
                 self._log_foreign(event, refusal)
                 outcome = NOT_FOR_THIS_ENGINE
             elif event.unknown_action is not None:
-                log.warning(
-                    "warden: alert %s asks for unknown action %r; ignored",
-                    event.alertname[:64],
-                    event.unknown_action[:64],
-                )
+                if counts.get("unknown_action", 0) < LOGGED_PER_NOTIFICATION:
+                    log.warning(
+                        "warden: alert %r asks for unknown action %r; ignored",
+                        event.alertname[:64],
+                        event.unknown_action[:64],
+                    )
                 outcome = "unknown_action"
             elif event.request is None:
                 outcome = "not_for_warden"
@@ -214,9 +217,12 @@ class Controller:
                     counts[EVICTED] = counts.get(EVICTED, 0) + 1
                 if outcome == Outcome.APPLIED:
                     preempt = max(preempt, event.request.preempt)
-                elif outcome == Outcome.LIMITED:
+                elif (
+                    outcome == Outcome.LIMITED
+                    and counts.get(Outcome.LIMITED, 0) < LOGGED_PER_NOTIFICATION
+                ):
                     log.warning(
-                        "warden: alert %s (%s) refused: Alertmanager already holds %d leases",
+                        "warden: alert %r (%r) refused: Alertmanager already holds %d leases",
                         event.alertname,
                         event.fingerprint,
                         self.leases.max_per_source,
@@ -235,6 +241,11 @@ class Controller:
                     action=event.request.action if event.request else "",
                     source=ALERTMANAGER,
                 )
+        if counts.get(INVALID, 0) > LOGGED_PER_NOTIFICATION:
+            log.warning(
+                "warden: %d more alerts of this notification not applied (named in its answer)",
+                counts[INVALID] - LOGGED_PER_NOTIFICATION,
+            )
         self.policy()
         if preempt and self._lease_preempt_allowed(now, "alert"):
             self.preempt_largest(preempt, "alert")
@@ -256,7 +267,7 @@ class Controller:
 
     def _log_invalid(self, event: AlertEvent, problem: str) -> None:
         log.warning(
-            "warden: alert %s (%s) not applied: %s",
+            "warden: alert %r (%r) not applied: %r",
             event.alertname[:64] or "?",
             event.fingerprint[:32],
             problem[:300],
@@ -266,7 +277,7 @@ class Controller:
         victim = self.leases.last_evicted
         if victim is not None:
             log.warning(
-                "warden: leases full: %s lease %s (%s) evicted for %s from %s",
+                "warden: leases full: %s lease %r (%s) evicted for %s from %r",
                 victim.source,
                 victim.key[:32],
                 victim.action,
