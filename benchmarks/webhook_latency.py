@@ -249,7 +249,7 @@ def unique_phase(
             latencies = []
             t_block = time.perf_counter()
             for i in range(start, min(total, start + block)):
-                alert = Alert(rules[i % len(rules)], "engine-0:8000", salt=f"unique-{i}")
+                alert = Alert(rules[i % len(rules)], INSTANCE, salt=f"unique-{i}")
                 for status in ("firing", "resolved"):
                     body = envelope([alert.json(status, alert.starts_at)], [alert])
                     t0 = time.perf_counter()
