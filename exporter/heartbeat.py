@@ -65,7 +65,8 @@ class Heartbeat:
         interval_s: float = INTERVAL_S,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.path = directory / str(os.getpid())
+        self.pid = os.getpid()
+        self.path = directory / str(self.pid)
         self.in_step = in_step
         self.interval_s = interval_s
         self.clock = clock

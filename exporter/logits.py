@@ -9,7 +9,7 @@ middleware) flagged on the signal board so the middleware retries or fails that 
 
 This class tracks which request owns which row through vLLM's ``BatchUpdate`` (rows are added,
 removed and moved as the batch changes). Model Runner V2 uses ``exporter.logits_v2`` instead; the
-plugin picks the one matching the engine's runner (``exporter.runner_select``).
+plugin picks the one matching the engine's runner (``exporter.logits_select``).
 """
 
 from __future__ import annotations

@@ -216,6 +216,72 @@ def test_forked_engine_core_counts_classified_errors_and_fails_readiness(tmp_pat
     assert "name='driver_error', ok=False" in out and "1 CUDA driver errors" in out
 
 
+# --- heartbeats from forked engine processes -----------------------------------------------------
+
+
+FORKED_HEARTBEATS = """
+import multiprocessing, os, threading, time
+from pathlib import Path
+from vllm.plugins import load_general_plugins
+load_general_plugins()                 # the API process: warden's plugin registers here
+from exporter import plugin
+from exporter.heartbeat import heartbeat_dir, read_beats
+beats = heartbeat_dir(os.environ["WARDEN_SIGNAL_BOARD"])
+fork = multiprocessing.get_context("fork")
+
+def wait_for_own_beat():
+    mine = beats / str(os.getpid())
+    deadline = time.monotonic() + 60
+    while not mine.exists():
+        assert time.monotonic() < deadline, f"no beat file {mine}"
+        time.sleep(0.05)
+    load_general_plugins()             # vLLM's flag is inherited: a no-op here
+    plugin.register()                  # so is warden's: must not start a second heartbeat
+    names = [t.name for t in threading.enumerate() if t.name == "warden-heartbeat"]
+    assert names == ["warden-heartbeat"], names
+
+def worker():                          # forked by the engine core, as MultiprocExecutor does
+    wait_for_own_beat()
+    print("WORKER", os.getpid(), flush=True)
+
+def engine_core():                     # forked by the API process, as vLLM does on CUDA
+    wait_for_own_beat()
+    child = fork.Process(target=worker)
+    child.start(); child.join()
+    assert child.exitcode == 0, child.exitcode
+    assert (beats / str(os.getpid())).exists(), "the worker's exit took the core's beat"
+    print("CORE", os.getpid(), flush=True)
+
+assert not [t for t in threading.enumerate() if t.name == "warden-heartbeat"], "API process beats"
+core = fork.Process(target=engine_core)
+core.start(); core.join()
+assert core.exitcode == 0, core.exitcode
+
+# A child forked by other means (a library forking to exec a program) gets no heartbeat, so
+# it can never leave a beat file for a live process that does not beat.
+pid = os.fork()
+if pid == 0:
+    threads = [t.name for t in threading.enumerate()]
+    os._exit(0 if "warden-heartbeat" not in threads else 1)
+assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0, "os.fork child beats"
+assert Path(os.environ["WARDEN_SIGNAL_BOARD"]).exists(), "a child's exit removed the board"
+print("FILES", sorted(p.name for p in beats.iterdir() if p.name.isdigit()))
+"""
+
+
+def test_forked_engine_processes_start_their_own_heartbeat(tmp_path: Path) -> None:
+    """The CUDA start path: the API process registers warden's plugin, then forks the engine
+    core, which forks a worker. Neither runs the plugin again (vLLM's and warden's flags are
+    inherited), yet each beats under its own pid, exactly once, and no child's exit removes its
+    parent's board or beat file."""
+    out = run_script(FORKED_HEARTBEATS, tmp_path, VLLM_PLUGINS="warden")
+    core = next(line.split()[1] for line in out.splitlines() if line.startswith("CORE "))
+    worker = next(line.split()[1] for line in out.splitlines() if line.startswith("WORKER "))
+    assert core != worker
+    files = next(line for line in out.splitlines() if line.startswith("FILES "))
+    assert f"'{core}'" in files and f"'{worker}'" in files
+
+
 # --- import hooks -------------------------------------------------------------------------------
 
 
