@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter import import_hooks, vllm_compat
+from exporter import import_hooks, logits_select, vllm_compat
 from exporter.adapters import VllmCudaGraphs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -169,6 +169,64 @@ def test_engine_config_gets_the_processor_of_its_runner(tiny_model: Path, tmp_pa
     assert "V2RUNNER ['exporter.logits_v2:NonFiniteLogitsProcessorV2']" in out
     assert "V2CHECK ok" in out
     assert "NOV2 None" in out
+
+
+def test_processor_left_out_where_vllm_refuses_custom_processors(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """``warden serve`` always names warden's processor; where vLLM would refuse to start with
+    one, the config hook leaves it out, logs why and exports the logits source as 0, and the
+    config is made: a pooling model (``--runner pooling``, ``--convert embed``), the V1 runner
+    with speculative decoding, ``--return-sampling-mask`` (checked against vLLM's own verifier:
+    this CPU build cannot make a V2 config)."""
+    out = run_script(
+        f"""
+        import logging, sys
+        logging.basicConfig(level=logging.WARNING, stream=sys.stdout)
+        from prometheus_client import REGISTRY
+        from exporter import logits_select
+        from vllm.config import VllmConfig
+        from vllm.engine.arg_utils import EngineArgs
+        logits_select.install()
+        base = dict(model={str(tiny_model)!r}, dtype="float32", max_model_len=256,
+                    enforce_eager=True, block_size=32,
+                    logits_processors=[logits_select.V1_PROCESSOR])
+        ngram = dict(method="ngram", num_speculative_tokens=2, prompt_lookup_max=3)
+        def source():
+            return REGISTRY.get_sample_value("warden_source_available", dict(source="logits"))
+        for name, extra in [("plain", dict()), ("pool", dict(runner="pooling")),
+                            ("convert", dict(convert="embed")),
+                            ("plain", dict()), ("spec", dict(speculative_config=ngram))]:
+            config = EngineArgs(**base, **extra).create_engine_config()
+            print("CASE", name, config.model_config.runner_type,
+                  config.model_config.logits_processors, source())
+
+        args = EngineArgs(**base, return_sampling_mask=True, logprobs_mode="processed_logprobs")
+        config = EngineArgs(**base, logprobs_mode="processed_logprobs").create_engine_config()
+        config.model_config.return_sampling_mask = True
+        VllmConfig.use_v2_model_runner = property(lambda self: True)
+        try:
+            config._verify_sampling_replay_config()
+        except ValueError as exc:
+            print("VLLM REFUSES", exc)
+        logits_select.leave_out_before_config(args)
+        config.model_config.logits_processors = args.logits_processors
+        config._verify_sampling_replay_config()
+        print("CASE mask", args.logits_processors, source())
+        """,
+        tmp_path,
+        VLLM_CPU_KVCACHE_SPACE="1",
+    )
+    v1 = f"[{logits_select.V1_PROCESSOR!r}]"
+    assert f"CASE plain generate {v1} 1.0" in out
+    assert "CASE pool pooling None 0.0" in out
+    assert "CASE convert pooling None 0.0" in out
+    assert "CASE spec generate None 0.0" in out
+    assert "VLLM REFUSES sampling distribution replay does not support custom logits" in out
+    assert "CASE mask None 0.0" in out
+    assert out.count("processor left out): pooling models") == 2
+    assert "processor left out): the V1 model runner takes no custom logits processor" in out
+    assert "processor left out): --return-sampling-mask" in out
 
 
 # --- engine errors in a forked engine core -----------------------------------------------------
