@@ -62,6 +62,7 @@ class LogitsWiring:
         self.inject_enabled = config.test_inject_nonfinite
         self.raise_enabled = config.test_engine_error
         self.step_delay_s = config.test_step_delay_s
+        self.check_every_step = config.logits_check_every_step
         self._keys = 0
         # Every tensor-parallel rank computes the same logits: one of them reports.
         self.leader = vllm_compat.is_sampling_leader()

@@ -48,10 +48,10 @@ if "flag_latency_s" in r:
 if "host_us_per_check_back_to_back" in r:
     print(f"  host time per check, back to back: {r['host_us_per_check_back_to_back']} us; containment: {r.get('containment')}")
 if r.get("cost_per_step"):
-    print("  cost per step (median us): dtype batch vocab | check gpu | check host | amax gpu | one copy gpu")
+    print("  cost per step (median us): dtype batch vocab | check gpu | check host | amax gpu | one copy gpu | V2 fp32 copy gpu")
     for c in r["cost_per_step"]:
         print(f"    {c['dtype']:>4} {c['batch']:>4} {c['vocab']:>7} | {c['check_gpu_us']:>9} | {c['check_host_us']:>10} | "
-              f"{c['amax_gpu_us']:>8} | {c['one_copy_gpu_us']:>12}")
+              f"{c['amax_gpu_us']:>8} | {c['one_copy_gpu_us']:>12} | {c.get('v2_fp32_copy_gpu_us', '-'):>16}")
 skips = sorted({l.split(": ", 1)[-1] for l in lines if l.startswith("SKIPPED")})
 for line in [l for l in lines if l.startswith(("FAILED", "ERROR"))][:8]:
     print("  " + line[:160])

@@ -321,6 +321,25 @@ def test_v2_processor_flags_by_slot_and_sees_every_request(board: SignalBoard) -
     assert board.flagged("warden-v2-new") == "nan"
 
 
+def test_v2_processor_asks_for_no_copy_when_told_not_to_check_every_step(
+    board: SignalBoard, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """WARDEN_LOGITS_CHECK_EVERY_STEP=0: plain requests ask V2 for nothing (no float32 copy
+    on a batch nobody else processes); a request with a test switch still asks; and a batch
+    vLLM processes anyway is checked in every row, declined ones included."""
+    monkeypatch.setenv("WARDEN_LOGITS_CHECK_EVERY_STEP", "0")
+    monkeypatch.setenv("WARDEN_TEST_INJECT_NONFINITE", "1")
+    (processor,) = build_custom_logits_processors(None, v2_request_states(), False, [V2_PROCESSOR])  # type: ignore[arg-type]
+    plain = SamplingParams(extra_args={"warden_rid": "warden-plain"})
+    assert processor.add_request(2, plain) is False
+    switched = SamplingParams(extra_args={"warden_rid": "warden-switch", "warden_inject": "nan"})
+    assert processor.add_request(6, switched) is True
+    logits = torch.zeros(1, 32)
+    logits[0, 4] = float("nan")
+    processor.apply(logits, v2_context([2]))
+    assert board.flagged("warden-plain") == "nan"
+
+
 def test_v2_processor_maps_speculative_rows_through_the_expanded_mapping(
     board: SignalBoard,
 ) -> None:

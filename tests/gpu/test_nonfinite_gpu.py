@@ -172,6 +172,10 @@ def measure_shape(dtype: torch.dtype, vocab: int, rows: int) -> dict[str, float]
         "check_host_us": host_time_us(lambda: detector.check(logits, owners), iterations),
         "amax_gpu_us": gpu_time_us(lambda: logits.amax(dim=-1), iterations),
         "one_copy_gpu_us": gpu_time_us(lambda: logits.clone(), iterations),
+        # What Model Runner V2 does before any processor runs (benchmarks/logits_copy.py).
+        "v2_fp32_copy_gpu_us": gpu_time_us(
+            lambda: torch.empty_like(logits, dtype=torch.float32).copy_(logits), iterations
+        ),
     }
     assert detector.wait_resolved(60)
     assert reports.seen == {}
