@@ -118,7 +118,7 @@ def test_faulty_rows_are_reported_once_and_contained_on_the_device(
             assert logits[row, EOS].item() == 0
             assert torch.isneginf(torch.cat((logits[row, :EOS], logits[row, EOS + 1 :]))).all()
         assert torch.equal(logits[[0, 1, 2, 4, 7]], healthy)
-    assert reports.seen == {103: "nan", 105: "inf", 106: "inf"}
+    assert reports.seen == {103: "nan", 105: "inf", 106: "masked"}
 
 
 def test_v2_rows_map_to_slots_through_a_device_mapping(
