@@ -5,9 +5,31 @@
 # no network. Under 10 minutes on an H100/H200. Exit status: pytest's, or 3 when every test was
 # skipped (no GPU here): a check that did not run never reads as passed.
 #   bash scripts/gpu-check.sh [REPORT.json]     (the raw figures go there; default: a temp file)
+#   bash scripts/gpu-check.sh --which-python    (only print the Python it would use)
+# The Python: $PYTHON if set; else the first of .venv/bin/python, python3, python on PATH whose
+# torch sees a CUDA device (a GPU machine's own Python, not a CPU-torch .venv); else the first
+# with torch and pytest (every test then skips, exit 3).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-python=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
+pick_python() {
+  [ -n "${PYTHON:-}" ] && { echo "$PYTHON"; return; }
+  local candidates=() name fallback=""
+  [ -x .venv/bin/python ] && candidates+=(.venv/bin/python)
+  for name in python3 python; do
+    command -v "$name" >/dev/null 2>&1 && candidates+=("$(command -v "$name")")
+  done
+  local probe='import sys, pytest, torch; sys.exit(0 if torch.cuda.is_available() else 10)'
+  for name in "${candidates[@]}"; do
+    "$name" -c "$probe" >/dev/null 2>&1
+    case $? in
+      0) echo "$name"; return ;;
+      10) [ -z "$fallback" ] && fallback=$name ;;
+    esac
+  done
+  echo "${fallback:-python3}"
+}
+python=$(pick_python)
+if [ "${1:-}" = "--which-python" ]; then echo "$python"; exit 0; fi
 report=${1:-$(mktemp -t warden-gpu-XXXXXX.json)}
 log=$(mktemp -t warden-gpu-log-XXXXXX.txt)
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" WARDEN_GPU_REPORT="$report"
@@ -29,7 +51,7 @@ try:
 except (OSError, ValueError):
     r = {}
 if r:
-    print(f"  device {r.get('device')}  torch {r.get('torch')}  CUDA {r.get('cuda')}  python {r.get('python')}")
+    print(f"  device {r.get('device')}  torch {r.get('torch')}  CUDA {r.get('cuda')}  python {r.get('python')} ({sys.executable})")
 if "allocator" in r:
     a = r["allocator"]
     print(f"  allocator: {a.get('total_gib')} GiB; forced OOM after {a.get('blocks_of_1gib_before_oom')} x 1 GiB: "
