@@ -104,6 +104,16 @@ class Heartbeat:
             self.path.unlink()
 
 
+def engine_pids(directory: Path | None) -> set[int]:
+    """This process and every engine process beating in ``directory``: the engine's own
+    processes, whose device memory is this engine's (NVML per process)."""
+    pids = {os.getpid()}
+    with contextlib.suppress(OSError):
+        if directory is not None:
+            pids.update(int(entry.name) for entry in os.scandir(directory) if entry.name.isdigit())
+    return pids
+
+
 @dataclass(frozen=True)
 class Beat:
     """One engine process as its heartbeat file tells it."""

@@ -39,7 +39,7 @@ from exporter.device_collectors import (
     NvmlCollector,
     SignalPublisher,
 )
-from exporter.heartbeat import Heartbeat, heartbeat_dir
+from exporter.heartbeat import Heartbeat, engine_pids, heartbeat_dir
 from exporter.memory_risk import MemoryBudget, MemoryPlanner
 from exporter.metrics import WardenMetrics, process_metrics
 from exporter.settings import WardenSettings, load_settings
@@ -193,7 +193,13 @@ def start_device_collectors(wrapper: Any, config: WardenSettings, metrics: Warde
     nvml_source = NvmlDevices()
     reason = nvml_source.availability()
     if reason is None:
-        nvml = NvmlCollector(nvml_source, metrics)
+        # The engine's processes: this one and those beating beside the board (engine core,
+        # workers). Read again at every collect: the path is published after this settings read.
+        def pids() -> set[int]:
+            board = load_settings().signal_board
+            return engine_pids(heartbeat_dir(board) if board is not None else None)
+
+        nvml = NvmlCollector(nvml_source, metrics, pids)
         collectors.append(nvml)
     else:
         unavailable["nvml"] = reason

@@ -58,7 +58,9 @@ if "allocator" in r:
           f"ooms +{a.get('ooms_counted')}, retries +{a.get('retries_counted')}")
 if "nvml" in r:
     n = r["nvml"]
-    print(f"  NVML: {n['devices']} device(s), {n['total_gib']} GiB; a 4 GiB tensor seen as {n['seen_gib_for_a_4gib_tensor']} GiB")
+    print(f"  NVML: {n.get('devices')} device(s), {n.get('total_gib')} GiB; a 4 GiB tensor seen as {n.get('seen_gib_for_a_4gib_tensor')} GiB")
+    if "engine_view" in n:
+        print(f"  NVML per process (the device risk's engine scope): {n['engine_view']}")
 if "cuda_graph" in r:
     g = r["cuda_graph"]
     print(f"  CUDA graph: pool {g['pool_bytes_free_delta'] / 2**20:.1f} MiB (free-memory delta), "
