@@ -129,7 +129,7 @@ def triton_containment() -> Callable[[torch.Tensor, torch.Tensor, int], None] | 
     def _contain(logits_ptr, max_ptr, stride, vocab, eos, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
         row = tl.program_id(0)
         row_max = tl.load(max_ptr + row).to(tl.float32)
-        # Not finite: NaN (x != x), +inf, or -inf (no finite value in the row).
+        # Not finite: NaN (x != x), +inf, or -inf (every token masked: nothing to sample).
         if (row_max != row_max) | (tl.abs(row_max) == float("inf")):
             for start in range(0, vocab, BLOCK):
                 offsets = start + tl.arange(0, BLOCK)
