@@ -28,8 +28,10 @@ from dashboards.queries import aggregate, increase, rate, selector
 from exporter.catalog import (
     CUDAGRAPH_CAPTURES,
     CUDAGRAPH_POOL_BYTES,
+    GPU_MEMORY_ENGINE_USED,
     GPU_MEMORY_TOTAL,
     GPU_MEMORY_USED,
+    MEMORY_DEVICE_RISK_SCOPE,
     MEMORY_PLANNED,
     MEMORY_RISK,
     MEMORY_UTILIZATION,
@@ -142,10 +144,15 @@ def headline_row() -> Row:
 def device_row() -> Row:
     device = timeseries(
         "Device memory used vs total (NVML)",
-        "GPU memory in use by every process, against the device size. Normal: flat after "
-        "start-up (vLLM preallocates); growth afterwards is another process or a leak.",
+        "GPU memory in use by every process and by this engine's own processes (where NVML "
+        "gives per-process usage), against the device size. Normal: flat after start-up (vLLM "
+        "preallocates); growth of 'used' alone is another process, of both a leak here.",
         [
             target(aggregate("max", selector(GPU_MEMORY_USED), ["gpu"]), "used gpu {{gpu}}"),
+            target(
+                aggregate("max", selector(GPU_MEMORY_ENGINE_USED), ["gpu"]),
+                "this engine gpu {{gpu}}",
+            ),
             target(aggregate("max", selector(GPU_MEMORY_TOTAL), ["gpu"]), "total gpu {{gpu}}"),
         ],
         GPU_MEMORY_USED.unit,
@@ -210,8 +217,10 @@ def risk_row() -> Row:
     risk = timeseries(
         "Memory beyond the plan (risk)",
         "Memory in use beyond what the engine planned at start-up, as a share of the headroom "
-        "the plan left on the device: device (NVML) and allocator (PyTorch reserved). Normal: 0 "
-        "at any load and any gpu_memory_utilization; high 80%, critical 90%, oom_imminent 97%.",
+        "the plan left on the device: device (NVML: this engine's processes, or the whole "
+        "device where NVML cannot say; the next panel tells which) and allocator (PyTorch "
+        "reserved). Normal: 0 at any load and any gpu_memory_utilization; high 80%, critical "
+        "90%, oom_imminent 97%.",
         [target(aggregate("max", selector(MEMORY_RISK), ["instance", "source"]), "{{source}}")],
         MEMORY_RISK.unit,
         maximum=1,
@@ -224,7 +233,17 @@ def risk_row() -> Row:
         [target(aggregate("max", selector(MEMORY_PLANNED), ["gpu"]), "gpu {{gpu}}")],
         MEMORY_PLANNED.unit,
     )
-    return Row(8, [(14, risk), (10, planned)])
+    scope = stat(
+        "Device risk counts",
+        "Whose memory the device risk counts, per GPU: this engine's own processes (NVML per "
+        "process; a neighbour on a shared GPU does not move it) or the whole device (NVML gives "
+        "no per-process usage here: every process counts).",
+        [target(aggregate("max", selector(MEMORY_DEVICE_RISK_SCOPE), ["gpu"]), "gpu {{gpu}}")],
+        MEMORY_DEVICE_RISK_SCOPE.unit,
+        mappings=value_names(("whole device", "this engine"), (WARN, OK)),
+        sparkline=False,
+    )
+    return Row(8, [(11, risk), (4, scope), (9, planned)])
 
 
 def pressure_row() -> Row:

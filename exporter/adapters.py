@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Protocol
@@ -27,8 +27,12 @@ class AllocatorStats:
 
 @dataclass(frozen=True)
 class DeviceMemory:
-    used_bytes: int
+    used_bytes: int  # every process on the device
     total_bytes: int
+    # This engine's own processes on the device (NVML per process), None where NVML does not
+    # say (no per-process figure, or none of the engine's pids among the device's processes:
+    # a container that sees host pids, say).
+    engine_bytes: int | None = None
 
 
 class AllocatorSource(Protocol):
@@ -39,7 +43,7 @@ class AllocatorSource(Protocol):
 class DeviceMemorySource(Protocol):
     def availability(self) -> str | None: ...
     def device_indices(self) -> list[int]: ...
-    def read(self, index: int) -> DeviceMemory: ...
+    def read(self, index: int, engine_pids: Collection[int] = ()) -> DeviceMemory: ...
 
 
 class CudaGraphSource(Protocol):
@@ -98,10 +102,23 @@ class NvmlDevices:
             return [int(part) for part in visible.split(",") if int(part) < count]
         return list(range(count))
 
-    def read(self, index: int) -> DeviceMemory:
+    def read(self, index: int, engine_pids: Collection[int] = ()) -> DeviceMemory:
+        """The device's memory, and the part of it held by ``engine_pids`` where NVML says."""
         handle = self._nvml.nvmlDeviceGetHandleByIndex(index)
         info = self._nvml.nvmlDeviceGetMemoryInfo(handle)
-        return DeviceMemory(used_bytes=int(info.used), total_bytes=int(info.total))
+        engine = self._engine_bytes(handle, engine_pids) if engine_pids else None
+        return DeviceMemory(int(info.used), int(info.total), engine)
+
+    def _engine_bytes(self, handle: Any, engine_pids: Collection[int]) -> int | None:
+        try:
+            processes = self._nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        except Exception:  # not supported on this device or driver: the device view stays
+            return None
+        ours = [p for p in processes if int(p.pid) in engine_pids]
+        # usedGpuMemory is None where NVML cannot tell (NVML_VALUE_NOT_AVAILABLE).
+        if not ours or any(getattr(p, "usedGpuMemory", None) is None for p in ours):
+            return None
+        return sum(int(p.usedGpuMemory) for p in ours)
 
 
 class VllmCudaGraphs:

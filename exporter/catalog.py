@@ -177,7 +177,8 @@ MEMORY_WATERMARK_PEAK = _w(
 MEMORY_UTILIZATION = _w(
     "warden_memory_utilization_ratio",
     "gauge",
-    "Used fraction of the device per source, raw: device (NVML used), torch_reserved. Near "
+    "Used fraction of the device per source, raw: device (NVML used: this engine's processes "
+    "where NVML says, see warden_memory_device_risk_scope), torch_reserved. Near "
     "gpu_memory_utilization (0.92) on a healthy engine; the watermark reads the risk instead.",
     "source",
     unit="percentunit",
@@ -188,7 +189,8 @@ MEMORY_RISK = _w(
     "warden_memory_risk_ratio",
     "gauge",
     "Memory in use beyond the engine's plan, as a share of the headroom the plan left on the "
-    "device: 0 within the plan, 1 device full. device = NVML used, allocator = PyTorch reserved.",
+    "device: 0 within the plan, 1 device full. device = NVML used (scope: "
+    "warden_memory_device_risk_scope), allocator = PyTorch reserved.",
     "source",
     unit="percentunit",
     multiprocess_mode="max",
@@ -223,6 +225,23 @@ GPU_MEMORY_USED = _w(
     "Device memory in use on the GPU, all processes (NVML).",
     "gpu",
     unit="bytes",
+    gpu_only=True,
+)
+GPU_MEMORY_ENGINE_USED = _w(
+    "warden_gpu_memory_engine_used_bytes",
+    "gauge",
+    "Device memory in use by this engine's own processes (NVML per process), where NVML says.",
+    "gpu",
+    unit="bytes",
+    gpu_only=True,
+)
+MEMORY_DEVICE_RISK_SCOPE = _w(
+    "warden_memory_device_risk_scope",
+    "gauge",
+    "What the device memory risk counts: 1 this engine's own processes (NVML per process), 0 "
+    "every process on the device (NVML gives no per-process usage for this engine here).",
+    "gpu",
+    unit="none",
     gpu_only=True,
 )
 GPU_MEMORY_TOTAL = _w(

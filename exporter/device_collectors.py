@@ -5,12 +5,19 @@ signal publisher then turns this device's bytes into memory risk against the eng
 (exporter/memory_risk.py) and publishes it to the signal board, so the API process folds it
 into the watermark on its next step. Counters mirror monotonic source counters by adding the
 delta.
+
+The ``device`` risk counts this engine's own processes on the device where NVML gives
+per-process usage (``nvmlDeviceGetComputeRunningProcesses``): on a shared GPU a neighbour's
+growth is not this engine's to relieve, and refusing or preempting its requests would not
+free that memory. Where NVML does not say (no per-process figure, or the engine's pids are not
+among the device's processes, as in a container that sees host pids), it counts every process
+on the device. ``warden_memory_device_risk_scope{gpu}`` says which (1 engine, 0 device).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from exporter import catalog
 from exporter.adapters import (
@@ -23,6 +30,8 @@ from exporter.adapters import (
 from exporter.memory_risk import MemoryBudget, MemoryPlanner, MemoryRisk
 from exporter.metrics import WardenMetrics
 from exporter.signals import SignalBoard
+
+DEVICE_SCOPE, ENGINE_SCOPE = "device", "engine"  # what the device risk counts
 
 
 class _CounterMirror:
@@ -70,9 +79,16 @@ class AllocatorCollector:
 class NvmlCollector:
     name = "nvml"
 
-    def __init__(self, source: DeviceMemorySource, metrics: WardenMetrics) -> None:
+    def __init__(
+        self,
+        source: DeviceMemorySource,
+        metrics: WardenMetrics,
+        engine_pids: Callable[[], Collection[int]] = tuple,
+    ) -> None:
         self.source = source
+        self.engine_pids = engine_pids  # this engine's processes, read again at every collect
         self._used = metrics.get(catalog.GPU_MEMORY_USED)
+        self._engine_used = metrics.get(catalog.GPU_MEMORY_ENGINE_USED)
         self._total = metrics.get(catalog.GPU_MEMORY_TOTAL)
         self.used_ratio: float | None = None
         # The latest read of each visible device, in CUDA order: position i is cuda:i.
@@ -81,10 +97,13 @@ class NvmlCollector:
     def collect(self) -> None:
         worst = 0.0
         devices = []
+        pids = self.engine_pids()
         for index in self.source.device_indices():
-            memory = self.source.read(index)
+            memory = self.source.read(index, pids)
             devices.append((index, memory))
             self._used.labels(str(index)).set(memory.used_bytes)
+            if memory.engine_bytes is not None:
+                self._engine_used.labels(str(index)).set(memory.engine_bytes)
             self._total.labels(str(index)).set(memory.total_bytes)
             if memory.total_bytes > 0:
                 worst = max(worst, memory.used_bytes / memory.total_bytes)
@@ -115,8 +134,13 @@ class SignalPublisher:
 
     Runs after the allocator and NVML collectors, reading what they just read for this rank's
     device (``allocator.device_index``, else ``rank``): NVML's used bytes for the ``device``
-    risk, PyTorch's reserved bytes for the ``allocator`` risk. A source that is missing leaves
-    its risk NaN on the board (not measured), never 0.
+    risk (this engine's processes where NVML says, else the whole device), PyTorch's reserved
+    bytes for the ``allocator`` risk. A source that is missing leaves its risk NaN on the board
+    (not measured), never 0.
+
+    The two device scopes have different plans: the whole device's starts from what was in use
+    before vLLM allocated (neighbours included), the engine's from nothing. Each has its own
+    planner, made when its scope is first seen.
     """
 
     name = "signal_board"
@@ -138,18 +162,30 @@ class SignalPublisher:
         self.nvml = nvml
         self.clock = clock
         self.planner = planner or MemoryPlanner(MemoryBudget(), settle_s, clock())
+        self._planners = {DEVICE_SCOPE: self.planner}
+        self.scope = DEVICE_SCOPE
         self.position = allocator.device_index if allocator is not None else rank
         self.risk: MemoryRisk | None = None
         self._metrics = metrics
+
+    def _planner(self, scope: str) -> MemoryPlanner:
+        if scope not in self._planners:
+            first = self.planner
+            budget = MemoryBudget(first.budget.budget_bytes, 0)  # the engine's own: from 0
+            self._planners[scope] = MemoryPlanner(budget, first.settle_s, first.started_at)
+        return self._planners[scope]
 
     def _bytes(self) -> tuple[int | None, int | None, int | None, str]:
         """(used, reserved, total, gpu label) of this rank's device, None where unknown."""
         used = reserved = total = None
         gpu = str(self.position)
         device = self.nvml.device(self.position) if self.nvml is not None else None
+        self.scope = DEVICE_SCOPE
         if device is not None:
             index, memory = device
             used, total, gpu = memory.used_bytes, memory.total_bytes, str(index)
+            if memory.engine_bytes is not None:
+                used, self.scope = memory.engine_bytes, ENGINE_SCOPE
         stats = self.allocator.stats if self.allocator is not None else None
         if stats is not None:
             reserved = stats.reserved_bytes
@@ -163,7 +199,7 @@ class SignalPublisher:
         if not total:
             self.board.write(self.rank, nan, nan, now)
             return
-        risk = self.planner.observe(used, reserved, total, now)
+        risk = self._planner(self.scope).observe(used, reserved, total, now)
         self.risk = risk
         self.board.write(
             self.rank,
@@ -180,6 +216,8 @@ class SignalPublisher:
         metrics = self._metrics
         assert metrics is not None
         metrics.get(catalog.MEMORY_PLANNED).labels(gpu).set(risk.planned_used_bytes)
+        scope = 1 if self.scope == ENGINE_SCOPE else 0
+        metrics.get(catalog.MEMORY_DEVICE_RISK_SCOPE).labels(gpu).set(scope)
         for source, value in risk.signals().items():
             metrics.get(catalog.MEMORY_RISK).labels(source).set(value)
         ratio = metrics.get(catalog.MEMORY_UTILIZATION)

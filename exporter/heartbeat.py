@@ -65,7 +65,8 @@ class Heartbeat:
         interval_s: float = INTERVAL_S,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.path = directory / str(os.getpid())
+        self.pid = os.getpid()
+        self.path = directory / str(self.pid)
         self.in_step = in_step
         self.interval_s = interval_s
         self.clock = clock
@@ -101,6 +102,16 @@ class Heartbeat:
             self._thread.join(5.0)
         with contextlib.suppress(OSError):
             self.path.unlink()
+
+
+def engine_pids(directory: Path | None) -> set[int]:
+    """This process and every engine process beating in ``directory``: the engine's own
+    processes, whose device memory is this engine's (NVML per process)."""
+    pids = {os.getpid()}
+    with contextlib.suppress(OSError):
+        if directory is not None:
+            pids.update(int(entry.name) for entry in os.scandir(directory) if entry.name.isdigit())
+    return pids
 
 
 @dataclass(frozen=True)

@@ -3,13 +3,15 @@
 vLLM calls ``apply`` in the worker on every step with the float32 logits of the batch, after its
 own masks (allowed_token_ids, bad_words, min_tokens, logit bias, grammar bitmask) wrote their
 ``-inf``. Detection, containment and reporting are the shared core's (``exporter.nonfinite``):
-one reduction per step, no host sync on CUDA, a faulty row (NaN, ``+inf``, or no finite value)
-made to sample end-of-sequence, its warden request id (``vllm_xargs.warden_rid``, set by the
-middleware) flagged on the signal board so the middleware retries or fails that request.
+one reduction per step, no host sync on CUDA, a faulty row (NaN or ``+inf``) made to sample
+end-of-sequence, its warden request id (``vllm_xargs.warden_rid``, set by the middleware)
+flagged on the signal board so the middleware retries or fails that request. A row the
+request's own masks left without any finite value is flagged ``masked`` instead: the middleware
+fails that request with a 400 naming its constraints, no fault counted, no retry.
 
 This class tracks which request owns which row through vLLM's ``BatchUpdate`` (rows are added,
 removed and moved as the batch changes). Model Runner V2 uses ``exporter.logits_v2`` instead; the
-plugin picks the one matching the engine's runner (``exporter.runner_select``).
+plugin picks the one matching the engine's runner (``exporter.logits_select``).
 """
 
 from __future__ import annotations

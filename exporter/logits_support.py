@@ -27,7 +27,7 @@ import torch
 from exporter import catalog, vllm_compat
 from exporter.errors import CUDA_DRIVER, OOM, OTHER
 from exporter.metrics import process_metrics
-from exporter.nonfinite import NonFiniteDetector, RowOwner
+from exporter.nonfinite import MASKED, NonFiniteDetector, RowOwner
 from exporter.request_args import ATTEMPT_ARG, INJECT_ARG, INJECT_ATTEMPTS_ARG, RAISE_ARG, RID_ARG
 from exporter.settings import load_settings
 from exporter.signals import SignalBoard
@@ -62,6 +62,7 @@ class LogitsWiring:
         self.inject_enabled = config.test_inject_nonfinite
         self.raise_enabled = config.test_engine_error
         self.step_delay_s = config.test_step_delay_s
+        self.check_every_step = config.logits_check_every_step
         self._keys = 0
         # Every tensor-parallel rank computes the same logits: one of them reports.
         self.leader = vllm_compat.is_sampling_leader()
@@ -127,7 +128,11 @@ class LogitsWiring:
     def _report(self, owner: RowOwner, kind: str) -> None:
         if not self.leader:
             return
-        self._counter.labels(kind).inc()
+        if kind == MASKED:
+            # The request's own constraints left nothing to sample: its error, not a fault.
+            log.info("warden: request %s has every token masked by its constraints", owner.rid)
+        else:
+            self._counter.labels(kind).inc()
         if owner.rid is not None and self.board is not None:
             self.board.flag_request(owner.rid, kind)
 

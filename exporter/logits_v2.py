@@ -48,7 +48,7 @@ class NonFiniteLogitsProcessorV2(LogitsProcessor):
             self._switched[req_idx] = row
         else:
             self._switched.pop(req_idx, None)
-        return True  # every row is checked
+        return self.wiring.check_every_step or row.inject is not None or row.raise_class is not None
 
     def apply(self, logits: torch.Tensor, ctx: LogitsContext) -> torch.Tensor:
         self.wiring.delay()

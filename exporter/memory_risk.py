@@ -9,9 +9,10 @@ in use *beyond the plan*, measured against the headroom the plan left on the dev
     risk = (in use - planned) / (device total - planned)        clamped to [0, 1]
 
 0 while the engine stays within its plan, 1 when the device is full. It is computed twice per
-device: ``device`` from NVML (every process on the GPU: a neighbour growing counts) and
-``allocator`` from PyTorch's reserved bytes (this engine's caching allocator: fragmentation and
-leaks in the cache count). The watermark reads the worst of them.
+device: ``device`` from NVML (this engine's own processes where NVML gives per-process usage, so
+a neighbour on a shared GPU does not count; every process on the GPU where it does not, see
+``exporter.device_collectors``) and ``allocator`` from PyTorch's reserved bytes (this engine's
+caching allocator: fragmentation and leaks in the cache count). The watermark reads the worst.
 
 The plan is the larger of vLLM's budget (its requested memory, on top of what was in use on the
 device before it allocated anything) and the peak the engine actually reached while it settled

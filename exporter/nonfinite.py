@@ -6,20 +6,22 @@ Shared by warden's two logits processors (``exporter.logits`` for vLLM's V1 mode
 
 What is a fault. vLLM writes ``-inf`` into logits on purpose to mask tokens (allowed_token_ids,
 bad_words, min_tokens, logit_bias, grammar bitmasks of structured outputs), so ``-inf`` alone is
-normal. A row is a fault when it holds NaN anywhere, ``+inf`` anywhere, or no finite value at
-all. One reduction tells all three apart: the row maximum. NaN propagates through max, ``+inf``
-is the max when present, and a row with no finite value has max ``-inf``; a row with at least
-one finite value and otherwise ``-inf`` has a finite max. So a row is a fault exactly when its
-max is not finite, and it is a NaN fault when its max is NaN.
+normal. A row is a fault when it holds NaN anywhere or ``+inf`` anywhere. One reduction tells
+the cases apart: the row maximum. NaN propagates through max, ``+inf`` is the max when present,
+a row with at least one finite value and otherwise ``-inf`` has a finite max, and a row with
+every token at ``-inf`` has max ``-inf``. That last row is not the model's fault: the request's
+own constraints (allowed_token_ids against bad_words, a grammar that admits nothing) masked
+every token, so nothing can be sampled. It is reported as ``masked``, which the middleware turns
+into a clear error for that request, never a fault count or a retry.
 
 Per step, on CPU: the row maxima are read on the host (no device to wait for); a batch without
 fault ends there. On CUDA, nothing waits for the device on the step path: the maxima are copied
 to pinned host memory without blocking, an event is recorded after the copy, and a resolver
 thread sleeps on that event and reports the faulty rows (off the step path). Meanwhile the
 faulty rows are contained on the device in the same step: every token is set to ``-inf`` but
-end-of-sequence, so a poisoned request stops instead of sampling garbage (and no sampler sees a
-NaN distribution). Each report names the row's owner (a request key and warden's request id),
-once per request.
+end-of-sequence, so a poisoned (or wholly masked) request stops instead of sampling garbage (and
+no sampler sees a NaN distribution). Each report names the row's owner (a request key and
+warden's request id), once per request.
 
 ``StepProgress`` says how far flags are resolved: steps checked (``applied``) and steps whose
 flags the host has read (``resolved``). The API server's middleware waits until ``resolved``
@@ -45,6 +47,7 @@ log = logging.getLogger("warden.exporter")
 
 NAN = "nan"
 INF = "inf"
+MASKED = "masked"  # every token masked by the request's own constraints: not a fault
 _MAX_REMEMBERED = 65536  # request keys already reported (each request is reported once)
 
 
@@ -60,7 +63,7 @@ Owners = Sequence["RowOwner | None"]  # slot (or row) -> the request that holds 
 # row -> slot: a host array (V2's idx_mapping_np), a tensor (V2's expanded mapping), or None
 # when rows are slots. Anything indexable: this module needs no numpy.
 Slots = Any
-Report = Callable[[RowOwner, str], None]  # (owner, "nan" | "inf"), called once per request
+Report = Callable[[RowOwner, str], None]  # (owner, "nan" | "inf" | "masked"), once per request
 
 
 class StepProgress(Protocol):
@@ -73,11 +76,11 @@ def row_maxima(logits: torch.Tensor) -> torch.Tensor:
 
 
 def fault_kind(row_max: float) -> str | None:
-    """'nan', 'inf' (``+inf`` present, or no finite value) or None for a healthy row."""
+    """'nan', 'inf' (``+inf`` present), 'masked' (every token ``-inf``) or None (healthy)."""
     if math.isnan(row_max):
         return NAN
     if math.isinf(row_max):
-        return INF
+        return INF if row_max > 0 else MASKED
     return None
 
 
@@ -126,7 +129,7 @@ def triton_containment() -> Callable[[torch.Tensor, torch.Tensor, int], None] | 
     def _contain(logits_ptr, max_ptr, stride, vocab, eos, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
         row = tl.program_id(0)
         row_max = tl.load(max_ptr + row).to(tl.float32)
-        # Not finite: NaN (x != x), +inf, or -inf (no finite value in the row).
+        # Not finite: NaN (x != x), +inf, or -inf (every token masked: nothing to sample).
         if (row_max != row_max) | (tl.abs(row_max) == float("inf")):
             for start in range(0, vocab, BLOCK):
                 offsets = start + tl.arange(0, BLOCK)

@@ -8,7 +8,10 @@
 - Any process that initialises a worker: after the device is up, starts the device collectors
   (allocator, NVML, CUDA graphs) on a background thread, or says which are unavailable.
 - Every engine process (engine core, workers): a heartbeat thread, so the API process's stall
-  check tells one long step from a hung engine (``exporter.heartbeat``).
+  check tells one long step from a hung engine (``exporter.heartbeat``). A spawned process runs
+  ``register()`` and starts its own. A forked one (vLLM's default on CUDA) inherits this module
+  with ``registered`` set and no thread (threads do not survive a fork), and vLLM does not run
+  plugins again there: multiprocessing's after-fork hook starts its heartbeat instead.
 
 Version contract: each hook point is checked where it is installed (``exporter.vllm_compat``);
 a missing one disables what it feeds, logs why and sets ``warden_source_available{source}`` 0.
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import multiprocessing.util
 import os
 import shutil
 import time
@@ -35,7 +39,7 @@ from exporter.device_collectors import (
     NvmlCollector,
     SignalPublisher,
 )
-from exporter.heartbeat import Heartbeat, heartbeat_dir
+from exporter.heartbeat import Heartbeat, engine_pids, heartbeat_dir
 from exporter.memory_risk import MemoryBudget, MemoryPlanner
 from exporter.metrics import WardenMetrics, process_metrics
 from exporter.settings import WardenSettings, load_settings
@@ -48,18 +52,24 @@ _state: dict[str, Any] = {}
 
 def register() -> None:
     if _state.get("registered"):
+        if _state.get("pid") != os.getpid():
+            _beat_in_forked_child()  # a forked child where something ran the plugins again
         return
     config = load_settings()
     metrics = process_metrics()
     if config.signal_board is None:
         board = SignalBoard.create_for_process_tree()
-        atexit.register(board.unlink)
+        owner = os.getpid()
+        atexit.register(_if_pid, owner, board.unlink)
         _state["board"] = board
         beats = heartbeat_dir(board.path)
         beats.mkdir(exist_ok=True)
-        atexit.register(shutil.rmtree, beats, True)
+        atexit.register(_if_pid, owner, shutil.rmtree, beats, True)
+        _state["board_path"] = Path(board.path)
     else:
+        _state["board_path"] = config.signal_board
         _start_heartbeat(config.signal_board)
+    _beat_after_fork()
     if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         log.warning(
             "warden: PROMETHEUS_MULTIPROC_DIR is not set; metrics from engine and worker "
@@ -71,7 +81,51 @@ def register() -> None:
     _guarded(metrics, (engine_errors.SOURCE,), lambda: engine_errors.install(metrics))
     _guarded(metrics, ("logits",), logits_select.install)
     _guarded(metrics, DEVICE_SOURCES, lambda: _patch_worker_init(config, metrics))
+    _state["pid"] = os.getpid()
     _state["registered"] = True
+
+
+def _if_pid(owner: int, cleanup: Callable[..., object], *args: object) -> None:
+    """Exit cleanup of the process that made the board: a forked child inherits the atexit
+    list, and must not delete the board its parent still uses."""
+    if os.getpid() == owner:
+        cleanup(*args)
+
+
+class _ForkHook:
+    """What multiprocessing calls in each child it starts (it keeps a weak reference)."""
+
+    def __call__(self) -> None:
+        _beat_in_forked_child()
+
+
+def _beat_after_fork() -> None:
+    """Every engine process vLLM forks from here (engine core, workers) starts a heartbeat.
+
+    multiprocessing's after-fork registry rather than ``os.register_at_fork``: it runs only in
+    children started by multiprocessing (how vLLM starts engine processes), not in a child that
+    a library forks only to exec another program, whose heartbeat file would stay behind for a
+    live pid that never beats and read as a silent engine process (a false stall).
+    """
+    if "fork_hook" in _state:
+        return
+    hook = _ForkHook()
+    _state["fork_hook"] = hook
+    multiprocessing.util.register_after_fork(hook, lambda obj: obj())
+
+
+def _beat_in_forked_child() -> None:
+    """This process was forked: start its own heartbeat (once), drop the parent's."""
+    inherited = _state.get("heartbeat")
+    if isinstance(inherited, Heartbeat):
+        if inherited.pid == os.getpid():
+            return
+        atexit.unregister(inherited.stop)  # it would delete the parent's beat file at exit
+        del _state["heartbeat"]
+    path = _state.get("board_path")
+    if path is not None:
+        _start_heartbeat(path)
+    _state["pid"] = os.getpid()
 
 
 def _guarded(metrics: WardenMetrics, sources: tuple[str, ...], install: Callable[[], None]) -> None:
@@ -139,7 +193,13 @@ def start_device_collectors(wrapper: Any, config: WardenSettings, metrics: Warde
     nvml_source = NvmlDevices()
     reason = nvml_source.availability()
     if reason is None:
-        nvml = NvmlCollector(nvml_source, metrics)
+        # The engine's processes: this one and those beating beside the board (engine core,
+        # workers). Read again at every collect: the path is published after this settings read.
+        def pids() -> set[int]:
+            board = load_settings().signal_board
+            return engine_pids(heartbeat_dir(board) if board is not None else None)
+
+        nvml = NvmlCollector(nvml_source, metrics, pids)
         collectors.append(nvml)
     else:
         unavailable["nvml"] = reason

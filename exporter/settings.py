@@ -61,6 +61,15 @@ class WardenSettings(BaseSettings):
         300.0, ge=1, le=86400, description="one step running this long is a stall"
     )
     collector_interval_s: float = Field(1.0, ge=0.05, le=3600, description="device collectors")
+    # --- non-finite logits check (engine workers) -----------------------------------------
+    # Model Runner V2 hands logits to processors only in its processing stage, which first
+    # copies them to a new float32 tensor; a batch whose every request samples plainly
+    # (greedy, or temperature 1 with no top-k/top-p/min-p) skips that stage unless a processor
+    # asks for it. On: every step is checked, at the cost of that copy on plain batches (4 bytes
+    # x rows x vocabulary per step; benchmarks/logits_copy.py). Off: plain batches go unchecked.
+    logits_check_every_step: bool = Field(
+        True, description="V2 runner: check plain batches too (costs an fp32 logits copy)"
+    )
     # --- engine-side control (API process) ------------------------------------------------
     config: Path | None = Field(None, description="control config file (YAML)")
     webhook_token_file: Path | None = Field(None, description="bearer token file")

@@ -28,6 +28,8 @@ import tempfile
 from exporter.settings import env_name
 
 ENV_VAR = env_name("signal_board")  # set for the process tree by the API process
+_FLAG_BYTES = {"nan": b"n", "inf": b"i", "masked": b"m"}  # a flag's kind, one byte on the board
+_FLAG_KINDS = {flag[0]: kind for kind, flag in _FLAG_BYTES.items()}
 MAX_RANKS = 16
 # Per rank: the device and allocator memory risks (exporter/memory_risk.py), unix time of the
 # sample. The names are the watermark's sources (catalog.MEMORY_RISK_SOURCES).
@@ -87,21 +89,22 @@ class SignalBoard:
         return worst
 
     def flag_request(self, request_id: str, kind: str) -> None:
-        """Record that ``request_id`` produced non-finite logits (``kind`` nan or inf)."""
+        """Record that ``request_id`` produced non-finite logits (``kind`` nan or inf), or had
+        every token masked by its own constraints (``kind`` masked)."""
         rid = request_id.encode("ascii", "replace")[:RID_BYTES].ljust(RID_BYTES, b"\0")
         (count,) = _RING_HEADER.unpack_from(self._map, RING_OFFSET)
         slot = RING_OFFSET + _RING_HEADER.size + (count % RING_SLOTS) * _RING_SLOT
-        self._map[slot : slot + _RING_SLOT] = rid + (b"n" if kind == "nan" else b"i")
+        self._map[slot : slot + _RING_SLOT] = rid + _FLAG_BYTES.get(kind, b"i")
         _RING_HEADER.pack_into(self._map, RING_OFFSET, count + 1)
 
     def flagged(self, request_id: str) -> str | None:
-        """'nan' or 'inf' if ``request_id`` was flagged (among the last RING_SLOTS), else None."""
+        """'nan', 'inf' or 'masked' if ``request_id`` was flagged (among the last RING_SLOTS)."""
         rid = request_id.encode("ascii", "replace")[:RID_BYTES].ljust(RID_BYTES, b"\0")
         start = RING_OFFSET + _RING_HEADER.size
         position = self._map.find(rid, start)
         while position != -1:
             if (position - start) % _RING_SLOT == 0:
-                return "nan" if self._map[position + RID_BYTES] == ord("n") else "inf"
+                return _FLAG_KINDS.get(self._map[position + RID_BYTES], "inf")
             position = self._map.find(rid, position + 1)
         return None
 

@@ -84,3 +84,13 @@ def test_saturation(tiny_model: Path, tmp_path: Path) -> None:
         *("--loads", "1", "--no-constant", "--workdir", str(tmp_path / "work"), "--out", str(out)),
     )
     result(out)
+
+
+def test_logits_copy(tmp_path: Path) -> None:
+    out = tmp_path / "logits_copy.json"
+    run_benchmark(
+        "logits_copy",
+        *("--device", "cpu", "--iterations", "1", "--rows", "2", "--vocab", "64"),
+        *("--json", str(out)),
+    )
+    assert result(out)["results"][0]["copy_mib"] >= 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import threading
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -233,7 +234,7 @@ class FakeNvml:
     def device_indices(self) -> list[int]:
         return sorted(self.memory)
 
-    def read(self, index: int) -> DeviceMemory:
+    def read(self, index: int, engine_pids: object = ()) -> DeviceMemory:
         return self.memory[index]
 
 
@@ -293,6 +294,89 @@ def test_cudagraph_collector_counts_captures_and_pool(
     collector.collect()
     assert value(registry, catalog.CUDAGRAPH_CAPTURES.name) == 37
     assert value(registry, catalog.CUDAGRAPH_POOL_BYTES.name) == 512 << 20
+
+
+class FakePynvml:
+    """FAKE of the pynvml module (no NVIDIA driver here): one 80 GiB GPU shared by this engine's
+    processes and a neighbour's, per-process usage as NVML reports it."""
+
+    TOTAL = 80 << 30
+    CONTEXT = 1 << 29  # driver and contexts: in NVML's "used", in no process's figure
+
+    def __init__(self, processes: dict[int, int | None]) -> None:
+        self.processes = processes  # pid -> usedGpuMemory (None: NVML cannot tell)
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 1
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> SimpleNamespace:
+        used = self.CONTEXT + sum(b or 0 for b in self.processes.values())
+        return SimpleNamespace(used=used, total=self.TOTAL)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[SimpleNamespace]:
+        return [SimpleNamespace(pid=p, usedGpuMemory=b) for p, b in self.processes.items()]
+
+
+def nvml_devices(fake: FakePynvml) -> NvmlDevices:
+    """The real adapter over the fake module."""
+    devices = NvmlDevices.__new__(NvmlDevices)
+    devices._nvml, devices._reason = fake, None
+    return devices
+
+
+def test_device_risk_counts_this_engines_processes_on_a_shared_gpu(
+    metrics: WardenMetrics, registry: CollectorRegistry, tmp_path
+) -> None:
+    """An engine (pids 100, 101) planned at 40 GiB of an 80 GiB GPU that a neighbour (pid 900)
+    shares. The neighbour growing to 38 GiB fills the device (device-wide risk 0.93, critical),
+    but this engine is within its plan: normal, and the scope gauge says the engine is counted.
+    This engine growing beyond its plan still reads high."""
+    path = str(tmp_path / "board")
+    board = SignalBoard(path, create=True)
+    fake = FakePynvml({100: 1 << 30, 101: 39 << 30, 900: 10 << 30})
+    nvml = NvmlCollector(nvml_devices(fake), metrics, lambda: {100, 101})
+    planner = MemoryPlanner(MemoryBudget(40 << 30, FakePynvml.CONTEXT + (10 << 30)), 0, 0)
+    publisher = SignalPublisher(board, 0, None, nvml, planner, metrics)
+    runner = CollectorRunner([nvml, publisher], metrics, 1.0)
+    monitor = StepMonitor(WardenSettings(), metrics, SignalBoard(path))
+    runner.run_once()
+    assert value(registry, catalog.GPU_MEMORY_ENGINE_USED.name, gpu="0") == 40 << 30
+    assert value(registry, catalog.MEMORY_DEVICE_RISK_SCOPE.name, gpu="0") == 1
+    fake.processes[900] = 38 << 30  # the neighbour grows: the device is 97% used
+    runner.run_once()
+    snap = monitor.on_step(running=2, waiting=0, kv_usage=1.0)
+    assert snap.signals == {"device": 0.0} and snap.watermark == NORMAL
+    fake.processes[101] = 73 << 30  # this engine grows 34 GiB beyond its 40 GiB plan
+    runner.run_once()
+    snap = monitor.on_step(running=2, waiting=0, kv_usage=1.0)
+    assert snap.signals["device"] == pytest.approx(34 / 40) and snap.watermark == HIGH
+
+
+@pytest.mark.parametrize(
+    "processes",
+    [{100: None, 900: 38 << 30}, {4100: 40 << 30, 900: 38 << 30}],
+    ids=["no_per_process_figure", "pids_not_seen"],
+)
+def test_device_risk_counts_the_whole_device_where_nvml_cannot_say(
+    metrics: WardenMetrics, registry: CollectorRegistry, tmp_path, processes: dict
+) -> None:
+    """NVML gives no per-process usage, or none of the engine's pids among the device's (a
+    container seeing host pids): every process counts, and the scope gauge says so."""
+    board = SignalBoard(str(tmp_path / "board"), create=True)
+    fake = FakePynvml(processes)
+    nvml = NvmlCollector(nvml_devices(fake), metrics, lambda: {100})
+    planner = MemoryPlanner(MemoryBudget(40 << 30, FakePynvml.CONTEXT), 0, 0)
+    publisher = SignalPublisher(board, 0, None, nvml, planner, metrics)
+    CollectorRunner([nvml, publisher], metrics, 1.0).run_once()
+    assert value(registry, catalog.MEMORY_DEVICE_RISK_SCOPE.name, gpu="0") == 0
+    assert value(registry, catalog.GPU_MEMORY_ENGINE_USED.name, gpu="0") is None
+    used = FakePynvml.CONTEXT + sum(b or 0 for b in processes.values())
+    planned = FakePynvml.CONTEXT + (40 << 30)  # the whole device's plan: what was in use + budget
+    expected = max(0.0, (used - planned) / (FakePynvml.TOTAL - planned))
+    assert publisher.risk is not None and publisher.risk.device == pytest.approx(expected)
 
 
 def test_device_risk_reaches_the_api_side_watermark(

@@ -138,7 +138,7 @@ class FakeH200Nvml:
     def device_indices(self) -> list[int]:
         return [0]
 
-    def read(self, index: int) -> DeviceMemory:
+    def read(self, index: int, engine_pids: object = ()) -> DeviceMemory:
         return DeviceMemory(self.device.reserved() + CONTEXT, H200_TOTAL)
 
 

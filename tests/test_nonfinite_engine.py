@@ -151,3 +151,59 @@ def test_chaos_nan_sends_the_models_nan_token_and_sees_it_counted(engine: Engine
     assert counted, text
     low, high = (float(v) for v in counted[0].rsplit(" ", 3)[1::2])
     assert high - low == 2 * ATTEMPTS
+
+
+def single_token_word(engine: EngineProcess) -> tuple[str, list[int]]:
+    """A word that is one token both alone and after a space (what bad_words bans), and its
+    token ids."""
+
+    def ids(text: str) -> list[int]:
+        answer = httpx.post(
+            f"{engine.base_url}/tokenize",
+            json={"model": model(engine), "prompt": text, "add_special_tokens": False},
+            timeout=30,
+        ).json()
+        return [int(t) for t in answer["tokens"]]
+
+    for word in ("memory", "cache", "block", "engine", "request", "token", "the", "a"):
+        alone, spaced = ids(word), ids(" " + word)
+        if len(alone) == 1 and len(spaced) == 1:
+            return word, sorted({*alone, *spaced})
+    pytest.fail("no word of the tiny model's vocabulary is a single token alone and spaced")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["buffered", "stream"])
+def test_a_request_whose_constraints_mask_every_token_gets_a_clear_error(
+    engine: EngineProcess, stream: bool
+) -> None:
+    """allowed_token_ids that bad_words bans entirely: vLLM leaves no token to sample (every
+    logit -inf). That is the request's own constraint, not the model's fault: a clear 400 that
+    names it (an error event on a stream that already started), no non-finite count, no retry."""
+    word, allowed = single_token_word(engine)
+    before = scrape(engine)
+    body = {
+        "model": model(engine),
+        "prompt": prompt_ids(engine, poisoned=False),
+        "max_tokens": 8,
+        "allowed_token_ids": allowed,
+        "bad_words": [word],
+        "stream": stream,
+    }
+    response = httpx.post(f"{engine.base_url}/v1/completions", json=body, timeout=120)
+    if stream and response.status_code == 200:
+        events = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
+        errors = [json.loads(e)["error"] for e in events if e != "[DONE]" and '"error"' in e]
+        assert errors, events
+        error = errors[-1]
+    else:
+        assert response.status_code == 400, response.text[:300]
+        error = response.json()["error"]
+    assert error["warden_reason"] == "all_tokens_masked" and error["code"] == 400
+    assert "allowed_token_ids" in error["message"] and "bad_words" in error["message"]
+    after = scrape(engine)
+    for kind in catalog.NONFINITE_KINDS:
+        assert delta(before, after, catalog.NONFINITE_LOGITS.name, kind=kind) == 0
+    for reason in catalog.RETRY_REASONS:
+        assert delta(before, after, catalog.REQUEST_RETRIES.name, reason=reason) == 0
+    # The same prompt without the contradiction is served as ever.
+    assert complete_ids(engine, prompt_ids(engine, poisoned=False)).status_code == 200

@@ -84,7 +84,7 @@ def test_masked_minus_inf_is_not_a_fault() -> None:
     [
         (lambda row: row.__setitem__(7, float("nan")), "nan"),
         (lambda row: row.__setitem__(7, float("inf")), "inf"),
-        (lambda row: row.fill_(NINF), "inf"),  # no finite value left: nothing to sample
+        (lambda row: row.fill_(NINF), "masked"),  # the request's constraints left nothing
         (lambda row: (row.__setitem__(3, float("inf")), row.__setitem__(9, float("nan"))), "nan"),
         (lambda row: (row[:20].fill_(NINF), row.__setitem__(25, float("nan"))), "nan"),
     ],
@@ -131,7 +131,7 @@ def test_half_precision_logits_are_checked_too() -> None:
 def test_fault_kind_of_a_row_maximum() -> None:
     assert fault_kind(1.5) is None and fault_kind(-1e30) is None
     assert fault_kind(float("nan")) == "nan"
-    assert fault_kind(float("inf")) == "inf" and fault_kind(NINF) == "inf"
+    assert fault_kind(float("inf")) == "inf" and fault_kind(NINF) == "masked"
 
 
 class FakeCudaEvent:
@@ -308,7 +308,7 @@ def test_v2_processor_flags_by_slot_and_sees_every_request(board: SignalBoard) -
         assert answer is True  # V2 skips processing a batch nobody asked for
     before = nonfinite_total("inf")
     logits = masked_batch()[:3]
-    logits[2].fill_(NINF)  # batch position 2 is slot 3: no finite value
+    logits[2, 7] = float("inf")  # batch position 2 is slot 3
     processor.apply(logits, v2_context([5, 1, 3]))
     assert nonfinite_total("inf") == before + 1
     assert board.flagged("warden-v2-3") == "inf"
@@ -319,6 +319,25 @@ def test_v2_processor_flags_by_slot_and_sees_every_request(board: SignalBoard) -
     logits[0, 9] = float("nan")
     processor.apply(logits, v2_context([3]))
     assert board.flagged("warden-v2-new") == "nan"
+
+
+def test_v2_processor_asks_for_no_copy_when_told_not_to_check_every_step(
+    board: SignalBoard, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """WARDEN_LOGITS_CHECK_EVERY_STEP=0: plain requests ask V2 for nothing (no float32 copy
+    on a batch nobody else processes); a request with a test switch still asks; and a batch
+    vLLM processes anyway is checked in every row, declined ones included."""
+    monkeypatch.setenv("WARDEN_LOGITS_CHECK_EVERY_STEP", "0")
+    monkeypatch.setenv("WARDEN_TEST_INJECT_NONFINITE", "1")
+    (processor,) = build_custom_logits_processors(None, v2_request_states(), False, [V2_PROCESSOR])  # type: ignore[arg-type]
+    plain = SamplingParams(extra_args={"warden_rid": "warden-plain"})
+    assert processor.add_request(2, plain) is False
+    switched = SamplingParams(extra_args={"warden_rid": "warden-switch", "warden_inject": "nan"})
+    assert processor.add_request(6, switched) is True
+    logits = torch.zeros(1, 32)
+    logits[0, 4] = float("nan")
+    processor.apply(logits, v2_context([2]))
+    assert board.flagged("warden-plain") == "nan"
 
 
 def test_v2_processor_maps_speculative_rows_through_the_expanded_mapping(

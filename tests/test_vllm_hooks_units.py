@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter import import_hooks, vllm_compat
+from exporter import import_hooks, logits_select, vllm_compat
 from exporter.adapters import VllmCudaGraphs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -171,6 +171,64 @@ def test_engine_config_gets_the_processor_of_its_runner(tiny_model: Path, tmp_pa
     assert "NOV2 None" in out
 
 
+def test_processor_left_out_where_vllm_refuses_custom_processors(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """``warden serve`` always names warden's processor; where vLLM would refuse to start with
+    one, the config hook leaves it out, logs why and exports the logits source as 0, and the
+    config is made: a pooling model (``--runner pooling``, ``--convert embed``), the V1 runner
+    with speculative decoding, ``--return-sampling-mask`` (checked against vLLM's own verifier:
+    this CPU build cannot make a V2 config)."""
+    out = run_script(
+        f"""
+        import logging, sys
+        logging.basicConfig(level=logging.WARNING, stream=sys.stdout)
+        from prometheus_client import REGISTRY
+        from exporter import logits_select
+        from vllm.config import VllmConfig
+        from vllm.engine.arg_utils import EngineArgs
+        logits_select.install()
+        base = dict(model={str(tiny_model)!r}, dtype="float32", max_model_len=256,
+                    enforce_eager=True, block_size=32,
+                    logits_processors=[logits_select.V1_PROCESSOR])
+        ngram = dict(method="ngram", num_speculative_tokens=2, prompt_lookup_max=3)
+        def source():
+            return REGISTRY.get_sample_value("warden_source_available", dict(source="logits"))
+        for name, extra in [("plain", dict()), ("pool", dict(runner="pooling")),
+                            ("convert", dict(convert="embed")),
+                            ("plain", dict()), ("spec", dict(speculative_config=ngram))]:
+            config = EngineArgs(**base, **extra).create_engine_config()
+            print("CASE", name, config.model_config.runner_type,
+                  config.model_config.logits_processors, source())
+
+        args = EngineArgs(**base, return_sampling_mask=True, logprobs_mode="processed_logprobs")
+        config = EngineArgs(**base, logprobs_mode="processed_logprobs").create_engine_config()
+        config.model_config.return_sampling_mask = True
+        VllmConfig.use_v2_model_runner = property(lambda self: True)
+        try:
+            config._verify_sampling_replay_config()
+        except ValueError as exc:
+            print("VLLM REFUSES", exc)
+        logits_select.leave_out_before_config(args)
+        config.model_config.logits_processors = args.logits_processors
+        config._verify_sampling_replay_config()
+        print("CASE mask", args.logits_processors, source())
+        """,
+        tmp_path,
+        VLLM_CPU_KVCACHE_SPACE="1",
+    )
+    v1 = f"[{logits_select.V1_PROCESSOR!r}]"
+    assert f"CASE plain generate {v1} 1.0" in out
+    assert "CASE pool pooling None 0.0" in out
+    assert "CASE convert pooling None 0.0" in out
+    assert "CASE spec generate None 0.0" in out
+    assert "VLLM REFUSES sampling distribution replay does not support custom logits" in out
+    assert "CASE mask None 0.0" in out
+    assert out.count("processor left out): pooling models") == 2
+    assert "processor left out): the V1 model runner takes no custom logits processor" in out
+    assert "processor left out): --return-sampling-mask" in out
+
+
 # --- engine errors in a forked engine core -----------------------------------------------------
 
 
@@ -214,6 +272,72 @@ def test_forked_engine_core_counts_classified_errors_and_fails_readiness(tmp_pat
     out = run_script(FORKED_ENGINE_CORE, tmp_path, VLLM_PLUGINS="warden")
     assert "COUNT 1.0" in out
     assert "name='driver_error', ok=False" in out and "1 CUDA driver errors" in out
+
+
+# --- heartbeats from forked engine processes -----------------------------------------------------
+
+
+FORKED_HEARTBEATS = """
+import multiprocessing, os, threading, time
+from pathlib import Path
+from vllm.plugins import load_general_plugins
+load_general_plugins()                 # the API process: warden's plugin registers here
+from exporter import plugin
+from exporter.heartbeat import heartbeat_dir, read_beats
+beats = heartbeat_dir(os.environ["WARDEN_SIGNAL_BOARD"])
+fork = multiprocessing.get_context("fork")
+
+def wait_for_own_beat():
+    mine = beats / str(os.getpid())
+    deadline = time.monotonic() + 60
+    while not mine.exists():
+        assert time.monotonic() < deadline, f"no beat file {mine}"
+        time.sleep(0.05)
+    load_general_plugins()             # vLLM's flag is inherited: a no-op here
+    plugin.register()                  # so is warden's: must not start a second heartbeat
+    names = [t.name for t in threading.enumerate() if t.name == "warden-heartbeat"]
+    assert names == ["warden-heartbeat"], names
+
+def worker():                          # forked by the engine core, as MultiprocExecutor does
+    wait_for_own_beat()
+    print("WORKER", os.getpid(), flush=True)
+
+def engine_core():                     # forked by the API process, as vLLM does on CUDA
+    wait_for_own_beat()
+    child = fork.Process(target=worker)
+    child.start(); child.join()
+    assert child.exitcode == 0, child.exitcode
+    assert (beats / str(os.getpid())).exists(), "the worker's exit took the core's beat"
+    print("CORE", os.getpid(), flush=True)
+
+assert not [t for t in threading.enumerate() if t.name == "warden-heartbeat"], "API process beats"
+core = fork.Process(target=engine_core)
+core.start(); core.join()
+assert core.exitcode == 0, core.exitcode
+
+# A child forked by other means (a library forking to exec a program) gets no heartbeat, so
+# it can never leave a beat file for a live process that does not beat.
+pid = os.fork()
+if pid == 0:
+    threads = [t.name for t in threading.enumerate()]
+    os._exit(0 if "warden-heartbeat" not in threads else 1)
+assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0, "os.fork child beats"
+assert Path(os.environ["WARDEN_SIGNAL_BOARD"]).exists(), "a child's exit removed the board"
+print("FILES", sorted(p.name for p in beats.iterdir() if p.name.isdigit()))
+"""
+
+
+def test_forked_engine_processes_start_their_own_heartbeat(tmp_path: Path) -> None:
+    """The CUDA start path: the API process registers warden's plugin, then forks the engine
+    core, which forks a worker. Neither runs the plugin again (vLLM's and warden's flags are
+    inherited), yet each beats under its own pid, exactly once, and no child's exit removes its
+    parent's board or beat file."""
+    out = run_script(FORKED_HEARTBEATS, tmp_path, VLLM_PLUGINS="warden")
+    core = next(line.split()[1] for line in out.splitlines() if line.startswith("CORE "))
+    worker = next(line.split()[1] for line in out.splitlines() if line.startswith("WORKER "))
+    assert core != worker
+    files = next(line for line in out.splitlines() if line.startswith("FILES "))
+    assert f"'{core}'" in files and f"'{worker}'" in files
 
 
 # --- import hooks -------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ measured the way vLLM measures them. No fakes, no vLLM."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -89,6 +90,36 @@ def test_nvml_sees_this_process_allocate(device: int, gpu_report: dict[str, Any]
         "total_gib": round(before.total_bytes / GIB, 2),
         "seen_gib_for_a_4gib_tensor": round((during.used_bytes - before.used_bytes) / GIB, 2),
     }
+
+
+def test_nvml_counts_this_processs_own_memory(device: int, gpu_report: dict[str, Any]) -> None:
+    """The engine's own usage (NVML per process, what the device risk counts on a shared GPU):
+    a 4 GiB tensor shows in this process's figure. Where NVML lists no process with this pid
+    (a container that sees host pids), the adapter says so with None: the risk then counts the
+    whole device."""
+    nvml = NvmlDevices()
+    assert nvml.availability() is None, nvml.availability()
+    indices = nvml.device_indices()
+    index = indices[device] if device < len(indices) else indices[0]
+    torch.empty(1, device=f"cuda:{device}")  # this process holds a context on the device
+    before = nvml.read(index, {os.getpid()})
+    block = torch.empty(4 * GIB, dtype=torch.uint8, device=f"cuda:{device}")
+    block.fill_(1)
+    torch.cuda.synchronize()
+    during = nvml.read(index, {os.getpid()})
+    del block
+    torch.cuda.empty_cache()
+    assert nvml.read(index, {1 << 30}).engine_bytes is None  # a pid on no device
+    if before.engine_bytes is None:
+        assert during.engine_bytes is None
+        gpu_report.setdefault("nvml", {})["engine_view"] = "no per-process figure for this pid"
+        return
+    assert during.engine_bytes is not None
+    assert during.engine_bytes - before.engine_bytes >= int(3.5 * GIB)
+    assert during.engine_bytes <= during.used_bytes
+    gpu_report.setdefault("nvml", {})["engine_view"] = (
+        f"this process: {round(during.engine_bytes / GIB, 2)} GiB with a 4 GiB tensor"
+    )
 
 
 def test_cuda_graph_capture_and_replay_with_pool_bytes(

@@ -10,6 +10,12 @@ from warden.control.config import RetrySettings
 # Reasons (label values of warden_request_retries_total).
 WARDEN_PREEMPTION, ENGINE_OOM, NONFINITE_LOGITS, TIMEOUT = RETRY_REASONS
 TRANSIENT_REASONS = RETRY_REASONS
+# Not a retry reason: the request's own constraints masked every token (never retried).
+ALL_TOKENS_MASKED = "all_tokens_masked"
+ALL_TOKENS_MASKED_MESSAGE = (
+    "every token was masked by this request's own constraints (allowed_token_ids, bad_words, "
+    "logit_bias, or a structured-output grammar that admits nothing): nothing can be generated"
+)
 
 
 def classify_failure(status: int, body: bytes, preempted: bool, nonfinite: bool) -> str | None:

@@ -51,7 +51,13 @@ from warden.control.admission import (
     token_ceiling,
 )
 from warden.control.policy import EffectivePolicy
-from warden.control.retry import TRANSIENT_REASONS, backoff_s, classify_failure
+from warden.control.retry import (
+    ALL_TOKENS_MASKED,
+    ALL_TOKENS_MASKED_MESSAGE,
+    TRANSIENT_REASONS,
+    backoff_s,
+    classify_failure,
+)
 from warden.control.token_limits import Limit, Unreadable
 from warden.engine import flag_wait, routes, runtime
 
@@ -509,8 +515,10 @@ class WardenMiddleware:
     async def _failure(self, status: int, body: bytes, rid: str) -> str | None:
         # A success may still carry a poisoned last token: wait (boundedly) for its flag.
         wait_s = flag_wait.configured_wait_s() if status < 400 else 0.0
-        nonfinite = await flag_wait.nonfinite_flag(self.board, rid, wait_s) is not None
-        return classify_failure(status, body, self.control.was_preempted(rid), nonfinite)
+        flag = await flag_wait.nonfinite_flag(self.board, rid, wait_s)
+        if flag == "masked":
+            return ALL_TOKENS_MASKED
+        return classify_failure(status, body, self.control.was_preempted(rid), flag is not None)
 
     async def _exhausted(self, send: Send, reason: str, sent_start: bool) -> None:
         self.control.retries_exhausted.labels(reason).inc()
@@ -542,6 +550,10 @@ class WardenMiddleware:
         status = int(start.get("status", 500))
         data = b"".join(chunks)
         reason = await self._failure(status, data, rid)
+        if reason == ALL_TOKENS_MASKED:
+            body = _error_body(ALL_TOKENS_MASKED_MESSAGE, "BadRequestError", 400, reason)
+            await self._reply(send, 400, body)
+            return None
         if reason is not None and reason in TRANSIENT_REASONS:
             if last:
                 await self._exhausted(send, reason, sent_start=False)
@@ -577,7 +589,7 @@ class WardenMiddleware:
                 if not chunk and more:
                     return
                 reason = await self._failure(state["status"], chunk, rid)
-                if reason is not None and not last:
+                if reason in TRANSIENT_REASONS and not last:
                     state["abandoned"] = reason
                     return
                 state["started"] = True
@@ -585,12 +597,16 @@ class WardenMiddleware:
             elif b"data: [DONE]" in chunk:
                 reason = await self._failure(state["status"], b"", rid)
                 if reason is not None:
-                    self.control.retries_exhausted.labels(reason).inc()
+                    masked = reason == ALL_TOKENS_MASKED
+                    if not masked:
+                        self.control.retries_exhausted.labels(reason).inc()
                     event = {
                         "error": {
-                            "message": f"stream aborted by warden: {reason}",
-                            "type": "server_error",
-                            "code": 500,
+                            "message": ALL_TOKENS_MASKED_MESSAGE
+                            if masked
+                            else f"stream aborted by warden: {reason}",
+                            "type": "BadRequestError" if masked else "server_error",
+                            "code": 400 if masked else 500,
                             "warden_reason": reason,
                         }
                     }
@@ -603,7 +619,7 @@ class WardenMiddleware:
         if not state["started"]:
             # The stream ended without a byte: answer with what we held.
             reason = await self._failure(state["status"], b"", rid)
-            if reason is not None and last:
+            if reason in TRANSIENT_REASONS and last:
                 await self._exhausted(send, reason, sent_start=False)
                 return None
             if held:
