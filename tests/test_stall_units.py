@@ -25,7 +25,8 @@ from exporter import catalog, heartbeat
 from exporter.heartbeat import Beat, Heartbeat, main_thread_in_step, read_beats
 from exporter.metrics import WardenMetrics
 from exporter.settings import WardenSettings
-from exporter.stall import StallCollector, judge
+from exporter.stall import HangLimits, StallCollector, judge
+from exporter.step_clock import StepClock
 from exporter.step_monitor import StepMonitor
 from warden.common.waiting import wait_until
 
@@ -67,6 +68,82 @@ def test_a_stall_is_no_step_while_requests_wait_unless_one_long_step_beats(
     assert says in verdict.reason
 
 
+LEARNED = 12.0  # the hang threshold of an engine whose longest step took 1.2 s
+
+
+@pytest.mark.parametrize(
+    ("quiet", "beats", "stalled", "says"),
+    [
+        # A step far beyond the learned threshold: hung, long before the stall timeout.
+        (13, [beat(11, step_for=13), beat(12)], True, "one step has run for 13s (hang threshold"),
+        (11, [beat(11, step_for=11), beat(12)], False, "steps are ending"),
+        # The heartbeat's step started before the last step the API process saw end: the
+        # API process's wait is the step's age at most.
+        (11, [beat(11, step_for=40), beat(12)], False, "steps are ending"),
+        # A stopped process: silent for longer than the threshold.
+        (14, [beat(11, age=13, step_for=14), beat(12)], True, "engine process 11 silent"),
+        # Between steps for longer than the threshold: the stall timeout still decides.
+        (20, [beat(11), beat(12)], False, "between steps"),
+    ],
+)
+def test_a_step_beyond_the_learned_threshold_is_a_hang(
+    quiet: float, beats: list[Beat], stalled: bool, says: str
+) -> None:
+    verdict = judge(NOW, 2, NOW - quiet, beats, TIMEOUT, LEARNED)
+    assert verdict.stalled is stalled
+    assert says in verdict.reason
+
+
+def learned(longest: float, steps: int = 100) -> Beat:
+    return Beat(11, 0.5, None, True, longest, steps)
+
+
+@pytest.mark.parametrize(
+    ("beats", "threshold"),
+    [
+        (None, 300.0),  # no heartbeats: the upper bound
+        ([beat(11)], 300.0),  # nothing learned yet (warm-up): the upper bound
+        ([learned(0.05)], 10.0),  # short steps: the floor
+        ([learned(1.2), beat(12)], 12.0),  # a multiple of the longest step
+        ([learned(0.2), learned(2.5)], 25.0),  # the longest of every engine process
+        ([learned(90.0)], 300.0),  # never above WARDEN_STALL_MAX_STEP_S
+    ],
+)
+def test_the_hang_threshold_follows_the_longest_steps(
+    beats: list[Beat] | None, threshold: float
+) -> None:
+    assert HangLimits(10.0, 10.0, 300.0).threshold(beats) == threshold
+
+
+def test_the_step_clock_learns_the_longest_step_after_the_warm_up() -> None:
+    clock = StepClock(warmup_steps=2)
+    for started, took in ((0.0, 30.0), (40.0, 5.0), (50.0, 0.2), (51.0, 0.5), (52.0, 0.1)):
+        clock.start(started)
+        assert clock.started == started
+        clock.end(started + took)
+        assert clock.started is None and clock.ended == started + took
+    # The first two (compilation, warm-up) are not learned.
+    assert clock.steps == 5 and clock.learned_steps == 3 and clock.longest_s == 0.5
+
+
+def test_a_beat_publishes_the_step_clock(tmp_path: Path) -> None:
+    """Where the engine core's steps are timed, the beat says when the running step started
+    (not when a run of back-to-back steps did) and what was learned."""
+    steps = StepClock(warmup_steps=0)
+    clock = [NOW]
+    beat = Heartbeat(tmp_path, in_step=lambda: True, clock=lambda: clock[0], steps=lambda: steps)
+    steps.start(NOW - 0.3)
+    steps.end(NOW - 0.1)
+    beat.beat()  # between two steps, whatever the stack looked like a moment ago
+    (found,) = read_beats(tmp_path, time.time())
+    assert found.step_since is None
+    assert found.longest_s == pytest.approx(0.2) and found.learned_steps == 1
+    clock[0] += 5
+    steps.start(NOW + 4)
+    beat.beat()  # inside a timed step: since its start
+    assert read_beats(tmp_path, time.time())[0].step_since == pytest.approx(NOW + 4)
+
+
 def test_collector_reads_heartbeats_and_reports_a_long_step_as_no_stall(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -74,7 +151,8 @@ def test_collector_reads_heartbeats_and_reports_a_long_step_as_no_stall(
     metrics = WardenMetrics(registry)
     clock = [NOW]
     monitor = StepMonitor(WardenSettings(), metrics, None, clock=lambda: clock[0])
-    stall = StallCollector(monitor, metrics, TIMEOUT, MAX_STEP, tmp_path, clock=lambda: clock[0])
+    limits = HangLimits(max_step_s=MAX_STEP)
+    stall = StallCollector(monitor, metrics, TIMEOUT, limits, tmp_path, clock=lambda: clock[0])
     monitor.on_step(running=1, waiting=2, kv_usage=0.1)
     pid_file = tmp_path / str(os.getpid())  # this process stands for the engine core
     clock[0] += 60
@@ -91,6 +169,7 @@ def test_collector_reads_heartbeats_and_reports_a_long_step_as_no_stall(
         monitor.on_step(running=1, waiting=1, kv_usage=0.1)
         stall.collect()
         assert not stall.stalled
+    assert registry.get_sample_value(catalog.ENGINE_HANG_THRESHOLD.name) == MAX_STEP
     messages = [r.getMessage() for r in caplog.records]
     assert any("not a stall: one long step" in m for m in messages)
     assert any("longer than WARDEN_STALL_TIMEOUT_S=30" in m for m in messages)
