@@ -101,6 +101,9 @@ class WardenSettings(BaseSettings):
     host: str = Field("0.0.0.0", description="container: address vLLM binds")
     port: int = Field(8000, ge=1, le=65535, description="container: vLLM's port")
     data_dir: Path = Field(Path("/data"), description="container: model and run folder")
+    supervisor_port: int = Field(
+        8001, ge=1, le=65535, description="container: the supervisor's port (liveness, control)"
+    )
     # --- test switches (off in production) ------------------------------------------------
     test_inject_nonfinite: bool = Field(False, description="poison marked requests' logits")
     test_failing_collector: bool = Field(False, description="add a collector that raises")

@@ -159,6 +159,7 @@ class StallCollector:
             )
         self.stalled = verdict.stalled
         self.verdict = verdict
+        self.monitor.stall_reason = verdict.reason
         self._gauge.set(1 if self.stalled else 0)
 
 

@@ -74,7 +74,11 @@ def process_clock() -> StepClock | None:
 
 def install() -> None:
     """Time every engine step, from the moment ``vllm.v1.engine.core`` is imported."""
-    import_hooks.when_imported(CORE_MODULE, patch)
+
+    def hook(module: ModuleType) -> None:
+        patch(module)
+
+    import_hooks.when_imported(CORE_MODULE, hook)
 
 
 def patch(core_module: ModuleType, clock: Callable[[], float] = time.time) -> bool:
