@@ -52,7 +52,7 @@ VLLM_ARGS = " ".join(tiny_engine_args("--max-model-len", "2048", "--max-num-seqs
 START_TIMEOUT_S = 600.0
 HANG_DETECTED_WITHIN_S = 15.0
 SATURATED_S = 75.0
-LONG_PROMPT_WORDS = 1200
+LONG_PROMPT_TOKENS = 1200  # "the" is one token of the tiny tokenizer
 DEFAULTS = load_settings({})
 GRACE_S = SupervisorConfig().stall_grace_s
 # How late a restart may come after its threshold and grace: beats and probes run once a
@@ -181,7 +181,7 @@ def test_a_saturated_engine_with_long_prompts_is_never_stalled(container: Contai
     together) for ``SATURATED_S``: no stall verdict, readiness never says stalled, no
     restart; the threshold is learned from these very steps."""
     generation = container.state().generation
-    prompt = " ".join(["warden"] * LONG_PROMPT_WORDS)
+    prompt = " ".join(["the"] * LONG_PROMPT_TOKENS)
     deadline = time.monotonic() + SATURATED_S
     statuses: list[int] = []
     verdicts: list[bool] = []

@@ -16,14 +16,16 @@ import sys
 import textwrap
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-from exporter import catalog, heartbeat
+from exporter import catalog, heartbeat, step_clock
 from exporter.heartbeat import Beat, Heartbeat, main_thread_in_step, read_beats
 from exporter.metrics import WardenMetrics
+from exporter.request_args import HANG_ARG
 from exporter.settings import WardenSettings
 from exporter.stall import HangLimits, StallCollector, judge
 from exporter.step_clock import StepClock
@@ -261,3 +263,76 @@ def test_a_stopped_process_stops_beating_and_beats_again_when_continued(tmp_path
     finally:
         child.kill()
         child.wait(10)
+
+
+@pytest.fixture(autouse=True)
+def _no_step_clock_left_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Patching a stand-in sets this process's step clock; later tests must not see it."""
+    monkeypatch.setattr(step_clock, "_clock", None)
+
+
+def _stand_in_core(requests: dict[str, object]) -> tuple[types.ModuleType, list[str]]:
+    """A module shaped like vLLM's engine core: EngineCoreProc with its step method."""
+    calls: list[str] = []
+
+    class EngineCoreProc:
+        scheduler = types.SimpleNamespace(requests=requests)
+
+        def _process_engine_step(self) -> bool:
+            calls.append("step")
+            return True
+
+    module = types.ModuleType(step_clock.CORE_MODULE)
+    module.EngineCoreProc = EngineCoreProc  # type: ignore[attr-defined]
+    return module, calls
+
+
+def _request(**extra_args: object) -> object:
+    return types.SimpleNamespace(sampling_params=types.SimpleNamespace(extra_args=extra_args))
+
+
+def test_the_engine_core_step_is_timed_and_patched_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WARDEN_STALL_WARMUP_STEPS", "1")
+    module, calls = _stand_in_core({"a": _request()})
+    times = iter([100.0, 100.5, 200.0, 202.0])
+    assert step_clock.patch(module, clock=lambda: next(times))
+    assert step_clock.patch(module)  # already wrapped: nothing changes
+    core = module.EngineCoreProc()
+    assert core._process_engine_step() and core._process_engine_step()
+    clock = step_clock.process_clock()
+    assert clock is not None and calls == ["step", "step"]
+    assert clock.steps == 2 and clock.learned_steps == 1 and clock.longest_s == 2.0
+
+
+def test_the_hang_switch_blocks_only_a_step_with_a_marked_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("WARDEN_TEST_HANG_STEP", "1")
+    requests: dict[str, object] = {"a": _request(other=1)}
+    module, calls = _stand_in_core(requests)
+    assert step_clock.patch(module)
+    core = module.EngineCoreProc()
+    assert core._process_engine_step() and calls == ["step"]  # no marked request: a step
+    requests["b"] = _request(**{HANG_ARG: True})
+    stepping = threading.Thread(target=core._process_engine_step, daemon=True)
+    stepping.start()
+    stepping.join(0.5)
+    clock = step_clock.process_clock()
+    assert stepping.is_alive() and clock is not None and clock.started is not None
+    assert calls == ["step"]  # the hung step never reached vLLM's
+
+
+def test_without_the_switch_a_marked_request_steps_normally(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("WARDEN_TEST_HANG_STEP", raising=False)
+    module, calls = _stand_in_core({"b": _request(**{HANG_ARG: True})})
+    assert step_clock.patch(module)
+    assert module.EngineCoreProc()._process_engine_step() and calls == ["step"]
+
+
+def test_vllms_engine_core_has_the_step_the_clock_wraps() -> None:
+    from vllm.v1.engine import core
+
+    assert core.__name__ == step_clock.CORE_MODULE
+    assert callable(getattr(getattr(core, step_clock.CORE_CLASS), step_clock.STEP_METHOD))

@@ -1,0 +1,141 @@
+"""No false stall verdict on a saturated engine: the engine container, long prompts, minutes.
+
+Runs the engine container's entrypoint natively (``python -m warden.stack.container``, the
+environment ``docker-compose config`` gives the engine, the tiny model with room for long
+prompts), then keeps it saturated: closed-loop clients, each always with one long-prompt
+request in flight, so every step mixes prefill chunks and decodes. Every half second it reads
+``/metrics`` (the stall gauge, the hang threshold in force) and ``/warden/ready``. At the end:
+the stall verdicts seen (must be 0), restarts (must be 0), the threshold's range, requests and
+their latency. The CI test (tests/test_container_engine.py) runs the same for 75 s.
+
+Usage:  .venv/bin/python -m benchmarks.stall_saturation --seconds 300 [--clients 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from exporter import catalog
+from tests.support.container import compose_engine_environment, start_container, stop_container
+from warden.cli.tinymodel import tiny_engine_args
+from warden.common.metrics_text import parse_samples, sample
+from warden.common.waiting import wait_until
+
+VLLM_ARGS = " ".join(tiny_engine_args("--max-model-len", "2048", "--max-num-seqs", "8"))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=300.0)
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--prompt-words", type=int, default=1200)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    args = parser.parse_args()
+
+    data_dir = Path(tempfile.mkdtemp(prefix="warden-stall-saturation-"))
+    env = compose_engine_environment(data_dir / "compose.env", {"WARDEN_VLLM_ARGS": VLLM_ARGS})
+    token = data_dir / "token"
+    token.write_text("benchmark-token")
+    token.chmod(0o600)
+    env["WARDEN_WEBHOOK_TOKEN_FILE"] = str(token)
+    for name in [k for k in env if k.startswith("OTEL_")]:
+        del env[name]  # no Tempo here
+    container = start_container(data_dir, env)
+    model = str(data_dir / "tiny-model")
+    url = container.url
+    try:
+        wait_until(
+            lambda: (
+                container.state().phase == "running"
+                and httpx.get(f"{url}/health", timeout=5).status_code == 200
+            ),
+            600,
+            1.0,
+            "the engine serving",
+        )
+        generation = container.state().generation
+        prompt = " ".join(["the"] * args.prompt_words)  # one token each
+        deadline = time.monotonic() + args.seconds
+        latencies: list[float] = []
+        statuses: list[int | str] = []
+
+        def client(index: int) -> None:
+            while time.monotonic() < deadline:
+                started = time.monotonic()
+                body = {
+                    "model": model,
+                    "prompt": f"{index} {prompt}",
+                    "max_tokens": args.max_tokens,
+                    "ignore_eos": True,
+                }
+                try:
+                    response = httpx.post(f"{url}/v1/completions", json=body, timeout=300)
+                    statuses.append(response.status_code)
+                except httpx.HTTPError as exc:
+                    statuses.append(type(exc).__name__)
+                latencies.append(time.monotonic() - started)
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(args.clients)]
+        for thread in threads:
+            thread.start()
+        readings: list[dict[str, Any]] = []
+        failing_seen: set[str] = set()
+        started = time.monotonic()
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                samples = parse_samples(httpx.get(f"{url}/metrics", timeout=10).text)
+                ready = httpx.get(f"{url}/warden/ready", timeout=10).json()
+                failing_seen.update(ready.get("failing", []))
+                readings.append(
+                    {
+                        "t": round(time.monotonic() - started, 1),
+                        "stalled": sample(samples, catalog.ENGINE_STALLED.name),
+                        "threshold": sample(samples, catalog.ENGINE_HANG_THRESHOLD.name),
+                        "running": sample(samples, catalog.VLLM_NUM_REQUESTS_RUNNING.name),
+                        "waiting": sample(samples, catalog.VLLM_NUM_REQUESTS_WAITING.name),
+                    }
+                )
+            time.sleep(0.5)
+        for thread in threads:
+            thread.join()
+        thresholds = [r["threshold"] for r in readings]
+        busy = [r for r in readings if r["running"] + r["waiting"] > 0]
+        result = {
+            "seconds": args.seconds,
+            "clients": args.clients,
+            "prompt_words": args.prompt_words,
+            "requests": len(statuses),
+            "statuses": {str(s): statuses.count(s) for s in set(statuses)},
+            "latency_s": {
+                "p50": round(statistics.median(latencies), 2) if latencies else None,
+                "max": round(max(latencies), 2) if latencies else None,
+            },
+            "readings": len(readings),
+            "busy_readings": len(busy),
+            "stall_verdicts": sum(1 for r in readings if r["stalled"] == 1),
+            "readiness_failing_seen": sorted(failing_seen),
+            "restarts": container.state().generation - generation,
+            "hang_threshold_s": {"min": min(thresholds), "max": max(thresholds)}
+            if thresholds
+            else None,
+        }
+        print(json.dumps(result, indent=2))
+        ok = result["stall_verdicts"] == 0 and result["restarts"] == 0
+        return 0 if ok else 1
+    finally:
+        stop_container(container, set())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
