@@ -212,6 +212,8 @@ def test_a_saturated_engine_with_long_prompts_is_never_stalled(container: Contai
     )
     assert statuses and set(statuses) == {200}, statuses
     assert verdicts and not any(verdicts)
+    # The learned threshold (not only the upper bound of the warm-up) was in force.
+    assert min(thresholds) < DEFAULTS.stall_max_step_s, thresholds
     assert "stalled" not in failing_seen
     assert container.state().generation == generation, "a saturated engine was restarted"
     assert restarts(container, "stalled") == 1  # the hang's, before

@@ -146,6 +146,10 @@ class Supervisor:
         return "queued"
 
     def stop(self) -> None:
+        """Drain the engine, stop it and return from ``run``; called again, skip the rest of
+        the drain."""
+        if self._stop.is_set():
+            self._hurry.set()
         self._stop.set()
         self._wake.set()
 
@@ -157,9 +161,8 @@ class Supervisor:
             name = signal.Signals(signum).name
             if self._stop.is_set():
                 log.warning("supervisor: %s received again, not waiting for the drain", name)
-                self._hurry.set()
-                return
-            log.info("supervisor: %s received, draining and stopping", name)
+            else:
+                log.info("supervisor: %s received, draining and stopping", name)
             self.stop()
 
         def on_hup(_signum: int, _frame: FrameType | None) -> None:
@@ -196,6 +199,7 @@ class Supervisor:
                 engine.close()
             with self._lock:
                 self.state.phase = Phase.STOPPED
+                self.state.draining = False
                 self.state.engine_pid = None
                 self._save()
             if self.control is not None:
