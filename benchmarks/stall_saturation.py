@@ -69,6 +69,8 @@ def main() -> int:
         deadline = time.monotonic() + args.seconds
         latencies: list[float] = []
         statuses: list[int | str] = []
+        in_flight = [0]  # requests the clients have sent and not yet had answered
+        lock = threading.Lock()
 
         def client(index: int) -> None:
             while time.monotonic() < deadline:
@@ -79,11 +81,16 @@ def main() -> int:
                     "max_tokens": args.max_tokens,
                     "ignore_eos": True,
                 }
+                with lock:
+                    in_flight[0] += 1
                 try:
                     response = httpx.post(f"{url}/v1/completions", json=body, timeout=300)
                     statuses.append(response.status_code)
                 except httpx.HTTPError as exc:
                     statuses.append(type(exc).__name__)
+                finally:
+                    with lock:
+                        in_flight[0] -= 1
                 latencies.append(time.monotonic() - started)
 
         threads = [threading.Thread(target=client, args=(i,)) for i in range(args.clients)]
@@ -104,6 +111,7 @@ def main() -> int:
                         "threshold": sample(samples, catalog.ENGINE_HANG_THRESHOLD.name),
                         "running": sample(samples, catalog.VLLM_NUM_REQUESTS_RUNNING.name),
                         "waiting": sample(samples, catalog.VLLM_NUM_REQUESTS_WAITING.name),
+                        "client_in_flight": in_flight[0],
                     }
                 )
             time.sleep(0.5)
@@ -123,6 +131,9 @@ def main() -> int:
             },
             "readings": len(readings),
             "busy_readings": len(busy),
+            "client_in_flight_median": statistics.median(r["client_in_flight"] for r in readings)
+            if readings
+            else None,
             "stall_verdicts": sum(1 for r in readings if r["stalled"] == 1),
             "readiness_failing_seen": sorted(failing_seen),
             "restarts": container.state().generation - generation,
