@@ -2,13 +2,18 @@
 
 Runs the engine container's entrypoint natively (``python -m warden.stack.container``, the
 environment ``docker-compose config`` gives the engine, the tiny model with room for long
-prompts), then keeps it saturated: closed-loop clients, each always with one long-prompt
-request in flight, so every step mixes prefill chunks and decodes. Every half second it reads
-``/metrics`` (the stall gauge, the hang threshold in force) and ``/warden/ready``. At the end:
-the stall verdicts seen (must be 0), restarts (must be 0), the threshold's range, requests and
-their latency. The CI test (tests/test_container_engine.py) runs the same for 75 s.
+prompts), then keeps it saturated: more closed-loop clients than the batch holds, each always
+with one request in flight (a 1200-token prompt, 256 generated tokens), so the batch stays
+full, steps mix prefill chunks and decodes, and a queue waits behind them. Each busy step is
+slowed by 20 ms (``WARDEN_TEST_STEP_DELAY_S``): the tiny model's steps take microseconds, and
+on a CPU the API process would otherwise be the bottleneck, leaving the engine idle between
+requests. Every half second
+it reads ``/metrics`` (the stall gauge, the hang threshold in force, vLLM's running and waiting
+counts) and ``/warden/ready``. At the end: the stall verdicts seen (must be 0), restarts (must
+be 0), how often the batch was full, the threshold's range, requests and their latency. The
+CI test (tests/test_container_engine.py) runs the same for 75 s.
 
-Usage:  .venv/bin/python -m benchmarks.stall_saturation --seconds 300 [--clients 8]
+Usage:  .venv/bin/python -m benchmarks.stall_saturation --seconds 300 [--clients 10]
 """
 
 from __future__ import annotations
@@ -32,15 +37,24 @@ from warden.cli.tinymodel import tiny_engine_args
 from warden.common.metrics_text import parse_samples, sample
 from warden.common.waiting import wait_until
 
-VLLM_ARGS = " ".join(tiny_engine_args("--max-model-len", "2048", "--max-num-seqs", "8"))
+MAX_NUM_SEQS = 8
+VLLM_ARGS = " ".join(
+    tiny_engine_args("--max-model-len", "2048", "--max-num-seqs", str(MAX_NUM_SEQS))
+)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=300.0)
-    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--clients", type=int, default=MAX_NUM_SEQS + 2)
     parser.add_argument("--prompt-words", type=int, default=1200)
-    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument(
+        "--step-delay-s",
+        default="0.02",
+        help="WARDEN_TEST_STEP_DELAY_S: slows each busy step so that the engine, not the API "
+        "process, is the bottleneck on a CPU, as on a GPU (0: off)",
+    )
     args = parser.parse_args()
 
     data_dir = Path(tempfile.mkdtemp(prefix="warden-stall-saturation-"))
@@ -51,6 +65,7 @@ def main() -> int:
     env["WARDEN_WEBHOOK_TOKEN_FILE"] = str(token)
     for name in [k for k in env if k.startswith("OTEL_")]:
         del env[name]  # no Tempo here
+    env["WARDEN_TEST_STEP_DELAY_S"] = args.step_delay_s
     container = start_container(data_dir, env)
     model = str(data_dir / "tiny-model")
     url = container.url
@@ -118,11 +133,13 @@ def main() -> int:
         for thread in threads:
             thread.join()
         thresholds = [r["threshold"] for r in readings]
-        busy = [r for r in readings if r["running"] + r["waiting"] > 0]
+        full = [r for r in readings if r["running"] + r["waiting"] >= MAX_NUM_SEQS]
         result = {
             "seconds": args.seconds,
             "clients": args.clients,
             "prompt_words": args.prompt_words,
+            "max_tokens": args.max_tokens,
+            "step_delay_s": float(args.step_delay_s),
             "requests": len(statuses),
             "statuses": {str(s): statuses.count(s) for s in set(statuses)},
             "latency_s": {
@@ -130,7 +147,7 @@ def main() -> int:
                 "max": round(max(latencies), 2) if latencies else None,
             },
             "readings": len(readings),
-            "busy_readings": len(busy),
+            "batch_full_readings": len(full),
             "client_in_flight_median": statistics.median(r["client_in_flight"] for r in readings)
             if readings
             else None,

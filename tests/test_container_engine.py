@@ -5,7 +5,7 @@ a deployment meets: no fakes, one supervised container for the whole module, in 
 2. a hang inside a step (test switch) is called stalled in under 15 s, restarted in-container
    (generation 2) while liveness stays green and readiness is red;
 3. a saturated engine with long prompts (``SATURATED_S``; ``benchmarks/stall_saturation.py``
-   runs the full five minutes) gets no stall verdict and no restart;
+   runs the full five minutes) gets no stall verdict and no restart; its batch is full;
 4. kill -9 of the engine core: restarted (generation 3) with the cause recorded;
 5. SIGSTOP of the engine core with requests pending: stalled and restarted within the bound
    (generation 4);
@@ -46,13 +46,22 @@ from warden.supervisor.config import SupervisorConfig
 pytestmark = pytest.mark.engine
 
 TOKEN = "container-test-token"
-# compose/.env knobs: the tiny model (compose's default) with room for long prompts, and the
-# hang switch (the container refuses it with a real model).
-VLLM_ARGS = " ".join(tiny_engine_args("--max-model-len", "2048", "--max-num-seqs", "8"))
+# compose/.env knobs: the tiny model (compose's default) with room for long prompts; the test
+# switches below (the container refuses them with a real model).
+MAX_NUM_SEQS = 8
+VLLM_ARGS = " ".join(
+    tiny_engine_args("--max-model-len", "2048", "--max-num-seqs", str(MAX_NUM_SEQS))
+)
 START_TIMEOUT_S = 600.0
 HANG_DETECTED_WITHIN_S = 15.0
 SATURATED_S = 75.0
 LONG_PROMPT_TOKENS = 1200  # "the" is one token of the tiny tokenizer
+# Every busy step sleeps this long (test switch): the tiny model's steps take microseconds, so
+# on two cores the API process, not the engine, would be the bottleneck; slowed, the engine is,
+# as on a GPU, and its batch stays full.
+STEP_DELAY_S = "0.02"
+SATURATED_MAX_TOKENS = 256  # long generations: requests stay in the engine, not in the API
+SATURATED_CLIENTS = MAX_NUM_SEQS + 2  # a queue behind the full batch
 DEFAULTS = load_settings({})
 GRACE_S = SupervisorConfig().stall_grace_s
 # How late a restart may come after its threshold and grace: beats and probes run once a
@@ -71,6 +80,7 @@ def container(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Container]:
     for name in [k for k in env if k.startswith("OTEL_")]:
         del env[name]  # no Tempo here
     env["WARDEN_TEST_HANG_STEP"] = "1"
+    env["WARDEN_TEST_STEP_DELAY_S"] = STEP_DELAY_S
     handle = start_container(data_dir, env)
     engine_pids: set[int] = set()
     try:
@@ -177,40 +187,51 @@ def test_a_hang_inside_a_step_is_detected_in_seconds_and_restarted(container: Co
 
 
 def test_a_saturated_engine_with_long_prompts_is_never_stalled(container: Container) -> None:
-    """Closed-loop clients with long prompts keep the batch full (prefill chunks and decodes
-    together) for ``SATURATED_S``: no stall verdict, readiness never says stalled, no
-    restart; the threshold is learned from these very steps."""
+    """More closed-loop clients than the batch holds, each request a long prompt and a long
+    generation, keep the engine full (prefill chunks and decodes in the same steps, a queue
+    behind them) for ``SATURATED_S``: no stall verdict, readiness never says stalled, no
+    restart, while the threshold learned from these very steps is in force."""
     generation = container.state().generation
     prompt = " ".join(["the"] * LONG_PROMPT_TOKENS)
     deadline = time.monotonic() + SATURATED_S
     statuses: list[int] = []
     verdicts: list[bool] = []
+    in_engine: list[float] = []
     failing_seen: set[str] = set()
     thresholds: list[float] = []
 
     def client(index: int) -> None:
         while time.monotonic() < deadline:
-            response = complete(container, f"{index} {prompt}", max_tokens=64, ignore_eos=True)
+            response = complete(
+                container, f"{index} {prompt}", max_tokens=SATURATED_MAX_TOKENS, ignore_eos=True
+            )
             statuses.append(response.status_code)
 
-    with ThreadPoolExecutor(8) as pool:
-        futures = [pool.submit(client, i) for i in range(8)]
+    with ThreadPoolExecutor(SATURATED_CLIENTS) as pool:
+        futures = [pool.submit(client, i) for i in range(SATURATED_CLIENTS)]
         while time.monotonic() < deadline:
             with contextlib.suppress(httpx.HTTPError):
                 samples = metrics(container)
                 verdicts.append(sample(samples, catalog.ENGINE_STALLED.name) == 1)
                 thresholds.append(sample(samples, catalog.ENGINE_HANG_THRESHOLD.name))
+                in_engine.append(
+                    sample(samples, catalog.VLLM_NUM_REQUESTS_RUNNING.name)
+                    + sample(samples, catalog.VLLM_NUM_REQUESTS_WAITING.name)
+                )
                 ready = httpx.get(f"{container.url}/warden/ready", timeout=10)
                 failing_seen.update(ready.json().get("failing", []))
             time.sleep(0.5)
         for future in futures:
             future.result()
+    full = sum(1 for n in in_engine if n >= MAX_NUM_SEQS)
     print(
         f"\nmeasured: saturated {SATURATED_S:.0f}s: {len(statuses)} requests, "
-        f"{len(verdicts)} stall readings, hang threshold {min(thresholds):.1f}-"
-        f"{max(thresholds):.1f}s"
+        f"{len(verdicts)} stall readings, batch full at {full}/{len(in_engine)}, hang "
+        f"threshold {min(thresholds):.1f}-{max(thresholds):.1f}s"
     )
     assert statuses and set(statuses) == {200}, statuses
+    # The engine itself was saturated: its batch full at most readings.
+    assert full >= len(in_engine) / 2, in_engine
     assert verdicts and not any(verdicts)
     # The learned threshold (not only the upper bound of the warm-up) was in force.
     assert min(thresholds) < DEFAULTS.stall_max_step_s, thresholds
