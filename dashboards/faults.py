@@ -28,6 +28,7 @@ from exporter.catalog import (
     COLLECTOR_ERRORS,
     ENGINE_EAGER_MODE,
     ENGINE_ERRORS,
+    ENGINE_HANG_THRESHOLD,
     ENGINE_HEALTHY,
     ENGINE_LAST_STEP,
     ENGINE_READY,
@@ -162,9 +163,16 @@ def liveness_row() -> Row:
 def errors_row() -> Row:
     last_step = timeseries(
         "Time since last engine step",
-        "Per engine. A sawtooth near 0 under load; a straight climb while requests wait is a "
-        "stall (the stall timeout turns it into 'stalled').",
-        [target(seconds_since_last_step(["instance"]), "{{instance}}")],
+        "Per engine, with the hang threshold in force (learned from the engine's longest "
+        "steps). A sawtooth near 0 under load; a straight climb while requests wait is a stall: "
+        "past the threshold inside a step, or past the stall timeout, it is 'stalled'.",
+        [
+            target(seconds_since_last_step(["instance"]), "{{instance}}"),
+            target(
+                aggregate("max", selector(ENGINE_HANG_THRESHOLD), ["instance"]),
+                "hang threshold {{instance}}",
+            ),
+        ],
         "s",
     )
     errors = timeseries(

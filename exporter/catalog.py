@@ -339,6 +339,14 @@ ENGINE_STALLED = _w(
     unit="bool",
     multiprocess_mode="max",
 )
+ENGINE_HANG_THRESHOLD = _w(
+    "warden_engine_hang_threshold_seconds",
+    "gauge",
+    "A step running longer than this is hung: learned from this engine's longest steps "
+    "(a multiple, with a floor), WARDEN_STALL_MAX_STEP_S until learned and at most that.",
+    unit="s",
+    multiprocess_mode="max",
+)
 COLLECTOR_ERRORS = _w(
     "warden_collector_errors_total",
     "counter",

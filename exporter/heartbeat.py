@@ -10,9 +10,11 @@ named after its pid in a folder next to the signal board:
 - the file's modification time is the process's heartbeat: a stopped process (SIGSTOP, a
   frozen host, a thread holding the GIL forever) stops beating;
 - its content says whether the process's main thread is inside an engine step now, and since
-  when it has been seen inside one (``step <unix time>``), or ``idle``. The thread looks at
-  the main thread's stack (``sys._current_frames``) instead of hooking the step: nothing is
-  added to the engine's step path.
+  when (``step <unix time>``), or ``idle``; in the engine core it adds the step clock
+  (``exporter.step_clock``): ``longest=<s> learned=<steps>``, the longest step after the
+  warm-up and how many steps that is learned from. Where the clock runs, the step's start is
+  the clock's; elsewhere the thread looks at the main thread's stack
+  (``sys._current_frames``): nothing is added to the step path for the beat.
 
 A process that exits normally removes its file. Everything happens on the beat thread and on
 the API process's collector thread; a failure here is counted and skipped like any collector.
@@ -30,6 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+
+from exporter.step_clock import StepClock, process_clock
+from exporter.step_clock import install as time_engine_steps
 
 INTERVAL_S = 1.0
 # Frames of vLLM 0.32's engine core that run one engine step (EngineCoreProc and the data
@@ -64,10 +69,12 @@ class Heartbeat:
         in_step: Callable[[], bool] = main_thread_in_step,
         interval_s: float = INTERVAL_S,
         clock: Callable[[], float] = time.time,
+        steps: Callable[[], StepClock | None] = process_clock,
     ) -> None:
         self.pid = os.getpid()
         self.path = directory / str(self.pid)
         self.in_step = in_step
+        self.steps = steps
         self.interval_s = interval_s
         self.clock = clock
         self.step_since: float | None = None
@@ -76,16 +83,24 @@ class Heartbeat:
 
     def beat(self) -> None:
         now = self.clock()
-        if self.in_step():
+        timed = self.steps()
+        if timed is not None:
+            # The clock wraps the whole step: its start, not that of a run of back-to-back
+            # steps, which the stack cannot tell apart.
+            self.step_since = timed.started
+        elif self.in_step():
             self.step_since = self.step_since or now
         else:
             self.step_since = None
         text = IDLE if self.step_since is None else f"step {self.step_since:.3f}"
+        if timed is not None:
+            text += f" longest={timed.longest_s:.3f} learned={timed.learned_steps}"
         temporary = self.path.with_suffix(".tmp")
         temporary.write_text(text)
         os.replace(temporary, self.path)  # readers never see half a file
 
     def start(self) -> None:
+        time_engine_steps()  # the engine core's steps, timed for the beat to publish
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._thread = threading.Thread(target=self._run, name="warden-heartbeat", daemon=True)
         self._thread.start()
@@ -122,6 +137,8 @@ class Beat:
     age_s: float  # since its last beat
     step_since: float | None  # inside an engine step since then (None: not in a step)
     alive: bool  # the process still exists (and is not a zombie)
+    longest_s: float = 0.0  # the engine core's longest step after its warm-up
+    learned_steps: int = 0  # how many steps that is learned from (0: no step clock)
 
 
 def _alive(pid: int) -> bool:
@@ -129,6 +146,16 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def parse_beat(pid: int, age_s: float, text: str, alive: bool) -> Beat:
+    """One heartbeat file's text (``idle`` or ``step <since>``, then ``key=value`` fields)."""
+    words = text.split()
+    since = float(words[1]) if words and words[0] == "step" else None
+    fields = dict(word.split("=", 1) for word in words if "=" in word)
+    longest = float(fields.get("longest", 0.0))
+    learned = int(fields.get("learned", 0))
+    return Beat(pid, age_s, since, alive, longest, learned)
 
 
 def read_beats(directory: Path, now: float) -> list[Beat]:
@@ -141,7 +168,6 @@ def read_beats(directory: Path, now: float) -> list[Beat]:
             with contextlib.suppress(OSError, ValueError):
                 age = now - entry.stat().st_mtime
                 text = Path(entry.path).read_text().strip()
-                since = float(text.split()[1]) if text.startswith("step ") else None
                 pid = int(entry.name)
-                beats.append(Beat(pid, age, since, _alive(pid)))
+                beats.append(parse_beat(pid, age, text, _alive(pid)))
     return beats

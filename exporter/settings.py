@@ -58,7 +58,18 @@ class WardenSettings(BaseSettings):
     # --- exporter cadences ----------------------------------------------------------------
     stall_timeout_s: float = Field(30.0, ge=0.1, le=86400, description="no step this long")
     stall_max_step_s: float = Field(
-        300.0, ge=1, le=86400, description="one step running this long is a stall"
+        300.0, ge=1, le=86400, description="one step running this long is a stall (upper bound)"
+    )
+    # The hang threshold learned while serving (exporter/stall.py): a step running longer than
+    # multiple x the longest step seen (at least the floor, at most stall_max_step_s) is hung.
+    stall_hang_multiple: float = Field(
+        10.0, ge=2, le=1000, description="hung: this many times the longest step seen"
+    )
+    stall_hang_floor_s: float = Field(
+        10.0, ge=1, le=86400, description="the learned hang threshold is never below this"
+    )
+    stall_warmup_steps: int = Field(
+        50, ge=1, le=1_000_000, description="steps after start not learned (compile, warm-up)"
     )
     collector_interval_s: float = Field(1.0, ge=0.05, le=3600, description="device collectors")
     # --- non-finite logits check (engine workers) -----------------------------------------
@@ -99,11 +110,15 @@ class WardenSettings(BaseSettings):
     host: str = Field("0.0.0.0", description="container: address vLLM binds")
     port: int = Field(8000, ge=1, le=65535, description="container: vLLM's port")
     data_dir: Path = Field(Path("/data"), description="container: model and run folder")
+    supervisor_port: int = Field(
+        8001, ge=1, le=65535, description="container: the supervisor's port (liveness, control)"
+    )
     # --- test switches (off in production) ------------------------------------------------
     test_inject_nonfinite: bool = Field(False, description="poison marked requests' logits")
     test_failing_collector: bool = Field(False, description="add a collector that raises")
     test_step_delay_s: float = Field(0.0, ge=0, le=120, description="sleep in busy steps")
     test_engine_error: bool = Field(False, description="marked requests raise in the worker")
+    test_hang_step: bool = Field(False, description="a step with a marked request never ends")
 
     @model_validator(mode="after")
     def _thresholds_ascend(self) -> WardenSettings:

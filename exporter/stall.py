@@ -2,15 +2,24 @@
 the stall check (the hung engine that still answers /health) and the watermark peak's decay.
 A stalled engine calls nothing, so these checks must come from outside the step path.
 
-What "no step progress" means: the API process sees steps *end*. No step ending for
-``WARDEN_STALL_TIMEOUT_S`` while requests wait is a stall only if the engine is not busy with
-one long step (a long prefill on a slow CPU, a huge batch). The engine processes' heartbeats
-(``exporter.heartbeat``) tell which: it is a stall when an engine process stopped beating
-(stopped, frozen), or when no engine step is running at all (the engine ignores its
-queue), or when a single step has run longer than ``WARDEN_STALL_MAX_STEP_S`` (a deadlock
-inside a step, with every thread still alive). A saturated engine ends steps all the time and
-a long step beats: neither is a stall. Without heartbeats (no signal board) the plain rule
-holds: no step for the timeout with requests waiting.
+What "no step progress" means: the API process sees steps *end*. When none ends for a while
+with requests waiting, either one step is long (a long prefill, a huge batch) or the engine is
+hung. The engine processes' heartbeats (``exporter.heartbeat``) tell which:
+
+- an engine process stopped beating (stopped, frozen): a stall once its beat is older than the
+  stall timeout or the hang threshold, whichever is shorter;
+- a step has run longer than the **hang threshold**: a hang inside the step (a kernel or a
+  collective that never returns, with every thread still alive);
+- no engine step runs at all for ``WARDEN_STALL_TIMEOUT_S`` (the engine ignores its queue).
+
+The hang threshold is learned from this engine's own steps (``exporter.step_clock``): a
+multiple (``WARDEN_STALL_HANG_MULTIPLE``, 10) of the longest step seen after the warm-up, never
+below ``WARDEN_STALL_HANG_FLOOR_S`` (10 s) and never above ``WARDEN_STALL_MAX_STEP_S`` (300 s),
+which is also the threshold while nothing is learned yet (the first steps after a start:
+compilation, warm-up). A saturated engine ends steps all the time, and a long prefill is
+bounded by the batch's token budget: neither runs ten times its longest for ten seconds. The
+threshold in force is exported as ``warden_engine_hang_threshold_seconds``. Without heartbeats
+(no signal board) the plain rule holds: no step for the timeout with requests waiting.
 """
 
 from __future__ import annotations
@@ -24,10 +33,33 @@ from pathlib import Path
 from exporter import catalog
 from exporter.heartbeat import Beat, read_beats
 from exporter.metrics import WardenMetrics
-from exporter.settings import env_name
+from exporter.settings import WardenSettings, env_name
 from exporter.step_monitor import StepMonitor
 
 log = logging.getLogger("warden.exporter")
+
+
+@dataclass(frozen=True)
+class HangLimits:
+    """How the hang threshold follows the engine's steps (``WARDEN_STALL_*``)."""
+
+    multiple: float = 10.0
+    floor_s: float = 10.0
+    max_step_s: float = 300.0
+
+    @classmethod
+    def from_settings(cls, settings: WardenSettings) -> HangLimits:
+        return cls(
+            settings.stall_hang_multiple, settings.stall_hang_floor_s, settings.stall_max_step_s
+        )
+
+    def threshold(self, beats: Sequence[Beat] | None) -> float:
+        """Seconds a step may run before it is hung: learned, or the upper bound until then."""
+        learned = [b for b in beats or () if b.learned_steps > 0]
+        if not learned:
+            return self.max_step_s
+        longest = max(b.longest_s for b in learned)
+        return min(self.max_step_s, max(self.floor_s, self.multiple * longest))
 
 
 @dataclass(frozen=True)
@@ -43,31 +75,37 @@ def judge(
     last_progress: float,
     beats: Sequence[Beat] | None,
     timeout_s: float,
-    max_step_s: float,
+    hang_s: float,
 ) -> Verdict:
-    """Stalled or not, and why (``beats`` None: no heartbeats to consult)."""
+    """Stalled or not, and why (``beats`` None: no heartbeats to consult; ``hang_s``: the
+    hang threshold in force)."""
     if pending == 0:
         return Verdict(False, "no request waiting")
     quiet_s = now - last_progress
-    if quiet_s <= timeout_s:
+    if quiet_s <= min(timeout_s, hang_s):
         return Verdict(False, "steps are ending")
     head = f"no engine step ended for {quiet_s:.0f}s with {pending} requests waiting"
     if beats is None:
+        if quiet_s <= timeout_s:
+            return Verdict(False, "steps are ending")
         return Verdict(True, head)
     # A process that is gone is a crash, which vLLM and the supervisor see on their own; its
     # leftover file must not turn the next long step into a stall.
     living = [b for b in beats if b.alive]
-    silent = [b for b in living if b.age_s > timeout_s]
+    silent = [b for b in living if b.age_s > min(timeout_s, hang_s)]
     if silent:
         worst = max(silent, key=lambda b: b.age_s)
         return Verdict(True, f"{head}; engine process {worst.pid} silent for {worst.age_s:.0f}s")
     running = [b.step_since for b in living if b.step_since is not None]
     if not running:
+        if quiet_s <= timeout_s:
+            return Verdict(False, "between steps")
         return Verdict(True, f"{head}; no engine step is running")
-    step_s = now - min(running)
-    if step_s > max_step_s:
-        limit = f"{env_name('stall_max_step_s')}={max_step_s:g}"
-        return Verdict(True, f"{head}; one step has run for {step_s:.0f}s (limit {limit})")
+    # The step's own age, and no more than the API process has waited for it.
+    step_s = min(now - min(running), quiet_s)
+    if step_s > hang_s:
+        limit = f"hang threshold {hang_s:.1f}s"
+        return Verdict(True, f"{head}; one step has run for {step_s:.0f}s ({limit})")
     return Verdict(False, f"one long step, running for {step_s:.0f}s; engine processes alive", True)
 
 
@@ -79,17 +117,20 @@ class StallCollector:
         monitor: StepMonitor,
         metrics: WardenMetrics,
         timeout_s: float,
-        max_step_s: float = 300.0,
+        limits: HangLimits | None = None,
         heartbeats: Path | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.monitor = monitor
         self.timeout_s = timeout_s
-        self.max_step_s = max_step_s
+        self.limits = limits or HangLimits()
         self.heartbeats = heartbeats
         self.clock = clock
         self._gauge = metrics.get(catalog.ENGINE_STALLED)
         self._gauge.set(0)
+        self._threshold = metrics.get(catalog.ENGINE_HANG_THRESHOLD)
+        self.hang_s = self.limits.threshold(None)
+        self._threshold.set(self.hang_s)
         self._last_idle = clock()
         self.stalled = False
         self.verdict = Verdict(False, "no request waiting")
@@ -101,10 +142,10 @@ class StallCollector:
             self._last_idle = now
         # Work arriving on an idle engine starts the clock; every ended step resets it.
         last_progress = max(self.monitor.snapshot.timestamp, self._last_idle)
-        beats = None
-        if self.heartbeats is not None and now - last_progress > self.timeout_s:
-            beats = read_beats(self.heartbeats, now)
-        verdict = judge(now, pending, last_progress, beats, self.timeout_s, self.max_step_s)
+        beats = read_beats(self.heartbeats, now) if self.heartbeats is not None else None
+        self.hang_s = self.limits.threshold(beats)
+        self._threshold.set(self.hang_s)
+        verdict = judge(now, pending, last_progress, beats, self.timeout_s, self.hang_s)
         if verdict.stalled and not self.stalled:
             log.warning("warden: engine stalled: %s", verdict.reason)
         elif self.stalled and not verdict.stalled:
@@ -118,6 +159,7 @@ class StallCollector:
             )
         self.stalled = verdict.stalled
         self.verdict = verdict
+        self.monitor.stall_reason = verdict.reason
         self._gauge.set(1 if self.stalled else 0)
 
 

@@ -18,7 +18,7 @@ from exporter.heartbeat import heartbeat_dir
 from exporter.metrics import process_metrics
 from exporter.settings import load_settings
 from exporter.signals import SignalBoard
-from exporter.stall import StallCollector, WatermarkPeakCollector
+from exporter.stall import HangLimits, StallCollector, WatermarkPeakCollector
 from exporter.step_monitor import StepMonitor, process_monitor
 from exporter.supervisor_mirror import SupervisorMirror
 
@@ -36,7 +36,7 @@ def _make_monitor() -> StepMonitor:
     heartbeats = heartbeat_dir(path) if path else None
     collectors: list[Any] = [
         StallCollector(
-            monitor, metrics, config.stall_timeout_s, config.stall_max_step_s, heartbeats
+            monitor, metrics, config.stall_timeout_s, HangLimits.from_settings(config), heartbeats
         ),
         WatermarkPeakCollector(monitor),
     ]

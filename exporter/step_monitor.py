@@ -72,6 +72,7 @@ class StepMonitor:
         self._peak = metrics.get(catalog.MEMORY_WATERMARK_PEAK)
         self._peak.set(0)
         self.inflight: Callable[[], int] | None = None
+        self.stall_reason = ""  # the stall check's last verdict, for readiness to say why
         self.watermark_changed_at: float | None = None
         # Recent changes as (time, level entered, deciding signal, its risk), for
         # /warden/state and for measuring reaction times.

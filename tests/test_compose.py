@@ -10,10 +10,12 @@ the init job's own code runs here for real.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import stat
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -30,7 +32,7 @@ from dashboards.provisioning import (
 )
 from warden.stack import compose_init, traces
 from warden.stack import config as stack_config
-from warden.stack.container import engine_spec
+from warden.stack.container import engine_spec, refuse_test_switches, supervisor_config
 from warden.stack.generate import (
     COMPOSE_PROMETHEUS_PATH,
     COMPOSE_TEMPO_DATASOURCE_PATH,
@@ -385,6 +387,60 @@ def test_container_entrypoint_passes_a_real_model_and_quoted_args() -> None:
     )
     assert tiny is None and spec.model == "Qwen/Qwen2.5-0.5B-Instruct"
     assert spec.extra_args == ["--max-model-len", "4096"]
+
+
+def test_container_entrypoint_supervises_with_its_port_on_the_containers_address() -> None:
+    config = supervisor_config({"WARDEN_SUPERVISOR_PORT": "9101"})
+    assert config.control_host == "0.0.0.0" and config.control_port == 9101
+    assert config.drain_on_stop and config.eager_fallback  # warden serve's defaults otherwise
+
+
+@needs_compose
+def test_the_engine_drains_within_its_stop_grace_period(config: dict[str, Any]) -> None:
+    engine = config["services"]["engine"]
+    assert engine["environment"]["WARDEN_SUPERVISOR_PORT"] == "8001"
+    grace = engine["stop_grace_period"]
+    config_default = supervisor_config({})
+    needed = config_default.drain_timeout_s + config_default.stop_timeout_s
+    assert grace.endswith("s") and float(grace[:-1]) > needed, grace
+
+
+@pytest.mark.parametrize(
+    ("env", "refused"),
+    [
+        ({}, False),
+        ({"WARDEN_TEST_HANG_STEP": "1"}, False),  # the tiny test model (compose's default)
+        ({"WARDEN_MODEL": "org/model"}, False),
+        ({"WARDEN_MODEL": "org/model", "WARDEN_TEST_HANG_STEP": "1"}, True),
+        ({"WARDEN_MODEL": "org/model", "WARDEN_TEST_STEP_DELAY_S": "0.5"}, True),
+        ({"WARDEN_MODEL": "org/model", "WARDEN_TEST_HANG_STEP": "0"}, False),  # off
+    ],
+)
+def test_container_refuses_test_switches_with_a_real_model(
+    env: dict[str, str], refused: bool
+) -> None:
+    refusal = refuse_test_switches(env)
+    assert (refusal is not None) is refused
+    if refusal is not None:
+        assert "WARDEN_MODEL=tiny" in refusal and "WARDEN_TEST_" in refusal
+
+
+def test_the_container_process_exits_at_once_on_a_refused_switch(tmp_path: Path) -> None:
+    env = {
+        "WARDEN_MODEL": "org/model",
+        "WARDEN_TEST_HANG_STEP": "1",
+        "WARDEN_DATA_DIR": str(tmp_path),
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "warden.stack.container"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1
+    assert "WARDEN_TEST_HANG_STEP set with WARDEN_MODEL=org/model" in result.stderr
+    assert not (tmp_path / "run").exists()  # nothing started
 
 
 # --- the init job, run here for real -----------------------------------------------------------

@@ -290,3 +290,52 @@ def test_matcher_translation(text: str, expected: dict[str, str]) -> None:
 def test_matcher_translation_refuses_what_it_cannot_read() -> None:
     with pytest.raises(ValueError):
         crd_matcher("severity critical")
+
+
+# --- The engine's probes: one account in the manifest and both docs ---------------------------
+
+DOCS = (REPO / "docs" / "kubernetes.md", REPO / "docs" / "supervisor.md")
+
+
+def _engine_container() -> dict[str, Any]:
+    stateful_set = one("engine.yaml", "StatefulSet")
+    (container,) = stateful_set["spec"]["template"]["spec"]["containers"]
+    return dict(container)
+
+
+def probe_rows() -> dict[str, str]:
+    """Each probe of the committed manifest as the docs' table starts its row."""
+    container = _engine_container()
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    rows = {}
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        get = container[probe]["httpGet"]
+        rows[probe] = f"| `{probe}` | `GET {get['path']}` on `{get['port']}` ({ports[get['port']]})"
+    return rows
+
+
+def test_liveness_asks_the_supervisor_and_readiness_the_engine() -> None:
+    """The supervisor restarts vLLM in the container; liveness must stay green through those
+    restarts and readiness must fail while the engine is dead or hung."""
+    container = _engine_container()
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert container["args"] == ["python", "-m", "warden.stack.container"]
+    live = container["livenessProbe"]["httpGet"]
+    assert live == {"path": "/supervisor/live", "port": "supervisor"}
+    assert str(ports["supervisor"]) == env["WARDEN_SUPERVISOR_PORT"]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/warden/ready", "port": "http"}
+    assert str(ports["http"]) == env["WARDEN_PORT"]
+    template = one("engine.yaml", "StatefulSet")["spec"]["template"]
+    # The stop signal drains: the grace covers the drain and vLLM's stop.
+    assert template["spec"]["terminationGracePeriodSeconds"] >= 150
+    assert "liveness: the supervisor" in template["metadata"]["annotations"]["vllm-warden/probes"]
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_the_docs_give_the_manifests_probes(doc: Path) -> None:
+    text = doc.read_text()
+    for probe, row in probe_rows().items():
+        assert row in text, f"{doc.name}: the {probe} row must read {row!r}"
+    advice = [line for line in text.splitlines() if "livenessProbe" in line or "liveness:" in line]
+    assert advice and all("/supervisor/live" in line for line in advice), advice

@@ -16,16 +16,19 @@ import sys
 import textwrap
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-from exporter import catalog, heartbeat
+from exporter import catalog, heartbeat, step_clock
 from exporter.heartbeat import Beat, Heartbeat, main_thread_in_step, read_beats
 from exporter.metrics import WardenMetrics
+from exporter.request_args import HANG_ARG
 from exporter.settings import WardenSettings
-from exporter.stall import StallCollector, judge
+from exporter.stall import HangLimits, StallCollector, judge
+from exporter.step_clock import StepClock
 from exporter.step_monitor import StepMonitor
 from warden.common.waiting import wait_until
 
@@ -67,6 +70,82 @@ def test_a_stall_is_no_step_while_requests_wait_unless_one_long_step_beats(
     assert says in verdict.reason
 
 
+LEARNED = 12.0  # the hang threshold of an engine whose longest step took 1.2 s
+
+
+@pytest.mark.parametrize(
+    ("quiet", "beats", "stalled", "says"),
+    [
+        # A step far beyond the learned threshold: hung, long before the stall timeout.
+        (13, [beat(11, step_for=13), beat(12)], True, "one step has run for 13s (hang threshold"),
+        (11, [beat(11, step_for=11), beat(12)], False, "steps are ending"),
+        # The heartbeat's step started before the last step the API process saw end: the
+        # API process's wait is the step's age at most.
+        (11, [beat(11, step_for=40), beat(12)], False, "steps are ending"),
+        # A stopped process: silent for longer than the threshold.
+        (14, [beat(11, age=13, step_for=14), beat(12)], True, "engine process 11 silent"),
+        # Between steps for longer than the threshold: the stall timeout still decides.
+        (20, [beat(11), beat(12)], False, "between steps"),
+    ],
+)
+def test_a_step_beyond_the_learned_threshold_is_a_hang(
+    quiet: float, beats: list[Beat], stalled: bool, says: str
+) -> None:
+    verdict = judge(NOW, 2, NOW - quiet, beats, TIMEOUT, LEARNED)
+    assert verdict.stalled is stalled
+    assert says in verdict.reason
+
+
+def learned(longest: float, steps: int = 100) -> Beat:
+    return Beat(11, 0.5, None, True, longest, steps)
+
+
+@pytest.mark.parametrize(
+    ("beats", "threshold"),
+    [
+        (None, 300.0),  # no heartbeats: the upper bound
+        ([beat(11)], 300.0),  # nothing learned yet (warm-up): the upper bound
+        ([learned(0.05)], 10.0),  # short steps: the floor
+        ([learned(1.2), beat(12)], 12.0),  # a multiple of the longest step
+        ([learned(0.2), learned(2.5)], 25.0),  # the longest of every engine process
+        ([learned(90.0)], 300.0),  # never above WARDEN_STALL_MAX_STEP_S
+    ],
+)
+def test_the_hang_threshold_follows_the_longest_steps(
+    beats: list[Beat] | None, threshold: float
+) -> None:
+    assert HangLimits(10.0, 10.0, 300.0).threshold(beats) == threshold
+
+
+def test_the_step_clock_learns_the_longest_step_after_the_warm_up() -> None:
+    clock = StepClock(warmup_steps=2)
+    for started, took in ((0.0, 30.0), (40.0, 5.0), (50.0, 0.2), (51.0, 0.5), (52.0, 0.1)):
+        clock.start(started)
+        assert clock.started == started
+        clock.end(started + took)
+        assert clock.started is None and clock.ended == started + took
+    # The first two (compilation, warm-up) are not learned.
+    assert clock.steps == 5 and clock.learned_steps == 3 and clock.longest_s == 0.5
+
+
+def test_a_beat_publishes_the_step_clock(tmp_path: Path) -> None:
+    """Where the engine core's steps are timed, the beat says when the running step started
+    (not when a run of back-to-back steps did) and what was learned."""
+    steps = StepClock(warmup_steps=0)
+    clock = [NOW]
+    beat = Heartbeat(tmp_path, in_step=lambda: True, clock=lambda: clock[0], steps=lambda: steps)
+    steps.start(NOW - 0.3)
+    steps.end(NOW - 0.1)
+    beat.beat()  # between two steps, whatever the stack looked like a moment ago
+    (found,) = read_beats(tmp_path, time.time())
+    assert found.step_since is None
+    assert found.longest_s == pytest.approx(0.2) and found.learned_steps == 1
+    clock[0] += 5
+    steps.start(NOW + 4)
+    beat.beat()  # inside a timed step: since its start
+    assert read_beats(tmp_path, time.time())[0].step_since == pytest.approx(NOW + 4)
+
+
 def test_collector_reads_heartbeats_and_reports_a_long_step_as_no_stall(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -74,7 +153,8 @@ def test_collector_reads_heartbeats_and_reports_a_long_step_as_no_stall(
     metrics = WardenMetrics(registry)
     clock = [NOW]
     monitor = StepMonitor(WardenSettings(), metrics, None, clock=lambda: clock[0])
-    stall = StallCollector(monitor, metrics, TIMEOUT, MAX_STEP, tmp_path, clock=lambda: clock[0])
+    limits = HangLimits(max_step_s=MAX_STEP)
+    stall = StallCollector(monitor, metrics, TIMEOUT, limits, tmp_path, clock=lambda: clock[0])
     monitor.on_step(running=1, waiting=2, kv_usage=0.1)
     pid_file = tmp_path / str(os.getpid())  # this process stands for the engine core
     clock[0] += 60
@@ -91,6 +171,7 @@ def test_collector_reads_heartbeats_and_reports_a_long_step_as_no_stall(
         monitor.on_step(running=1, waiting=1, kv_usage=0.1)
         stall.collect()
         assert not stall.stalled
+    assert registry.get_sample_value(catalog.ENGINE_HANG_THRESHOLD.name) == MAX_STEP
     messages = [r.getMessage() for r in caplog.records]
     assert any("not a stall: one long step" in m for m in messages)
     assert any("longer than WARDEN_STALL_TIMEOUT_S=30" in m for m in messages)
@@ -182,3 +263,76 @@ def test_a_stopped_process_stops_beating_and_beats_again_when_continued(tmp_path
     finally:
         child.kill()
         child.wait(10)
+
+
+@pytest.fixture(autouse=True)
+def _no_step_clock_left_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Patching a stand-in sets this process's step clock; later tests must not see it."""
+    monkeypatch.setattr(step_clock, "_clock", None)
+
+
+def _stand_in_core(requests: dict[str, object]) -> tuple[types.ModuleType, list[str]]:
+    """A module shaped like vLLM's engine core: EngineCoreProc with its step method."""
+    calls: list[str] = []
+
+    class EngineCoreProc:
+        scheduler = types.SimpleNamespace(requests=requests)
+
+        def _process_engine_step(self) -> bool:
+            calls.append("step")
+            return True
+
+    module = types.ModuleType(step_clock.CORE_MODULE)
+    module.EngineCoreProc = EngineCoreProc  # type: ignore[attr-defined]
+    return module, calls
+
+
+def _request(**extra_args: object) -> object:
+    return types.SimpleNamespace(sampling_params=types.SimpleNamespace(extra_args=extra_args))
+
+
+def test_the_engine_core_step_is_timed_and_patched_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WARDEN_STALL_WARMUP_STEPS", "1")
+    module, calls = _stand_in_core({"a": _request()})
+    times = iter([100.0, 100.5, 200.0, 202.0])
+    assert step_clock.patch(module, clock=lambda: next(times))
+    assert step_clock.patch(module)  # already wrapped: nothing changes
+    core = module.EngineCoreProc()
+    assert core._process_engine_step() and core._process_engine_step()
+    clock = step_clock.process_clock()
+    assert clock is not None and calls == ["step", "step"]
+    assert clock.steps == 2 and clock.learned_steps == 1 and clock.longest_s == 2.0
+
+
+def test_the_hang_switch_blocks_only_a_step_with_a_marked_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("WARDEN_TEST_HANG_STEP", "1")
+    requests: dict[str, object] = {"a": _request(other=1)}
+    module, calls = _stand_in_core(requests)
+    assert step_clock.patch(module)
+    core = module.EngineCoreProc()
+    assert core._process_engine_step() and calls == ["step"]  # no marked request: a step
+    requests["b"] = _request(**{HANG_ARG: True})
+    stepping = threading.Thread(target=core._process_engine_step, daemon=True)
+    stepping.start()
+    stepping.join(0.5)
+    clock = step_clock.process_clock()
+    assert stepping.is_alive() and clock is not None and clock.started is not None
+    assert calls == ["step"]  # the hung step never reached vLLM's
+
+
+def test_without_the_switch_a_marked_request_steps_normally(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("WARDEN_TEST_HANG_STEP", raising=False)
+    module, calls = _stand_in_core({"b": _request(**{HANG_ARG: True})})
+    assert step_clock.patch(module)
+    assert module.EngineCoreProc()._process_engine_step() and calls == ["step"]
+
+
+def test_vllms_engine_core_has_the_step_the_clock_wraps() -> None:
+    from vllm.v1.engine import core
+
+    assert core.__name__ == step_clock.CORE_MODULE
+    assert callable(getattr(getattr(core, step_clock.CORE_CLASS), step_clock.STEP_METHOD))

@@ -579,3 +579,41 @@ def _is_zombie(pid: int) -> bool:
     with contextlib.suppress(OSError):
         return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
     return True
+
+
+def test_a_stop_drains_in_flight_requests_first(supervised: Callable[..., Harness]) -> None:
+    h = supervised(drain_timeout_s=30.0)
+    h.wait_running(1)
+    (h.control / "inflight").write_text("2")
+    h.supervisor.stop()
+    h.wait("drain lease", lambda: (h.control / "degrade.log").exists())
+    lease = json.loads((h.control / "degrade.log").read_text().splitlines()[0])
+    assert lease["action"] == "stop_admission"
+    time.sleep(0.5)
+    assert h.thread.is_alive() and h.state().draining, "waits for the requests in flight"
+    assert h.supervisor.engine is not None and h.supervisor.engine.returncode() is None
+    (h.control / "inflight").write_text("0")
+    h.thread.join(20)
+    assert h.status == [0] and h.state().phase == "stopped" and not h.state().draining
+
+
+def test_a_second_stop_skips_the_rest_of_the_drain(supervised: Callable[..., Harness]) -> None:
+    h = supervised(drain_timeout_s=60.0)
+    h.wait_running(1)
+    (h.control / "inflight").write_text("2")
+    h.supervisor.stop()
+    h.wait("drain lease", lambda: (h.control / "degrade.log").exists())
+    stopping = time.monotonic()
+    h.supervisor.stop()  # a second SIGTERM/SIGINT
+    h.thread.join(20)
+    assert not h.thread.is_alive() and time.monotonic() - stopping < 10
+    assert h.status == [0] and h.state().phase == "stopped"
+
+
+def test_no_drain_on_stop_stops_at_once(supervised: Callable[..., Harness]) -> None:
+    h = supervised(drain_on_stop=False)
+    h.wait_running(1)
+    (h.control / "inflight").write_text("2")
+    h.supervisor.stop()
+    h.thread.join(20)
+    assert h.status == [0] and not (h.control / "degrade.log").exists()

@@ -237,10 +237,11 @@ def check_stalled() -> Check:
     if _gauge_value(catalog.ENGINE_STALLED) >= 1:
         snap = monitor.snapshot
         age = time.time() - snap.timestamp if snap.timestamp else float("inf")
+        why = f"; {monitor.stall_reason}" if monitor.stall_reason else ""
         return Check(
             "stalled",
             False,
-            f"{monitor.pending_requests()} requests pending, last step {age:.1f}s ago",
+            f"{monitor.pending_requests()} requests pending, last step {age:.1f}s ago{why}",
         )
     return Check("stalled", True)
 

@@ -33,6 +33,7 @@ from dashboards.provisioning import FOLDER_TITLE, datasource_config
 from warden.relay.cli import DEFAULT_PORT as RELAY_PORT
 from warden.stack.config import ENGINE_WEBHOOK_PATH
 from warden.stack.webhook_token import TOKEN_FILE_ENV
+from warden.supervisor.config import SupervisorConfig
 
 OUTPUT_DIR = "deploy/kubernetes"
 MONITORING_API = "monitoring.coreos.com/v1"
@@ -63,6 +64,8 @@ class Fleet:
     model: str = "tiny"
     port: int = 8000
     port_name: str = "http"
+    supervisor_port: int = 8001
+    supervisor_port_name: str = "supervisor"
     relay_port: int = RELAY_PORT
     scrape_interval: str = "5s"
     token_secret: str = "warden-webhook-token"
@@ -312,6 +315,52 @@ def engine_service(fleet: Fleet) -> dict[str, Any]:
     }
 
 
+def engine_probes(fleet: Fleet) -> dict[str, Any]:
+    """The engine container's probes (docs/kubernetes.md, "Probes", says why each is so).
+
+    warden's supervisor runs in the container and restarts vLLM itself (crash, stall, hang,
+    eager switch, under its restart circuit), so liveness asks the supervisor, which answers
+    through every engine restart; it fails only when the supervisor itself does not answer.
+    Readiness is the engine's: false while it is dead, stalled, hung, restarting, draining or
+    at oom_imminent, so the pod leaves the Service until the supervisor has it serving again.
+    The startup probe covers the first model load, which can take many minutes.
+    """
+    ready = {"path": "/warden/ready", "port": fleet.port_name}
+    return {
+        "startupProbe": {
+            "httpGet": {"path": "/health", "port": fleet.port_name},
+            "periodSeconds": 10,
+            "failureThreshold": 90,
+        },
+        "readinessProbe": {
+            "httpGet": ready,
+            "periodSeconds": 5,
+            "timeoutSeconds": 4,  # /warden/ready waits up to 3 s on the engine
+            "failureThreshold": 2,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/supervisor/live", "port": fleet.supervisor_port_name},
+            "periodSeconds": 10,
+            "timeoutSeconds": 5,
+            "failureThreshold": 3,
+        },
+    }
+
+
+# What the manifest says about its probes (the pod template's annotation), as the docs do.
+PROBES_NOTE = (
+    "liveness: the supervisor's port, which answers through engine restarts (the supervisor "
+    "restarts a dead or hung vLLM in the container within seconds); readiness: the engine's "
+    "/warden/ready (false while dead, stalled, hung, restarting or draining); startup: the "
+    "first model load. See docs/kubernetes.md, Probes."
+)
+PROBES_ANNOTATION = "vllm-warden/probes"
+# The stop signal drains: the drain timeout, vLLM's stop timeout, and a margin.
+TERMINATION_GRACE_S = int(
+    SupervisorConfig().drain_timeout_s + SupervisorConfig().stop_timeout_s + 30
+)
+
+
 def engine_stateful_set(fleet: Fleet) -> dict[str, Any]:
     """Engines with stable names (``<name>-0``, ...), image built from compose/Dockerfile."""
     meta = fleet.metadata(fleet.name)
@@ -323,30 +372,17 @@ def engine_stateful_set(fleet: Fleet) -> dict[str, Any]:
         "env": [
             {"name": "WARDEN_MODEL", "value": fleet.model},
             {"name": "WARDEN_PORT", "value": str(fleet.port)},
+            {"name": "WARDEN_SUPERVISOR_PORT", "value": str(fleet.supervisor_port)},
             _token_env(fleet),
             # Identity (downward API): what the PodMonitor calls this pod in alerts.
             _field_env("WARDEN_INSTANCE", "metadata.name"),
             _field_env("WARDEN_NAMESPACE", "metadata.namespace"),
         ],
-        "ports": [{"name": fleet.port_name, "containerPort": fleet.port}],
-        # Model loading can take many minutes: the startup probe holds the other two off
-        # until vLLM answers /health, so a loading model is never killed.
-        "startupProbe": {
-            "httpGet": {"path": "/health", "port": fleet.port_name},
-            "periodSeconds": 10,
-            "failureThreshold": 90,
-        },
-        # Ready = warden's checks: not stalled, watermark below oom_imminent, breaker closed,
-        # webhook token readable.
-        "readinessProbe": {
-            "httpGet": {"path": "/warden/ready", "port": fleet.port_name},
-            "periodSeconds": 5,
-        },
-        "livenessProbe": {
-            "httpGet": {"path": "/warden/live", "port": fleet.port_name},
-            "periodSeconds": 10,
-            "failureThreshold": 6,
-        },
+        "ports": [
+            {"name": fleet.port_name, "containerPort": fleet.port},
+            {"name": fleet.supervisor_port_name, "containerPort": fleet.supervisor_port},
+        ],
+        **engine_probes(fleet),
         "securityContext": container_security_context(read_only_root=False),
         "volumeMounts": [
             {"name": "webhook-token", "mountPath": TOKEN_MOUNT_DIR, "readOnly": True},
@@ -365,9 +401,13 @@ def engine_stateful_set(fleet: Fleet) -> dict[str, Any]:
             "podManagementPolicy": "Parallel",
             "selector": {"matchLabels": fleet.selector},
             "template": {
-                "metadata": {"labels": {**PART_OF, **fleet.selector}},
+                "metadata": {
+                    "labels": {**PART_OF, **fleet.selector},
+                    "annotations": {PROBES_ANNOTATION: PROBES_NOTE},
+                },
                 "spec": {
                     "securityContext": pod_security_context(),
+                    "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
                     "containers": [container],
                     "volumes": [_token_volume(fleet), {"name": "data", "emptyDir": {}}],
                 },

@@ -53,7 +53,7 @@ class SupervisorConfig:
     backoff_base_s: float = _option(1.0, "wait before the 2nd consecutive restart (doubles)")
     backoff_max_s: float = _option(60.0, "longest wait between restarts")
     backoff_reset_s: float = _option(600.0, "ready this long: the next failure restarts at once")
-    stall_grace_s: float = _option(10.0, "engine stalled this long: restart")
+    stall_grace_s: float = _option(3.0, "engine stalled this long: restart")
     unhealthy_grace_s: float = _option(
         15.0, "engine dead, or its port refusing connections, this long: restart"
     )
@@ -64,6 +64,12 @@ class SupervisorConfig:
     )
     start_timeout_s: float = _option(900.0, "not ready this long after a start: restart")
     drain_timeout_s: float = _option(120.0, "longest wait for in-flight requests on a drain")
+    drain_on_stop: bool = _option(
+        True,
+        "on SIGTERM/SIGINT stop vLLM at once, without draining in-flight requests first",
+        flag="--no-drain-on-stop",
+        invert=True,
+    )
     eager_fallback: bool = _option(
         True,
         "never restart with --enforce-eager (and leave eager mode kept from before)",

@@ -59,6 +59,7 @@ from warden.supervisor.probes import (
 
 log = logging.getLogger("warden.supervisor")
 EAGER_FLAG = "--enforce-eager"
+STOPPING = "stop"  # the drain before the supervisor stops (not a restart reason)
 
 
 EngineFactory = Callable[[LaunchSpec, Path | None], EngineProcess]
@@ -93,6 +94,7 @@ class Supervisor:
         self._ready = False
         self._lock = threading.RLock()
         self._stop = threading.Event()
+        self._hurry = threading.Event()  # a second stop signal: do not wait for the drain
         self._wake = threading.Event()
         self._requests: queue.SimpleQueue[str] = queue.SimpleQueue()
 
@@ -144,14 +146,23 @@ class Supervisor:
         return "queued"
 
     def stop(self) -> None:
+        """Drain the engine, stop it and return from ``run``; called again, skip the rest of
+        the drain."""
+        if self._stop.is_set():
+            self._hurry.set()
         self._stop.set()
         self._wake.set()
 
     def install_signal_handlers(self) -> None:
-        """SIGTERM/SIGINT stop the engine and the supervisor; SIGHUP restarts the engine."""
+        """SIGTERM/SIGINT drain the engine, stop it and the supervisor (a second one skips
+        the rest of the drain); SIGHUP restarts the engine."""
 
         def on_stop(signum: int, _frame: FrameType | None) -> None:
-            log.info("supervisor: %s received, stopping", signal.Signals(signum).name)
+            name = signal.Signals(signum).name
+            if self._stop.is_set():
+                log.warning("supervisor: %s received again, not waiting for the drain", name)
+            else:
+                log.info("supervisor: %s received, draining and stopping", name)
             self.stop()
 
         def on_hup(_signum: int, _frame: FrameType | None) -> None:
@@ -178,12 +189,17 @@ class Supervisor:
         try:
             status = self._loop()
         finally:
+            engine = self.engine
+            serving = self._ready and engine is not None and engine.returncode() is None
+            if serving and engine is not None and self.config.drain_on_stop:
+                self._drain(engine, Failure(STOPPING, "supervisor stopping", self.clock()))
             self._ready = False
-            if self.engine is not None:
-                self.engine.stop(self.config.stop_timeout_s)
-                self.engine.close()
+            if engine is not None:
+                engine.stop(self.config.stop_timeout_s)
+                engine.close()
             with self._lock:
                 self.state.phase = Phase.STOPPED
+                self.state.draining = False
                 self.state.engine_pid = None
                 self._save()
             if self.control is not None:
@@ -512,7 +528,9 @@ class Supervisor:
             self.state.draining = True
             self.state.phase = Phase.DRAINING
             self._save()
-        result = self.drainer.drain(engine, self._stop.is_set)
+        # A drain for a restart ends early on a stop; the stop's own drain on a second signal.
+        cancelled = self._hurry.is_set if failure.reason == STOPPING else self._stop.is_set
+        result = self.drainer.drain(engine, cancelled)
         log.warning(
             "supervisor: drained for %s in %.1fs: admission stopped=%s (%s), %s in flight left",
             failure.reason,

@@ -1,0 +1,315 @@
+"""The engine container's entrypoint, run natively with compose's environment, against the faults
+a deployment meets: no fakes, one supervised container for the whole module, in order.
+
+1. generation 1 serves; every Kubernetes probe of the manifest answers as the kubelet needs;
+2. a hang inside a step (test switch) is called stalled in under 15 s, restarted in-container
+   (generation 2) while liveness stays green and readiness is red;
+3. a saturated engine with long prompts (``SATURATED_S``; ``benchmarks/stall_saturation.py``
+   runs the full five minutes) gets no stall verdict and no restart; its batch is full;
+4. kill -9 of the engine core: restarted (generation 3) with the cause recorded;
+5. SIGSTOP of the engine core with requests pending: stalled and restarted within the bound
+   (generation 4);
+6. SIGTERM: the container drains and exits 0.
+
+Each time measured is printed (``-s`` shows them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from exporter import catalog
+from exporter.request_args import HANG_ARG
+from exporter.settings import load_settings
+from tests.support.container import (
+    Container,
+    compose_engine_environment,
+    start_container,
+    stop_container,
+)
+from warden.cli.tinymodel import tiny_engine_args
+from warden.common.metrics_text import parse_samples, sample
+from warden.common.waiting import wait_until
+from warden.supervisor.config import SupervisorConfig
+
+pytestmark = pytest.mark.engine
+
+TOKEN = "container-test-token"
+# compose/.env knobs: the tiny model (compose's default) with room for long prompts; the test
+# switches below (the container refuses them with a real model).
+MAX_NUM_SEQS = 8
+VLLM_ARGS = " ".join(
+    tiny_engine_args("--max-model-len", "2048", "--max-num-seqs", str(MAX_NUM_SEQS))
+)
+START_TIMEOUT_S = 600.0
+HANG_DETECTED_WITHIN_S = 15.0
+SATURATED_S = 75.0
+LONG_PROMPT_TOKENS = 1200  # "the" is one token of the tiny tokenizer
+# Every busy step sleeps this long (test switch): the tiny model's steps take microseconds, so
+# on two cores the API process, not the engine, would be the bottleneck; slowed, the engine is,
+# as on a GPU, and its batch stays full.
+STEP_DELAY_S = "0.02"
+SATURATED_MAX_TOKENS = 256  # long generations: requests stay in the engine, not in the API
+SATURATED_CLIENTS = MAX_NUM_SEQS + 2  # a queue behind the full batch
+DEFAULTS = load_settings({})
+GRACE_S = SupervisorConfig().stall_grace_s
+# How late a restart may come after its threshold and grace: beats and probes run once a
+# second, and both may be starved by the engine on two shared cores for a few seconds.
+SLACK_S = 10.0
+
+
+@pytest.fixture(scope="module")
+def container(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Container]:
+    data_dir = tmp_path_factory.mktemp("container")
+    env = compose_engine_environment(data_dir / "compose.env", {"WARDEN_VLLM_ARGS": VLLM_ARGS})
+    token_file = data_dir / "token"
+    token_file.write_text(TOKEN)
+    token_file.chmod(0o600)
+    env["WARDEN_WEBHOOK_TOKEN_FILE"] = str(token_file)  # compose mounts it from a volume
+    for name in [k for k in env if k.startswith("OTEL_")]:
+        del env[name]  # no Tempo here
+    env["WARDEN_TEST_HANG_STEP"] = "1"
+    env["WARDEN_TEST_STEP_DELAY_S"] = STEP_DELAY_S
+    handle = start_container(data_dir, env)
+    engine_pids: set[int] = set()
+    try:
+        wait_serving(handle, 1, START_TIMEOUT_S)
+        yield handle
+    finally:
+        with contextlib.suppress(Exception):
+            engine_pids.add(handle.state().engine_pid or 0)
+        stop_container(handle, engine_pids - {0})
+
+
+def wait_for(handle: Container, what: str, condition: Callable[[], Any], timeout: float) -> Any:
+    def holds() -> Any:
+        assert handle.process.poll() is None, f"container exited:\n{handle.log()[-3000:]}"
+        with contextlib.suppress(httpx.HTTPError):
+            return condition()
+        return None
+
+    try:
+        return wait_until(holds, timeout, 0.2, what)
+    except TimeoutError:
+        raise AssertionError(
+            f"timed out waiting for {what}; log:\n{handle.log()[-3000:]}"
+        ) from None
+
+
+def wait_serving(handle: Container, generation: int, timeout: float = START_TIMEOUT_S) -> None:
+    def serving() -> bool:
+        state = handle.state()
+        if state.generation != generation or state.phase != "running":
+            return False
+        return httpx.get(f"{handle.url}/health", timeout=5).status_code == 200
+
+    wait_for(handle, f"generation {generation} serving", serving, timeout)
+
+
+def metrics(handle: Container) -> dict[str, float]:
+    return parse_samples(httpx.get(f"{handle.url}/metrics", timeout=10).text)
+
+
+def complete(handle: Container, prompt: str = "hello", max_tokens: int = 8, **body: Any) -> Any:
+    payload = {"model": handle_model(handle), "prompt": prompt, "max_tokens": max_tokens, **body}
+    return httpx.post(f"{handle.url}/v1/completions", json=payload, timeout=300)
+
+
+def handle_model(handle: Container) -> str:
+    return str(handle.data_dir / "tiny-model")
+
+
+def stalled(handle: Container) -> bool:
+    return sample(metrics(handle), catalog.ENGINE_STALLED.name) == 1
+
+
+def learned_threshold(handle: Container) -> float | None:
+    """The hang threshold once learned (below the upper bound), else None."""
+    value = sample(metrics(handle), catalog.ENGINE_HANG_THRESHOLD.name)
+    return value if value < DEFAULTS.stall_max_step_s else None
+
+
+def warm_up(handle: Container) -> float:
+    """Ordinary short requests until the engine has learned its steps; the threshold."""
+    for _ in range(2):
+        assert complete(handle, max_tokens=40, ignore_eos=True).status_code == 200
+    threshold = wait_for(handle, "a learned hang threshold", lambda: learned_threshold(handle), 30)
+    return float(threshold)
+
+
+def restarts(handle: Container, reason: str) -> float:
+    return metrics(handle).get(f'{catalog.ENGINE_RESTARTS.name}{{reason="{reason}"}}', 0.0)
+
+
+def test_every_probe_answers_on_a_serving_engine(container: Container) -> None:
+    assert complete(container).status_code == 200
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container.kubelet(probe), probe
+
+
+def test_a_hang_inside_a_step_is_detected_in_seconds_and_restarted(container: Container) -> None:
+    threshold = warm_up(container)
+    assert threshold == DEFAULTS.stall_hang_floor_s  # the tiny model's steps are short
+    sent: list[float] = []
+
+    def hang() -> None:
+        sent.append(time.time())
+        with contextlib.suppress(httpx.HTTPError):
+            complete(container, vllm_xargs={HANG_ARG: True})
+
+    thread = threading.Thread(target=hang, daemon=True)
+    thread.start()
+    wait_for(container, "the stall verdict", lambda: stalled(container), 60)
+    detected = time.time() - sent[0]
+    assert not container.kubelet("readinessProbe"), "a hung engine leaves the Service"
+    assert container.kubelet("livenessProbe"), "the kubelet leaves the restart to the supervisor"
+    wait_serving(container, 2)
+    restart = container.state().restarts[-1]
+    assert restart.reason == "stalled" and "hang threshold" in restart.detail, restart
+    print(
+        f"\nmeasured: in-step hang: threshold {threshold:.1f}s, stall verdict {detected:.1f}s "
+        f"after the request, restart decided {restart.failed_at - sent[0]:.1f}s, "
+        f"serving again {restart.duration_s:.1f}s after that"
+    )
+    assert detected < HANG_DETECTED_WITHIN_S, detected
+    assert container.kubelet("readinessProbe") and complete(container).status_code == 200
+
+
+def test_a_saturated_engine_with_long_prompts_is_never_stalled(container: Container) -> None:
+    """More closed-loop clients than the batch holds, each request a long prompt and a long
+    generation, keep the engine full (prefill chunks and decodes in the same steps, a queue
+    behind them) for ``SATURATED_S``: no stall verdict, readiness never says stalled, no
+    restart, while the threshold learned from these very steps is in force."""
+    generation = container.state().generation
+    prompt = " ".join(["the"] * LONG_PROMPT_TOKENS)
+    deadline = time.monotonic() + SATURATED_S
+    statuses: list[int] = []
+    verdicts: list[bool] = []
+    in_engine: list[float] = []
+    failing_seen: set[str] = set()
+    thresholds: list[float] = []
+
+    def client(index: int) -> None:
+        while time.monotonic() < deadline:
+            response = complete(
+                container, f"{index} {prompt}", max_tokens=SATURATED_MAX_TOKENS, ignore_eos=True
+            )
+            statuses.append(response.status_code)
+
+    with ThreadPoolExecutor(SATURATED_CLIENTS) as pool:
+        futures = [pool.submit(client, i) for i in range(SATURATED_CLIENTS)]
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                samples = metrics(container)
+                verdicts.append(sample(samples, catalog.ENGINE_STALLED.name) == 1)
+                thresholds.append(sample(samples, catalog.ENGINE_HANG_THRESHOLD.name))
+                in_engine.append(
+                    sample(samples, catalog.VLLM_NUM_REQUESTS_RUNNING.name)
+                    + sample(samples, catalog.VLLM_NUM_REQUESTS_WAITING.name)
+                )
+                ready = httpx.get(f"{container.url}/warden/ready", timeout=10)
+                failing_seen.update(ready.json().get("failing", []))
+            time.sleep(0.5)
+        for future in futures:
+            future.result()
+    full = sum(1 for n in in_engine if n >= MAX_NUM_SEQS)
+    print(
+        f"\nmeasured: saturated {SATURATED_S:.0f}s: {len(statuses)} requests, "
+        f"{len(verdicts)} stall readings, batch full at {full}/{len(in_engine)}, hang "
+        f"threshold {min(thresholds):.1f}-{max(thresholds):.1f}s"
+    )
+    assert statuses and set(statuses) == {200}, statuses
+    # The engine itself was saturated: its batch full at most readings.
+    assert full >= len(in_engine) / 2, in_engine
+    assert verdicts and not any(verdicts)
+    # The learned threshold (not only the upper bound of the warm-up) was in force.
+    assert min(thresholds) < DEFAULTS.stall_max_step_s, thresholds
+    assert "stalled" not in failing_seen
+    assert container.state().generation == generation, "a saturated engine was restarted"
+    assert restarts(container, "stalled") == 1  # the hang's, before
+
+
+def test_a_killed_engine_core_is_restarted_with_its_cause(container: Container) -> None:
+    killed_at = time.time()
+    os.kill(container.engine_core(), signal.SIGKILL)
+    wait_for(container, "readiness to fail", lambda: not container.kubelet("readinessProbe"), 30)
+    assert container.kubelet("livenessProbe")
+    wait_serving(container, 3)
+    restart = container.state().restarts[-1]
+    assert restart.reason == "crash" and "EngineCore" in restart.detail, restart
+    print(
+        f"\nmeasured: kill -9: crash noticed {restart.failed_at - killed_at:.1f}s after, "
+        f"serving again {restart.duration_s:.1f}s after that"
+    )
+    assert complete(container).status_code == 200
+    assert container.kubelet("readinessProbe") and container.kubelet("livenessProbe")
+
+
+def test_a_stopped_engine_core_is_restarted_as_stalled_within_the_bound(
+    container: Container,
+) -> None:
+    threshold = warm_up(container)
+    # A stopped process stops beating: stalled once its beat is older than the threshold
+    # (or the stall timeout), then the supervisor's grace.
+    limit = min(threshold, DEFAULTS.stall_timeout_s)
+    core = container.engine_core()
+    stopped_at = time.time()
+    os.kill(core, signal.SIGSTOP)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            pending = [pool.submit(complete, container) for _ in range(2)]
+            wait_for(container, "the stall verdict", lambda: stalled(container), 60)
+            detected = time.time() - stopped_at
+            assert not container.kubelet("readinessProbe")
+            assert container.kubelet("livenessProbe")
+            wait_serving(container, 4)
+            for future in pending:
+                with contextlib.suppress(httpx.HTTPError):
+                    future.result()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(core, signal.SIGCONT)
+    restart = container.state().restarts[-1]
+    took = restart.failed_at - stopped_at
+    print(
+        f"\nmeasured: SIGSTOP: threshold {threshold:.1f}s, stall verdict {detected:.1f}s, "
+        f"restart decided {took:.1f}s after the stop, serving again {restart.duration_s:.1f}s "
+        "after that"
+    )
+    assert restart.reason == "stalled", restart
+    assert limit + GRACE_S - 1.0 <= took <= limit + GRACE_S + SLACK_S, took
+    assert not psutil.pid_exists(core) or psutil.Process(core).status() == psutil.STATUS_ZOMBIE
+    assert complete(container).status_code == 200
+
+
+def test_sigterm_drains_and_exits_cleanly(container: Container) -> None:
+    server = container.state().engine_pid
+    assert server is not None
+    tree = [server, *(p.pid for p in psutil.Process(server).children(recursive=True))]
+    stopping = time.time()
+    container.process.send_signal(signal.SIGTERM)
+    assert container.process.wait(120) == 0
+    took = time.time() - stopping
+    print(f"\nmeasured: SIGTERM to exit {took:.1f}s")
+    log = container.log()
+    assert "draining and stopping" in log and "drained for stop" in log
+    assert all(not psutil.pid_exists(p) or _zombie(p) for p in tree), tree
+    assert container.state().phase == "stopped"
+    assert not container.kubelet("livenessProbe")
+
+
+def _zombie(pid: int) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    return True
