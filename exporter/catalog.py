@@ -18,8 +18,13 @@ WATERMARK_LEVELS: tuple[str, ...] = ("normal", "high", "critical", "oom_imminent
 # warden_memory_utilization_ratio{source}: raw used fractions, for dashboards and trends.
 MEMORY_SOURCES: tuple[str, ...] = ("device", "torch_reserved")
 # warden_memory_risk_ratio{source}: memory beyond the engine's plan, what the watermark reads
-# (exporter/memory_risk.py). The KV cache is not one: a full cache is vLLM at work, not a risk.
-MEMORY_RISK_SOURCES: tuple[str, ...] = ("device", "allocator")
+# (exporter/memory_risk.py, and exporter/host_memory.py for the engine processes' own host
+# memory). The KV cache is not one: a full cache is vLLM at work, not a risk.
+MEMORY_RISK_SOURCES: tuple[str, ...] = ("device", "allocator", "host")
+# What bounds the engine's host memory (warden_host_memory_limit_bytes{limit}): a cgroup's
+# memory limit, a limit declared in WARDEN_HOST_MEMORY_LIMIT_BYTES, or the machine's memory
+# less WARDEN_HOST_MEMORY_RESERVE_BYTES.
+HOST_LIMIT_KINDS: tuple[str, ...] = ("cgroup", "declared", "machine")
 ERROR_CLASSES: tuple[str, ...] = ("oom", "cuda_driver", "other")
 NONFINITE_KINDS: tuple[str, ...] = ("nan", "inf")
 DEGRADATION_ACTIONS: tuple[str, ...] = (
@@ -179,12 +184,12 @@ MEMORY_UTILIZATION = _w(
 MEMORY_RISK = _w(
     "warden_memory_risk_ratio",
     "gauge",
-    "Memory in use beyond the engine's plan, as a share of the headroom the plan left on the "
-    "device: 0 within the plan, 1 device full. device = NVML used, allocator = PyTorch reserved.",
+    "Memory in use beyond the engine's plan, as a share of the headroom the plan left: 0 within "
+    "the plan, 1 full. device = NVML used, allocator = PyTorch reserved (of the device), host = "
+    "the engine processes' unique host memory (of the cgroup, declared or machine limit).",
     "source",
     unit="percentunit",
     multiprocess_mode="max",
-    gpu_only=True,
 )
 MEMORY_PLANNED = _w(
     "warden_memory_planned_bytes",
@@ -195,6 +200,29 @@ MEMORY_PLANNED = _w(
     unit="bytes",
     gpu_only=True,
 )
+HOST_MEMORY_USED = _w(
+    "warden_host_memory_used_bytes",
+    "gauge",
+    "Host memory the engine's processes (API server, engine core, workers) hold on their own: "
+    "the sum of their unique set sizes, shared pages not counted twice.",
+    unit="bytes",
+)
+HOST_MEMORY_LIMIT = _w(
+    "warden_host_memory_limit_bytes",
+    "gauge",
+    "The host memory limit that would really stop the engine, by what sets it: cgroup (memory "
+    "limit of its cgroup), declared (WARDEN_HOST_MEMORY_LIMIT_BYTES), machine (memory less "
+    "the reserve).",
+    "limit",
+    unit="bytes",
+)
+HOST_MEMORY_PLANNED = _w(
+    "warden_host_memory_planned_bytes",
+    "gauge",
+    "The engine processes' settled host footprint: the peak they reached while the engine "
+    "settled after start-up. Growth beyond it is what the host risk measures.",
+    unit="bytes",
+)
 WATERMARK_TRANSITIONS = _w(
     "warden_memory_watermark_transitions_total",
     "counter",
@@ -204,7 +232,8 @@ WATERMARK_TRANSITIONS = _w(
 SOURCE_AVAILABLE = _w(
     "warden_source_available",
     "gauge",
-    "1 when a measurement source (nvml, torch_allocator, cudagraph, kv_cache) can be read here.",
+    "1 when a measurement source (nvml, torch_allocator, cudagraph, kv_cache, host_memory) can "
+    "be read here.",
     "source",
     unit="bool",
     multiprocess_mode="max",
