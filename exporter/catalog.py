@@ -84,7 +84,8 @@ RELAY_DELIVERY_OUTCOMES: tuple[str, ...] = (
 RETRY_REASONS: tuple[str, ...] = ("warden_preemption", "engine_oom", "nonfinite_logits", "timeout")
 # Why the supervisor restarted the engine (warden_engine_restarts_total{reason}): the server
 # exited on its own; a vLLM process was killed or vanished; stalled with requests pending; vLLM
-# says dead/poisoned or does not answer; switched to --enforce-eager; a person asked for it.
+# says dead/poisoned or does not answer; switched to --enforce-eager; a person asked for it;
+# memory beyond the engine's plan neared its limit (drained and restarted before the OOM).
 RESTART_REASONS: tuple[str, ...] = (
     "exit",
     "crash",
@@ -92,6 +93,7 @@ RESTART_REASONS: tuple[str, ...] = (
     "unhealthy",
     "enforce_eager",
     "manual",
+    "memory",
 )
 # warden_circuit_breaker_state values.
 CIRCUIT_STATES: tuple[str, ...] = ("closed", "half_open", "open")
@@ -543,6 +545,17 @@ ENGINE_EAGER_MODE = _w(
     "gauge",
     "1 when warden restarted the engine with --enforce-eager (CUDA graphs off).",
     unit="bool",
+    multiprocess_mode="max",
+)
+
+MEMORY_RESTART_RISK = _w(
+    "warden_memory_restart_risk",
+    "gauge",
+    "Memory risk at which the supervisor drains and restarts the engine, by risk source: "
+    "lower than usual while a memory creep that made it restart before is remembered "
+    "(undo: DELETE /supervisor/memory).",
+    "source",
+    unit="percentunit",
     multiprocess_mode="max",
 )
 
