@@ -11,9 +11,11 @@ that is to the limit, so the watermark, the reflex and the supervisor can act be
 - **The limit**: the memory limit of the engine's cgroup where one is set (cgroup v2
   ``memory.max`` or v1 ``memory.limit_in_bytes``, the tightest of its ancestors), else the
   machine's memory less
-  ``WARDEN_HOST_MEMORY_RESERVE_BYTES``. A limit declared in ``WARDEN_HOST_MEMORY_LIMIT_BYTES``
-  replaces both (where no cgroup can be made, a test or a person states the limit the engine
-  runs under; the room is then that limit less what the engine holds). With each comes the
+  ``WARDEN_HOST_MEMORY_RESERVE_BYTES``. A declared limit replaces both, where no cgroup can be
+  made or a person wants a tighter one: ``WARDEN_HOST_MEMORY_LIMIT_BYTES`` (absolute), or
+  ``WARDEN_HOST_MEMORY_HEADROOM_BYTES`` (the settled footprint plus this much: a budget for
+  growth, whatever the footprint turns out to be); the room is then that limit less what the
+  engine holds. With each comes the
   *room* still free under it (the limit less the cgroup's usage without its reclaimable page
   cache; the machine's available memory less the reserve), so other processes under the same
   limit count.
@@ -212,8 +214,10 @@ class HostMemoryCollector:
         board: SignalBoard | None,
         interval_s: float,
         clock: Callable[[], float] = time.time,
+        headroom_bytes: int | None = None,
     ) -> None:
         self.reader = reader
+        self.headroom_bytes = headroom_bytes
         self.planner = planner
         self.board = board
         self.interval_s = interval_s
@@ -241,7 +245,14 @@ class HostMemoryCollector:
             return None
         available.set(1)
         planner = HostMemoryPlanner(config.memory_settle_s, time.time())
-        return cls(reader, planner, metrics, board, config.host_memory_interval_s)
+        return cls(
+            reader,
+            planner,
+            metrics,
+            board,
+            config.host_memory_interval_s,
+            headroom_bytes=config.host_memory_headroom_bytes,
+        )
 
     def collect(self) -> None:
         now = self.clock()
@@ -249,6 +260,10 @@ class HostMemoryCollector:
             return
         self._next = now + self.interval_s
         used, limit = self.reader.read()
+        if self.headroom_bytes is not None:
+            planned = self.planner.observe(used, limit, now).planned_bytes
+            declared = planned + self.headroom_bytes
+            limit = HostLimit("declared", declared, max(0, declared - used))
         risk = self.planner.observe(used, limit, now)
         self.risk = risk
         if self.board is not None:

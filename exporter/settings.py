@@ -62,6 +62,11 @@ class WardenSettings(BaseSettings):
         description="declared limit of the engine's host memory (default: the cgroup's limit, "
         "else the machine's memory less the reserve)",
     )
+    host_memory_headroom_bytes: int | None = Field(
+        None,
+        ge=1 << 20,
+        description="declares the limit as the engine's settled host footprint plus this",
+    )
     host_memory_reserve_bytes: int = Field(
         1 << 30, ge=0, description="machine without a cgroup limit: memory kept for the rest"
     )

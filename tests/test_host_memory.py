@@ -147,6 +147,31 @@ def test_collector_publishes_on_the_board_and_metrics_at_most_every_interval(
     assert value(catalog.HOST_MEMORY_LIMIT.name, {"limit": "declared"}) == 8 * GIB
 
 
+def test_headroom_declares_the_limit_above_the_settled_footprint() -> None:
+    samples = iter([3 * GIB, 3 * GIB, int(3.5 * GIB)])
+
+    class Reader(HostMemoryReader):
+        def read(self) -> tuple[int, HostLimit]:
+            return next(samples), HostLimit("machine", 64 * GIB, 60 * GIB)
+
+    now = [0.0]
+    collector = HostMemoryCollector(
+        Reader(None, 0),
+        HostMemoryPlanner(5, 0),
+        WardenMetrics(CollectorRegistry()),
+        None,
+        1.0,
+        lambda: now[0],
+        headroom_bytes=GIB,
+    )
+    for t in (0.0, 10.0, 20.0):
+        now[0] = t
+        collector.collect()
+    risk = collector.risk
+    assert risk is not None and risk.limit == HostLimit("declared", 4 * GIB, GIB // 2)
+    assert math.isclose(risk.risk, 0.5)
+
+
 def test_collector_from_settings_says_the_source_is_available(tmp_path: Path) -> None:
     registry = CollectorRegistry()
     config = load_settings({"WARDEN_HOST_MEMORY_LIMIT_BYTES": str(64 * GIB)})
