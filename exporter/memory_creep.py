@@ -5,13 +5,17 @@ be proven on a live engine, and a CPU engine's memory does not creep by itself. 
 ``WARDEN_TEST_MEMORY_CREEP=1`` (off unless set; never set by the generated compose and
 Kubernetes files) the engine core runs a daemon thread that grows the process's own memory the
 way a leak, a fragmenting allocator or a graph pool does: touched pages it keeps and never uses.
-The rate comes from a control file beside the signal board (``<board>.creep``, one number,
-MB/s) that ``warden chaos creep --rate MB/s`` writes; 0 (or no file) stops the growth and frees
-what it held. The thread never touches the engine's step: it allocates in its own time.
+The rate comes from a control file named after the engine core's pid (``warden-creep-<pid>``
+in /dev/shm, one number, MB/s), which the thread creates at 0 when it starts (so its presence
+says the switch is on: vLLM's process title overwrites what /proc shows of the core's
+environment) and ``warden chaos creep --rate MB/s`` rewrites; 0 stops the growth and frees what
+it held. The file is removed when the engine core exits. The thread never touches the
+engine's step: it allocates in its own time.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -36,9 +40,10 @@ MAX_RATE_MB_S = 1000.0
 MAX_SHARE = 0.5
 
 
-def control_path(signal_board: Path | str) -> Path:
-    """The file that holds the creep rate of the engine whose signal board this is."""
-    return Path(f"{signal_board}.creep")
+def control_path(pid: int) -> Path:
+    """The file that holds the creep rate of the engine core with this pid."""
+    directory = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    return Path(directory) / f"warden-creep-{pid}"
 
 
 def read_rate(path: Path) -> float:
@@ -139,15 +144,19 @@ def _patch(core_module: ModuleType) -> None:
     proc.run_busy_loop = run_busy_loop
 
 
+def _remove(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.unlink()
+
+
 def start_creep() -> MemoryCreep | None:
-    """The creep thread of this process (one), beside the signal board of its process tree."""
+    """The creep thread of this process (one), with its control file at rate 0."""
     if "creep" in _state:
         return _state["creep"]  # type: ignore[no-any-return]
-    board = load_settings().signal_board
-    if board is None:
-        log.warning("warden: %s is set but no signal board is known: no creep", SWITCH_ENV)
-        return None
-    creep = MemoryCreep(control_path(board), int(psutil.virtual_memory().total * MAX_SHARE))
+    path = control_path(os.getpid())
+    write_rate(path, 0.0)
+    atexit.register(_remove, path)
+    creep = MemoryCreep(path, int(psutil.virtual_memory().total * MAX_SHARE))
     creep.start()
     _state["creep"] = creep
     log.warning(

@@ -185,7 +185,8 @@ def test_collector_from_settings_says_the_source_is_available(tmp_path: Path) ->
 
 
 def test_creep_grows_at_the_rate_then_frees_when_off(tmp_path: Path) -> None:
-    control = control_path(tmp_path / "board")
+    control = tmp_path / "warden-creep-1"
+    assert control_path(123).name == "warden-creep-123"
     creep = MemoryCreep(control, max_bytes=30 * MB)
     creep.tick(1.0)
     assert creep.held_bytes == 0, "no control file: no creep"
@@ -214,9 +215,24 @@ def test_the_creep_switch_is_off_unless_set_and_no_deployment_sets_it() -> None:
                 assert "WARDEN_TEST_" not in path.read_text(errors="replace"), path
 
 
-def test_chaos_creep_refuses_remote_engines_and_bad_rates() -> None:
+def test_chaos_creep_refuses_remote_engines_engines_without_the_switch_and_bad_rates(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     with pytest.raises(chaos.ChaosError, match="loopback"):
         chaos.creep("http://10.0.0.1:8000", 10)
+    me = psutil.Process()
+    monkeypatch.setattr(chaos, "engine_core_for", lambda url, pid=None: me)
+    with pytest.raises(chaos.ChaosError, match="without the test switch"):
+        chaos.creep("http://127.0.0.1:8000", 10)
+    path = control_path(me.pid)
+    write_rate(path, 0)
+    try:
+        assert chaos.creep("http://127.0.0.1:8000", 12.5, out=lambda line: None) == path
+        assert read_rate(path) == 12.5
+        chaos.creep("http://127.0.0.1:8000", 0, out=lambda line: None)
+        assert read_rate(path) == 0
+    finally:
+        path.unlink()
     parser = argparse.ArgumentParser()
     chaos.add_arguments(parser)
     assert parser.parse_args(["creep", "--off"]).off

@@ -38,7 +38,6 @@ import psutil
 from exporter import memory_creep
 from exporter.catalog import NONFINITE_LOGITS
 from exporter.settings import load_settings
-from exporter.signals import ENV_VAR as SIGNAL_BOARD_ENV
 from warden.common.metrics_text import sum_samples
 from warden.common.outcomes import FAILED, OutcomeTally, classify
 
@@ -356,22 +355,16 @@ def creep(
     engine_url: str, rate_mb_s: float, server_pid: int | None = None, out: Out = print
 ) -> Path:
     """Set the engine core's memory creep to ``rate_mb_s`` MB/s (0: stop it and free what it
-    grew); returns the control file written. The engine core's own environment says where its
-    control file is and whether the test switch is on."""
+    grew); returns the control file written. The file exists only when the engine core runs
+    with the test switch."""
     require_loopback(engine_url)
     core = engine_core_for(engine_url, server_pid)
-    env = core.environ()
-    if env.get(memory_creep.SWITCH_ENV, "").strip().lower() not in ("1", "true", "yes", "on"):
+    path = memory_creep.control_path(core.pid)
+    if not path.exists():
         raise ChaosError(
-            f"engine core PID {core.pid} runs without the test switch {memory_creep.SWITCH_ENV}=1: "
-            f"start the engine with it (e.g. {memory_creep.SWITCH_ENV}=1 warden serve ...)"
+            f"engine core PID {core.pid} runs without the test switch {memory_creep.SWITCH_ENV}=1 "
+            f"(no {path}): start the engine with it ({memory_creep.SWITCH_ENV}=1 warden serve ...)"
         )
-    board = env.get(SIGNAL_BOARD_ENV)
-    if not board:
-        raise ChaosError(
-            f"engine core PID {core.pid} has no {SIGNAL_BOARD_ENV}: not a warden engine"
-        )
-    path = memory_creep.control_path(board)
     memory_creep.write_rate(path, rate_mb_s)
     if rate_mb_s > 0:
         out(f"creep: engine core PID {core.pid} grows its memory at {rate_mb_s:g} MB/s ({path})")
