@@ -7,8 +7,10 @@ engine declares it with ``WARDEN_HOST_MEMORY_HEADROOM_BYTES``: its settled host 
 1.2 GB (the host source reads it exactly as a cgroup's limit). The creep is set to reach it in
 about 80 s. One engine start serves both halves: first the engine settles and serves with no
 creep, and warden must take no action at all; then the creep, and the steps must come in order
-(warden/cli/creep_scenario.py). The creep group's alerts hold 5 s before firing instead of
-their generated minute; expressions and labels are the generated ones.
+(warden/cli/creep_scenario.py: the alert path and the engine path each in order; the fast
+time-to-OOM rule pages before the watermark reaches high). The creep and memory groups' alerts
+hold 5 s before firing instead of their generated minute or more; expressions and labels are
+the generated ones.
 """
 
 from __future__ import annotations
@@ -92,8 +94,8 @@ def test_creep_is_seen_paged_and_restarted_before_the_limit_and_no_creep_no_acti
     assert result.estimate_s is not None and result.estimate_left_s is not None, report
     assert result.estimate_left_s / 3 <= result.estimate_s <= result.estimate_left_s * 3, report
     # Drained and restarted before the limit, with the cause recorded.
-    restarted = result.step("restarted")
-    assert restarted is not None and restarted.at < result.limit_at, report
+    draining = result.step("draining")
+    assert draining is not None and draining.at < result.limit_at, report
     assert result.restart is not None and result.restart["detail"].startswith("host memory risk")
     assert result.peak_used_bytes < result.limit_bytes, report
     assert result.outcomes.counts[FAILED] == 0, report

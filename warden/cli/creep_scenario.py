@@ -10,13 +10,18 @@ step of the answer with its time since the injection:
 
     creep injected      rate, limit, the time the limit would be reached
     risk climbing       the host risk in Prometheus
-    watermark high / watermark critical   the engine's transitions, deciding signal host
-    local reflex        the policy change after the critical crossing, and its delay
     alert firing        WardenTimeToOOM (horizon 10m) with its estimate of the time left
     page recorded       the pager got WardenTimeToOOM
-    draining            the supervisor drains the engine (phase draining)
-    restarted           restart reason memory, with its cause
+    watermark high / watermark critical   the engine's transitions, deciding signal host
+    local reflex        the policy change after the critical crossing, and its delay
+    draining            the supervisor decided the memory restart and drains the engine
+    restarted           the engine stopped and a new one starts: reason memory, with its cause
     served again        a request answered 200 by the new engine
+
+Two chains must each be in order (``CHAINS``): the alert path (risk, alert, page, before the
+drain) and the engine path (risk, watermark, reflex, drain, restart, served again). Between
+them there is no order to demand: the fast time-to-OOM rule reads the rate, so on a creep that
+fills the headroom in about a minute it pages before the watermark even reaches ``high``.
 
 Requests are counted by warden/common/outcomes.py: completed, refused (503/429 with
 Retry-After), failed. While the supervisor has the engine out of rotation (draining, restarting,
@@ -51,14 +56,27 @@ OUT_OF_ROTATION = frozenset({"draining", "restarting", "starting", "backoff"})
 STEPS = (
     "creep injected",
     "risk climbing",
+    "alert firing",
+    "page recorded",
     "watermark high",
     "watermark critical",
     "local reflex",
-    "alert firing",
-    "page recorded",
     "draining",
     "restarted",
     "served again",
+)
+CHAINS = (
+    ("creep injected", "risk climbing", "alert firing", "page recorded", "draining"),
+    (
+        "creep injected",
+        "risk climbing",
+        "watermark high",
+        "watermark critical",
+        "local reflex",
+        "draining",
+        "restarted",
+        "served again",
+    ),
 )
 
 
@@ -94,8 +112,12 @@ class CreepResult:
 
     @property
     def in_order(self) -> bool:
-        times = [s.at for name in STEPS if (s := self.step(name)) is not None]
-        return all(a <= b for a, b in zip(times, times[1:], strict=False))
+        """Each chain of steps happened in its order (missing steps are checked apart)."""
+        for chain in CHAINS:
+            times = [s.at for name in chain if (s := self.step(name)) is not None]
+            if any(a > b for a, b in zip(times, times[1:], strict=False)):
+                return False
+        return True
 
     @property
     def passed(self) -> bool:
@@ -352,10 +374,17 @@ class CreepScenario:
                 None,
             )
             if event is not None and result.add(
-                "restarted", event["failed_at"] - t0, f"reason memory: {event.get('detail', '')}"
+                "restarted",
+                event["restarted_at"] - t0,
+                f"reason memory: {event.get('detail', '')}",
             ):
                 result.restart = event
-                result.add("draining", event["failed_at"] - t0, "admission stopped")
+                draining = result.step("draining")
+                if draining is None or draining.at > event["failed_at"] - t0:
+                    result.steps = [s for s in result.steps if s.name != "draining"]
+                    result.add(
+                        "draining", event["failed_at"] - t0, "admission stopped by the drain lease"
+                    )
                 traffic.completed_after = now
         if (
             restarted
