@@ -68,6 +68,11 @@ def test_cpu_engine_says_which_gpu_sources_are_unavailable(engine: EngineProcess
         assert sample(samples, catalog.SOURCE_AVAILABLE.name, source=source) == 0.0
     assert sample(samples, catalog.SOURCE_AVAILABLE.name, source="kv_cache") == 1.0
     assert sample(samples, catalog.EXPORTER_INFO.name, device="cpu") == 1.0
+    # The host memory source works everywhere: a finite risk, within the plan while settling.
+    assert sample(samples, catalog.SOURCE_AVAILABLE.name, source="host_memory") == 1.0
+    host_risk = [v for k, v in samples.items() if k.startswith(f"{catalog.MEMORY_RISK.name}{{")]
+    assert host_risk and all(v == 0.0 for v in host_risk), host_risk
+    assert sample(samples, catalog.HOST_MEMORY_USED.name) > 0
 
 
 def test_a_full_kv_cache_preempts_and_leaves_the_watermark_normal(engine: EngineProcess) -> None:
