@@ -87,9 +87,14 @@ class Links(BaseModel):
 
 
 class Thresholds(BaseModel):
-    """Thresholds of the fleet rules (the per-engine rules keep theirs in alerts/rules.py)."""
+    """Thresholds a deployment may change without editing rules (the mixins' ``_config``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # The critical WardenSaturated (pages): the share of requests refused over 5 minutes above
+    # which the service is failing most of its users. Not a property of the machine: the demo
+    # calibrates its load so that it lands above this on any machine (warden/cli/scenario.py).
+    saturated_refused_ratio: float = Field(0.5, gt=0, lt=1)
 
     # WardenFleetDegraded: share of a job's engines degraded or unreachable.
     fleet_degraded_ratio: float = Field(0.5, gt=0, le=1)

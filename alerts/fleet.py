@@ -141,7 +141,7 @@ FLEET = RuleGroup(
 )
 
 # Outcomes of warden_webhook_notifications_total that mean an engine turned Alertmanager away.
-_TURNED_AWAY = "unauthorized|disabled"
+_TURNED_AWAY = "unauthorized|disabled|malformed|invalid_alert"
 # Outcomes of warden_relay_deliveries_total that mean an engine did not get its alerts.
 _UNDELIVERED = "failed|refused"
 
@@ -184,11 +184,12 @@ DELIVERY = RuleGroup(
             expr=_turned_away,
             for_="1m",
             severity="critical",
-            summary="An engine turns Alertmanager's notifications away: its token is wrong.",
+            summary="An engine turns Alertmanager's notifications or alerts away.",
             description=(
                 "The engine on {{ $labels.instance }} refused "
-                '{{ printf "%.0f" $value }} notifications in 10 minutes as unauthorized or with '
-                "its webhook disabled (no readable token): it will not degrade when alerts fire."
+                '{{ printf "%.0f" $value }} notifications or alerts in 10 minutes (wrong or '
+                "unreadable token, malformed notification, or alerts refused one by one): it "
+                "will not act on them."
             ),
             dashboard=DASHBOARD_FLEET,
         ),

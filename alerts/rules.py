@@ -314,7 +314,6 @@ CREEP = RuleGroup(
 # (vLLM's own queue-time histogram, for engines without an SLO set), and recomputation eating
 # the throughput (preemptions per finished request).
 SATURATED_FOR = "1m"
-SATURATED_REJECTED_RATIO = 0.5
 SATURATED_CRITICAL_FOR = "2m"
 SATURATED_KEEP_FIRING = "2m"
 QUEUE_TIME_P90_S = 60
@@ -326,7 +325,12 @@ def _saturated(severity: Severity) -> AlertRule:
     saturated = f"{rec.SATURATED_1M} == 1"
     # critical: the refused share first, it is the value the description shows
     expr: Templated = (
-        (lambda c: f"{rec.REJECTED_RATIO} > {SATURATED_REJECTED_RATIO}\nand {c.on()} {saturated}")
+        (
+            lambda c: (
+                f"{rec.REJECTED_RATIO} > {c.thresholds.saturated_refused_ratio:g}\n"
+                f"and {c.on()} {saturated}"
+            )
+        )
         if critical
         else saturated
     )

@@ -1,9 +1,11 @@
 """Closed-loop reaction times: pressure -> local reflex, and pressure -> webhook lease.
 
 Runs the same scenario as ``warden demo`` (warden/cli/scenario.py) on the native stack with the
-tiny model, ``--runs`` times, and reports per run: pressure to the first watermark crossing, to
-the reflex's first refusal, to the alert firing, to the Alertmanager-driven lease, and the
-intervals used. Bounded: each run stops its stack; a step that never happens fails the run.
+tiny model, ``--runs`` times, and reports per run the seconds from the overload's start to each
+step of the loop: saturation, the reflex's first refusal, the alert firing, the
+Alertmanager-driven lease, the page, and the resolution. Bounded: each run stops its stack; a step
+that never happens fails the run. tests/test_closed_loop_e2e.py checks that ``STEPS`` are steps
+the scenario records, so this command cannot go stale.
 
     .venv/bin/python -m benchmarks.closed_loop --runs 1
 """
@@ -19,7 +21,14 @@ from warden.cli.demo import demo_settings
 from warden.cli.scenario import ClosedLoopScenario
 from warden.stack.native import NativeStack
 
-STEPS = ("watermark high", "local reflex", "alert firing", "webhook lease active", "resolved")
+STEPS = (
+    "saturated",
+    "local reflex",
+    "alert firing",
+    "webhook lease active",
+    "page recorded",
+    "resolved",
+)
 
 
 def one_run(workdir: Path) -> dict[str, float]:

@@ -53,7 +53,7 @@ TITLE = "vLLM Warden / Fleet"
 
 ENGINE_STATES = ("serving", "degraded", "unreachable")
 STATE_NAMES = value_names(ENGINE_STATES, (OK, WARN, BAD))
-TURNED_AWAY = "unauthorized|disabled|not_for_this_engine"
+TURNED_AWAY = "unauthorized|disabled|malformed|invalid_alert|not_for_this_engine"
 
 
 def record(name: str, per_model: bool = False) -> str:
@@ -233,9 +233,10 @@ def delivery_row() -> Row:
     )
     turned_away = timeseries(
         "Notifications engines turned away",
-        "Alerts engines did not apply: 'unauthorized'/'disabled' (token problems, "
-        "WardenWebhookRejected) and 'not_for_this_engine' (an alert about another engine "
-        "reached this one: a routing problem).",
+        "Alerts engines did not apply: 'unauthorized'/'disabled' (token problems), "
+        "'malformed' and 'invalid_alert' (refused input, WardenWebhookRejected) and "
+        "'not_for_this_engine' (an alert about another engine reached this one: a routing "
+        "problem).",
         [
             target(
                 aggregate(

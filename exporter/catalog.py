@@ -45,6 +45,8 @@ ADMISSION_REASONS: tuple[str, ...] = (
     "shed_low_priority",
     "saturated",
     "kv_never_fits",
+    # under a cap: the request asks for more sequences (n x prompts) than the cap has tokens
+    "cap_max_tokens",
 )
 # What a refusal can name as its cause (the ``warden_signal`` of the error body): the memory
 # watermark, a saturation signal, an alert (its alertname) or a manual override.
@@ -59,6 +61,11 @@ WEBHOOK_OUTCOMES: tuple[str, ...] = (
     # An alert about another engine (its identity labels name someone else) or about the fleet
     # (no instance label): counted per alert, changes nothing here.
     "not_for_this_engine",
+    # An alert refused on its own (malformed, past a bound, times beyond the clock skew):
+    # counted per alert; the notification's other alerts still apply.
+    "invalid_alert",
+    # A protective alert (reject_all, stop_admission) evicted a less protective lease to fit.
+    "lease_evicted",
 )
 # warden relay (one Alertmanager receiver for a fleet; warden/relay/): what became of each
 # notification, of each alert in it, and of each POST to an engine's webhook.
@@ -74,6 +81,7 @@ RELAY_ALERT_OUTCOMES: tuple[str, ...] = (
     "fleet_wide",  # no instance label: about the fleet, applied by no engine
     "unresolved",  # no engine of that identity is known (scaled away): dropped
     "ambiguous",  # several engines match its labels: dropped, add identity labels
+    "invalid",  # malformed or past a bound (docs/security.md): refused on its own, dropped
 )
 RELAY_DELIVERY_OUTCOMES: tuple[str, ...] = (
     "delivered",  # the engine answered 2xx
@@ -435,8 +443,9 @@ SATURATION_STATES: tuple[str, ...] = ("normal", "saturated")
 QUEUE_WAIT_PREDICTED = _w(
     "warden_queue_wait_predicted_seconds",
     "gauge",
-    "How long a request arriving now would wait in vLLM's queue: requests waiting divided by "
-    "the drain rate. 0 when nothing waits.",
+    "How long a typical request arriving now would wait in vLLM's queue, counted in whole "
+    "batches at the drain rate: the prediction admission's saturation judge decides on. 0 when "
+    "nothing waits.",
     unit="s",
     multiprocess_mode="max",
 )

@@ -15,6 +15,15 @@ statistics, in the API process; admission (warden/control/admission.py) decides 
   service time 99 in 100 recent requests beat, not a typical one: with the 90th, a request
   admitted at the edge of the SLO missed it about once in ten (benchmarks/README.md, run 8).
 - preemption (recompute) rate: preemptions per busy second and per finished request.
+- ``predicted_wait``: how long a request would sit in vLLM's queue: the requests ahead of it,
+  plus, when its prompt does not fit in the free KV blocks, the requests that must finish to
+  free them. Slots free up in batches (requests admitted together finish together), so the
+  wait is counted in whole batches of the running size, each lasting ``running / drain rate``:
+  the worst case, since admission promises the SLO to the requests it admits. Preemptions are
+  in it twice: preempted requests wait again in the queue, and recomputation lowers the drain
+  rate. There is one prediction: admission (warden/control/saturation.py) judges with it, and
+  ``warden_queue_wait_predicted_seconds`` exports it for a typical request, so the dashboard
+  and the alerts show the number admission decided on.
 Pure arithmetic on numbers the stat logger hands over: no I/O, no device access.
 """
 
@@ -44,12 +53,9 @@ class SaturationState:
 
     @property
     def queue_wait_s(self) -> float | None:
-        """Predicted wait in vLLM's queue for a request arriving now (Little's law)."""
-        if self.waiting <= 0:
-            return 0.0
-        if not self.drain_rate:
-            return None
-        return self.waiting / self.drain_rate
+        """Predicted wait in vLLM's queue for a typical request arriving now (nothing known of
+        its prompt): ``predicted_wait``, the number the saturation judge decides on."""
+        return predicted_wait(self)
 
     def to_json(self) -> dict[str, float | int | None]:
         return {
@@ -63,6 +69,46 @@ class SaturationState:
             "recompute_ratio": _rounded(self.recompute_ratio),
             "capacity": self.capacity,
         }
+
+
+@dataclass(frozen=True)
+class KvState:
+    """KV cache geometry and use, from vLLM's cache config and its last step."""
+
+    total_blocks: int
+    block_size: int
+    usage: float  # 0..1
+
+    def free_blocks(self, margin: int) -> int:
+        return int(self.total_blocks * (1.0 - self.usage)) - margin
+
+    def blocks_for(self, tokens: float) -> int:
+        return math.ceil(tokens / self.block_size)
+
+
+def predicted_wait(
+    state: SaturationState,
+    kv: KvState | None = None,
+    prompt_tokens: int | None = None,
+    margin_blocks: int = 0,
+) -> float | None:
+    """Seconds a request would wait before vLLM schedules it; None when the drain rate is not
+    measured yet and something waits (no guess: unknown never refuses)."""
+    ahead = float(state.waiting)
+    if kv is not None and prompt_tokens is not None and state.tokens_per_request:
+        lacking = kv.blocks_for(prompt_tokens + 1) - kv.free_blocks(margin_blocks)
+        if lacking > 0:
+            # Each finished request frees about its own size in blocks.
+            ahead += lacking / max(1, kv.blocks_for(state.tokens_per_request))
+    batch_full = state.capacity is not None and state.running >= state.capacity
+    if ahead <= 0 and not batch_full:
+        return 0.0
+    if not state.drain_rate:
+        return None
+    # This request needs the (ahead + 1)-th free slot; slots free a batch at a time.
+    slots = max(1, state.running)
+    batches = math.ceil((max(ahead, 0.0) + 1) / slots)
+    return batches * slots / state.drain_rate
 
 
 def _rounded(value: float | None) -> float | None:

@@ -13,6 +13,7 @@ import hashlib
 import json
 import re
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from exporter import catalog
 from tests.support.engine import running_engine
+from warden.common import metrics_text
 from warden.engine import routes
 from warden.supervisor.engine import EngineProcess
 
@@ -34,6 +37,7 @@ KEY = "vllm-key-untrusted"  # a valid vLLM API key whose requests may not name a
 TRUSTED_KEY = "vllm-key-gateway"  # a valid vLLM API key trusted to name one
 ROOT = "/pfx"
 BODY_LIMIT = 64 << 10
+MAX_LEASES = 8  # per source: small, so a test can fill the table
 # The routes that generate in vLLM 0.32 (the ones the issue found unguarded among them).
 GENERATION_ROUTES = (
     "/v1/completions",
@@ -63,6 +67,7 @@ def engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         f"  max_body_bytes: {BODY_LIMIT}\n"
         f"  priority:\n    trusted_api_key_sha256: [{digest}]\n"
         "  forecast:\n    enabled: false\n"
+        f"leases:\n  max_per_source: {MAX_LEASES}\n"
     )
     env = {
         "WARDEN_WEBHOOK_TOKEN_FILE": str(token_file),
@@ -146,9 +151,16 @@ def test_every_acting_route_vllm_serves_is_admitted_or_allow_listed(engine: Engi
                 assert response.status_code == 503, (url, response.text)
                 assert response.json()["error"]["warden_reason"] == "reject_all", url
                 assert "retry-after" in response.headers
-    # What is exempt still answers.
+    # What is exempt still answers; what still works on a body (tokenizing) closes with
+    # reject_all, naming its cause (#33).
     assert httpx.get(f"{engine.base_url}{ROOT}/health", timeout=10).status_code == 200
-    tokenized = post(engine, "/tokenize", {"model": model(engine), "prompt": "cache block"})
+    tokenize = {"model": model(engine), "prompt": "cache block"}
+    closed = post(engine, "/tokenize", tokenize)
+    assert closed.status_code == 503, closed.text
+    assert closed.json()["error"]["warden_signal"] == "manual"
+    httpx.delete(f"{engine.base_url}/warden/degrade?all=1", headers=AUTH, timeout=10)
+    lease(engine, "stop_admission")
+    tokenized = post(engine, "/tokenize", tokenize)
     assert tokenized.status_code == 200 and tokenized.json()["tokens"]
 
 
@@ -412,3 +424,254 @@ def test_hostile_control_requests_get_a_4xx_and_change_nothing(
         httpx.delete(f"{engine.base_url}/warden/degrade?key=fuzz", headers=AUTH, timeout=10)
     else:
         assert policy_and_leases(engine) == before
+
+
+def test_a_refusal_keeps_the_connection_for_the_next_request(engine: EngineProcess) -> None:
+    """A refused request (503 with Retry-After, decided before its body is read) must not cost
+    the client its keep-alive connection: the next request on the same connection is served.
+    A client whose pooled connection the server dropped loses the request it sends on it."""
+    import http.client
+
+    lease(engine, "reject_all")
+    connection = http.client.HTTPConnection("127.0.0.1", engine.spec.port, timeout=60)
+    try:
+        body = json.dumps({"model": model(engine), "prompt": "hi", "max_tokens": 2})
+        headers = {**key(), "Content-Type": "application/json"}
+        connection.request("POST", f"{ROOT}/v1/completions", body=body, headers=headers)
+        refused = connection.getresponse()
+        refused.read()
+        assert refused.status == 503 and refused.getheader("Retry-After"), refused.status
+        assert (refused.getheader("Connection") or "").lower() != "close"
+        first_socket = connection.sock
+        connection.request("GET", f"{ROOT}/health")
+        health = connection.getresponse()
+        health.read()
+        assert health.status == 200
+        assert connection.sock is first_socket  # the same connection, not a reconnect
+    finally:
+        connection.close()
+
+
+# --- round two (#33): each attack of the issue, played against the live engine ----------------
+
+PADDED = ("0" * 5000 + "50", " " * 500 + "50" + " " * 500)  # 50 to vLLM's pydantic
+
+
+def test_a_padded_limit_cannot_escape_a_cap(engine: EngineProcess) -> None:
+    name = model(engine)
+    hi = [{"role": "user", "content": "hi"}]
+    lease(engine, "cap_max_tokens", max_tokens=8)
+    for spelled in PADDED:
+        asks = [
+            ("/v1/completions", {"prompt": "a", "max_tokens": spelled, "ignore_eos": True}),
+            ("/v1/chat/completions", {"messages": hi, "max_completion_tokens": spelled}),
+            (ROOT + "/v1/chat/completions", {"messages": hi, "max_tokens": spelled}),
+            ("/v1/responses", {"input": "hi", "max_output_tokens": spelled}),
+            ("/invocations", {"prompt": "a", "max_tokens": spelled, "ignore_eos": True}),
+        ]
+        for path, body in asks:
+            tokens = generated(post(engine, path, {"model": name, **body, "ignore_eos": True}))
+            assert 0 < tokens <= 8, (path, repr(spelled)[:20], tokens)
+    # A limit warden cannot read is refused while the cap is in force (fail closed) ...
+    unreadable = post(
+        engine, "/v1/completions", {"model": name, "prompt": "a", "max_tokens": "lots"}
+    )
+    assert unreadable.status_code == 400
+    assert unreadable.json()["error"]["warden_reason"] == "bad_request"
+    assert "max_tokens" in unreadable.json()["error"]["message"]
+    # ... and left to vLLM's own 400 when no cap is (warden has nothing to enforce).
+    httpx.delete(f"{engine.base_url}/warden/degrade?all=1", headers=AUTH, timeout=10)
+    plain = post(engine, "/v1/completions", {"model": name, "prompt": "a", "max_tokens": "lots"})
+    assert plain.status_code == 400 and "warden_reason" not in plain.text
+
+
+def test_invocations_are_capped_as_vllm_runs_them(engine: EngineProcess) -> None:
+    lease(engine, "cap_max_tokens", max_tokens=8)
+    # messages that are not chat messages: vLLM runs the body as a completion (default 16).
+    both = {"model": model(engine), "messages": "not a list", "prompt": "a", "ignore_eos": True}
+    assert 0 < generated(post(engine, "/invocations", both)) <= 8
+
+
+def test_a_cap_bounds_the_whole_request_not_each_choice(engine: EngineProcess) -> None:
+    lease(engine, "cap_max_tokens", max_tokens=8)
+    body = {"model": model(engine), "prompt": "a", "max_tokens": 50, "ignore_eos": True}
+    assert generated(post(engine, "/v1/completions", {**body, "n": 4})) <= 8
+    prompts = {**body, "prompt": ["a", "b", "c", "d"]}
+    assert generated(post(engine, "/v1/completions", prompts)) <= 8
+    refused = post(engine, "/v1/completions", {**body, "n": 4096})
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["error"]["warden_reason"] == "cap_max_tokens"
+    assert "retry-after" in refused.headers
+
+
+def test_a_manual_reject_all_names_manual_as_its_cause(engine: EngineProcess) -> None:
+    lease(engine, "reject_all")
+    refused = post(engine, "/v1/completions", {"model": model(engine), "prompt": "a"})
+    message = refused.json()["error"]["message"]
+    assert "(memory)" not in message and "manual: reject_all" in message
+
+
+def test_working_exempt_routes_take_a_bounded_body(engine: EngineProcess) -> None:
+    huge = {"model": model(engine), "prompt": "word " * (BODY_LIMIT // 4)}
+    for path in ("/tokenize", "/v1/messages/count_tokens"):
+        assert post(engine, path, huge).status_code == 413, path
+    auth = f"Authorization: Bearer {KEY}\r\n"
+    assert raw_status(engine, promised_body("/tokenize", 10_000_000, auth)) == 413
+
+
+# The webhook, as a broken Alertmanager or a holder of its token would use it.
+
+
+def iso(at: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+
+
+def am_alert(
+    engine: EngineProcess,
+    status: str,
+    fingerprint: str,
+    action: str = "reject_all",
+    starts: str | None = None,
+    **labels: str,
+) -> dict[str, Any]:
+    now = time.time()
+    return {
+        "status": status,
+        "labels": {
+            "alertname": "WardenSecurityTest",
+            "instance": f"127.0.0.1:{engine.spec.port}",
+            "warden_action": action,
+            **labels,
+        },
+        "annotations": {"description": "attack"},
+        "startsAt": starts or iso(now - 120),
+        "endsAt": "0001-01-01T00:00:00Z" if status == "firing" else iso(now - 1),
+        "fingerprint": fingerprint,
+    }
+
+
+def webhook(engine: EngineProcess, *alerts: dict[str, Any], timeout: float = 120) -> httpx.Response:
+    body = {"version": "4", "status": "firing", "receiver": "engine", "alerts": list(alerts)}
+    return httpx.post(
+        f"{engine.base_url}/warden/alertmanager", json=body, headers=AUTH, timeout=timeout
+    )
+
+
+def alert_leases(engine: EngineProcess) -> dict[str, str]:
+    return {x["key"]: x["action"] for x in state(engine)["leases"] if x["source"] == "alertmanager"}
+
+
+def webhook_outcome(engine: EngineProcess, outcome: str) -> float:
+    text = httpx.get(f"{engine.base_url}/metrics", timeout=10).text
+    return metrics_text.value(text, catalog.WEBHOOK_NOTIFICATIONS.name, outcome=outcome) or 0.0
+
+
+@pytest.fixture
+def resolve_after(engine: EngineProcess) -> Iterator[list[dict[str, Any]]]:
+    """Alerts a test fired: resolved after it, so no alert lease outlives the test."""
+    fired: list[dict[str, Any]] = []
+    yield fired
+    if fired:
+        resolved = [{**a, "status": "resolved", "endsAt": iso(time.time() - 1)} for a in fired]
+        assert webhook(engine, *resolved).status_code == 200
+    assert alert_leases(engine) == {}
+
+
+def test_a_resolution_from_the_future_cannot_suppress_the_real_alert(
+    engine: EngineProcess, resolve_after: list[dict[str, Any]]
+) -> None:
+    before = webhook_outcome(engine, "invalid_alert")
+    for starts in ("9999-12-31T23:59:59Z", "0001-01-02T00:00:00Z"):
+        forged = am_alert(engine, "resolved", "fp-forged", starts=starts)
+        answer = webhook(engine, forged)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["alerts"] == {"invalid": 1}
+        (rejected,) = answer.json()["rejected"]
+        assert "startsAt" in rejected["problem"] and rejected["fingerprint"] == "fp-forged"
+    assert webhook_outcome(engine, "invalid_alert") == before + 2
+    real = am_alert(engine, "firing", "fp-forged")
+    resolve_after.append(real)
+    assert webhook(engine, real).json()["alerts"] == {"applied": 1}
+    assert alert_leases(engine) == {"fp-forged": "reject_all"}
+
+
+def test_oversized_webhook_fields_are_refused_and_stored_nowhere(
+    engine: EngineProcess, resolve_after: list[dict[str, Any]]
+) -> None:
+    long_fingerprint = am_alert(engine, "firing", "f" * 200_000)
+    long_value = am_alert(engine, "firing", "fp-long-value", action="cap_max_tokens")
+    long_value["labels"]["warden_max_tokens"] = "5000"
+    long_value["labels"]["team"] = "x" * 500_000
+    good = am_alert(engine, "firing", "fp-good", action="cap_max_tokens", warden_max_tokens="5000")
+    resolve_after.append(good)
+    answer = webhook(engine, long_fingerprint, long_value, good)
+    assert answer.status_code == 200, answer.text[:300]
+    assert answer.json()["alerts"] == {"invalid": 2, "applied": 1}
+    problems = [r["problem"] for r in answer.json()["rejected"]]
+    assert "fingerprint" in problems[0] and "labels.team" in problems[1]
+    assert all(len(r["fingerprint"]) <= 128 for r in answer.json()["rejected"])
+    assert alert_leases(engine) == {"fp-good": "cap_max_tokens"}
+
+
+def test_one_bad_alert_does_not_drop_the_others(
+    engine: EngineProcess, resolve_after: list[dict[str, Any]]
+) -> None:
+    caps = [
+        am_alert(
+            engine, "firing", f"fp-batch-{i}", action="cap_max_tokens", warden_max_tokens="5000"
+        )
+        for i in range(MAX_LEASES - 1)
+    ]
+    assert webhook(engine, *caps).json()["alerts"] == {"applied": MAX_LEASES - 1}
+    resolutions = [{**a, "status": "resolved", "endsAt": iso(time.time() - 1)} for a in caps]
+    bad = {**resolutions[0], "fingerprint": "fp-bad", "startsAt": "not a time"}
+    answer = webhook(engine, *resolutions[:3], bad, *resolutions[3:])
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["alerts"] == {"released": MAX_LEASES - 1, "invalid": 1}
+    assert answer.json()["rejected"][0]["index"] == 3
+
+
+def test_a_critical_alert_finds_room_in_a_full_lease_table(
+    engine: EngineProcess, resolve_after: list[dict[str, Any]]
+) -> None:
+    caps = [
+        am_alert(
+            engine, "firing", f"fp-full-{i}", action="cap_max_tokens", warden_max_tokens="5000"
+        )
+        for i in range(MAX_LEASES)
+    ]
+    resolve_after.extend(caps)
+    assert webhook(engine, *caps).json()["alerts"] == {"applied": MAX_LEASES}
+    more = am_alert(engine, "firing", "fp-one-more", action="cap_max_tokens", warden_max_tokens="9")
+    assert webhook(engine, more).json()["alerts"] == {"limited": 1}  # not protective: refused
+    before = webhook_outcome(engine, "lease_evicted")
+    critical = am_alert(engine, "firing", "fp-critical")
+    resolve_after.append(critical)
+    answer = webhook(engine, critical)
+    assert answer.json()["alerts"] == {"applied": 1, "lease_evicted": 1}
+    leases = alert_leases(engine)
+    assert leases["fp-critical"] == "reject_all" and len(leases) == MAX_LEASES
+    assert webhook_outcome(engine, "lease_evicted") == before + 1
+    refused = post(engine, "/v1/completions", {"model": model(engine), "prompt": "a"})
+    assert refused.status_code == 503 and refused.json()["error"]["warden_reason"] == "reject_all"
+
+
+def test_foreign_alerts_do_not_stall_this_engines_own(
+    engine: EngineProcess, resolve_after: list[dict[str, Any]]
+) -> None:
+    port = engine.spec.port
+    foreign = [
+        am_alert(engine, "firing", f"fp-foreign-{i}", instance=f"engine-{i}.invalid:{port}")
+        for i in range(300)
+    ]
+    own = am_alert(engine, "firing", "fp-own")
+    resolve_after.append(own)
+    started = time.monotonic()
+    answer = webhook(engine, *foreign, own)
+    took = time.monotonic() - started
+    assert answer.status_code == 200, answer.text[:300]
+    assert answer.json()["alerts"] == {"not_for_this_engine": 300, "applied": 1}
+    assert alert_leases(engine) == {"fp-own": "reject_all"}
+    # One after another, 300 lookups took 30 s (the issue); concurrent under a 2 s deadline,
+    # far less (a generous bound: this machine is shared).
+    assert took < 20, took

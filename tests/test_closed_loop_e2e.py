@@ -1,8 +1,10 @@
 """The closed loop end to end: a real engine, Prometheus and Alertmanager at fast intervals
 (scrape and evaluation 1 s), the real generated rules and routes, the local pager. The same
-scenario ``warden demo`` runs; nothing is faked. The overload is real: more clients than the
-tiny engine serves, against the demo's queue limit (warden/cli/scenario.py says why overload
-and not memory drives the loop on a CPU engine).
+scenario ``warden demo`` runs; nothing is faked. The overload is real and calibrated: the
+scenario measures what this engine completes per second, then offers 4 times that against the
+demo's queue limit, so the refused share lands above the paging threshold on a fast machine and
+a slow one alike (warden/cli/scenario.py says why, and why overload and not memory drives the
+loop on a CPU engine).
 
 One difference from the demo: the traffic alerts hold 10 s at most before firing and after
 clearing, not 30 s. The holds are what a person watching the demo reads; the order of the
@@ -16,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from alerts.rules import TRAFFIC
+from benchmarks.closed_loop import STEPS as BENCHMARK_STEPS
 from warden.cli.demo import demo_settings
 from warden.cli.scenario import ClosedLoopScenario
 from warden.common.ports import free_port
@@ -51,6 +54,36 @@ def test_overload_to_page_to_resolution(tmp_path: Path) -> None:
         started = stack.process_ids()
     steps = [step.name for step in result.timeline]
     assert steps[:3] == ["overload", "saturated", "local reflex"], report
+    # The calibration and its margins are printed, and the load offered is the stated multiple.
+    assert any(line.startswith("calibration: ") for line in printed), printed
+    assert result.calibration is not None and result.calibration.capacity.completed > 0
+    assert result.calibration.expected_refused_share > result.calibration.threshold, report
+    # The timeline is true: each step's time is when it happened, and they are in that order.
+    times = [step.at for step in result.timeline]
+    assert times[0] == 0.0 and all(t >= 0 for t in times), report
+    order = [s.name for s in sorted(result.timeline, key=lambda s: s.at)]
+    for before, after in zip(
+        (
+            "overload",
+            "saturated",
+            "alert pending",
+            "alert firing",
+            "alertmanager",
+            "overload removed",
+        ),
+        (
+            "saturated",
+            "local reflex",
+            "alert firing",
+            "alertmanager",
+            "webhook lease active",
+            "resolved",
+        ),
+        strict=True,
+    ):
+        assert order.index(before) <= order.index(after), (before, after, report)
+    # benchmarks/closed_loop.py reports these steps: it must not wait for one the scenario dropped.
+    assert set(BENCHMARK_STEPS) <= set(steps), (BENCHMARK_STEPS, steps)
     for name in (
         "alert pending",
         "alert firing",

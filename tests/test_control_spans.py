@@ -33,13 +33,16 @@ from warden.control.reflex import Reflex
 from warden.engine import identity as engine_identity
 from warden.engine import middleware, runtime, webhook
 
+# The test clock: after every alert in these tests starts (their times are believed).
+NOW = 1_795_269_600.0  # 2026-11-21T14:00:00Z
+
 TTL_S = ControlConfig().leases.ttl_s
 ALERTNAME = "WardenMemoryWatermarkHigh"
 TOKEN = "span-test-token"
 
 
 class Clock:
-    def __init__(self, now: float = 1_000_000.0) -> None:
+    def __init__(self, now: float = NOW) -> None:
         self.now = now
 
     def __call__(self) -> float:

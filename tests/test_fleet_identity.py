@@ -27,6 +27,9 @@ from warden.control.identity import EngineIdentity
 from warden.engine import identity as engine_identity
 from warden.engine import runtime, webhook
 
+# The test clock: after every alert in these tests starts (their times are believed).
+NOW = 1_795_269_600.0  # 2026-11-21T14:00:00Z
+
 TOKEN = "identity-test-token"
 ACTION = {catalog.ACTION_LABEL: "stop_admission"}
 
@@ -80,7 +83,7 @@ def registry() -> CollectorRegistry:
 
 @pytest.fixture
 def controller(registry: CollectorRegistry) -> Controller:
-    return Controller(ControlConfig(), WardenMetrics(registry), clock=lambda: 1_000_000.0)
+    return Controller(ControlConfig(), WardenMetrics(registry), clock=lambda: NOW)
 
 
 def apply(controller: Controller, identity: EngineIdentity, *alerts: dict[str, Any]) -> dict:

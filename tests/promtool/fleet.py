@@ -228,9 +228,11 @@ FLEET_SCENARIOS = (
     ),
     Scenario(
         "WardenWebhookRejected",
-        "an engine refuses 12 notifications: its token is not Alertmanager's",
+        "an engine refuses 6 notifications (its token is not Alertmanager's) and 6 alerts "
+        "one by one (their clocks are beyond the skew)",
         {
-            s(WEBHOOK_NOTIFICATIONS, outcome="unauthorized"): step(12, 12, 30),
+            s(WEBHOOK_NOTIFICATIONS, outcome="unauthorized"): step(12, 6, 30),
+            s(WEBHOOK_NOTIFICATIONS, outcome="invalid_alert"): step(12, 6, 30),
             s(WEBHOOK_NOTIFICATIONS, outcome="applied"): per_minute_counter(3, 30),
         },
         (
@@ -240,9 +242,9 @@ FLEET_SCENARIOS = (
                 "14m",
                 Expected(
                     labels("critical"),
-                    f"The engine on {INSTANCE} refused 12 notifications in 10 minutes as "
-                    "unauthorized or with its webhook disabled (no readable token): it will not "
-                    "degrade when alerts fire.",
+                    f"The engine on {INSTANCE} refused 12 notifications or alerts in 10 minutes "
+                    "(wrong or unreadable token, malformed notification, or alerts refused one "
+                    "by one): it will not act on them.",
                 ),
             ),
             resolved("22m"),

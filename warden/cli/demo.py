@@ -9,15 +9,25 @@ dashboards drawn from the run's own Prometheus.
 from __future__ import annotations
 
 import argparse
+import sys
+import traceback
 from pathlib import Path
 
 import yaml
 
 from alerts.alertmanager import RouteTiming
 from alerts.rules import TRAFFIC
-from warden.cli.scenario import ClosedLoopScenario, demo_control_config, metric_names_seen
+from warden.cli.scenario import (
+    DEMO_BATCH,
+    ClosedLoopScenario,
+    ScenarioError,
+    demo_control_config,
+    metric_names_seen,
+)
+from warden.cli.tinymodel import tiny_engine_args
+from warden.common.waiting import WaitAborted
 from warden.stack.config import Intervals
-from warden.stack.native import NativeStack, StackSettings
+from warden.stack.native import NativeStack, StackError, StackSettings
 
 # Fast loop for a demo: 1 s scrapes and rule evaluations, pages within seconds.
 DEMO_INTERVALS = Intervals("1s", "1s")
@@ -27,6 +37,12 @@ DEMO_PAGER_TIMING = RouteTiming("1s", "5s", "4h")
 # included, plays out in about three minutes. Other groups keep their generated holds: an
 # engine still starting must not page anyone.
 DEMO_ALERT_HOLD_CAPS = {TRAFFIC.name: 30}
+# The demo's engine: a batch of DEMO_BATCH and a KV cache that holds all of it (48 blocks of 32
+# tokens), so the queue users wait in is the one admission limits, and a full batch is the
+# capacity the scenario measures.
+DEMO_ENGINE_ARGS = tiny_engine_args(
+    "--max-model-len", "256", "--max-num-seqs", str(DEMO_BATCH), "--num-gpu-blocks-override", "48"
+)
 
 
 def demo_settings(workdir: Path, **overrides: object) -> StackSettings:
@@ -41,14 +57,40 @@ def demo_settings(workdir: Path, **overrides: object) -> StackSettings:
         "pager_timing": DEMO_PAGER_TIMING,
         "alert_hold_caps": DEMO_ALERT_HOLD_CAPS,
         "engine_env": {"WARDEN_CONFIG": str(config)},
+        "engine_args": DEMO_ENGINE_ARGS,
     }
     settings.update(overrides)
     return StackSettings(**settings)  # type: ignore[arg-type]
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    """Run the demo; any failure is one line on stderr (what, why, where the logs are) and a
+    non-zero exit, with everything the demo started stopped by the stack's ``with``."""
     workdir = Path(args.workdir)
     settings = demo_settings(workdir, engine_port=args.port)
+    logs = workdir / "logs"
+    try:
+        return _play(settings, workdir)
+    except ScenarioError as exc:
+        _fail(f"{exc}; logs: {logs}")
+    except (StackError, TimeoutError, WaitAborted) as exc:
+        _fail(f"the stack did not come up: {exc}; logs: {logs}")
+    except KeyboardInterrupt:
+        _fail("interrupted; everything the demo started is stopped")
+        return 130
+    except Exception as exc:  # a defect: still one line, the traceback kept in a file
+        workdir.mkdir(parents=True, exist_ok=True)
+        report = workdir / "demo-error.txt"
+        report.write_text(traceback.format_exc(), encoding="utf-8")
+        _fail(f"unexpected {type(exc).__name__}: {exc}; traceback in {report}; logs: {logs}")
+    return 1
+
+
+def _fail(line: str) -> None:
+    print(f"warden demo: FAILED: {line}", file=sys.stderr, flush=True)
+
+
+def _play(settings: StackSettings, workdir: Path) -> int:
     with NativeStack(settings) as stack:
         print(stack.summary())
         stack.wait_for_query("up == 1", timeout_s=120)
@@ -67,4 +109,9 @@ def run_demo(args: argparse.Namespace) -> int:
             print("dashboards drawn from this run:")
             for picture in pictures:
                 print(f"  {picture}")
-    return 0 if result.passed else 1
+    if not result.passed:
+        failed = [name for name, ok in result.checks.items() if not ok]
+        _fail(f"checks failed: {'; '.join(failed)}; logs: {workdir / 'logs'}")
+        return 1
+    print("warden demo: passed; everything it started is stopped")
+    return 0

@@ -11,7 +11,12 @@ from pathlib import Path
 from exporter.settings import SettingsError, load_settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-GENERATORS = ("alerts.generate", "dashboards.generate", "warden.stack.generate")
+GENERATORS = (
+    "alerts.generate",
+    "dashboards.generate",
+    "warden.stack.generate",
+    "warden.cli.readme",
+)
 
 
 def cmd_model_tiny(args: argparse.Namespace) -> int:

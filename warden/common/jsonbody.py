@@ -77,18 +77,18 @@ def content_length(raw: str | None) -> int | None:
 
 
 # vLLM reads request fields with pydantic in lax mode (``100.0`` and ``"100"`` are the integer
-# 100, ``"true"`` is True). A field warden acts on is read the same way, or a client could
-# spell a value so that vLLM honours it and warden misses it.
+# 100, ``"true"`` is True). A field warden acts on is read by the same pydantic, with no rule
+# of warden's own (no length limit: ``"000…0300"`` with a million zeros is 300 to vLLM), or a
+# client could spell a value so that vLLM honours it and warden misses it. pydantic bounds the
+# work itself (it refuses integers past its own size limit, linear-time either way).
 
 
 def lax_int(value: Any) -> int | None:
     """An integer field as vLLM's request models read it; BadRequest when they would not."""
-    if isinstance(value, str) and len(value) > 40:
-        raise BadRequest(f"{value[:40]!r}...: not an integer")
     try:
         return _LAX_INT.validate_python(value)
     except ValidationError:
-        raise BadRequest(f"{str(value)[:40]!r}: not an integer") from None
+        raise BadRequest(f"{_preview(value)}: not an integer") from None
 
 
 def lax_bool(value: Any) -> bool | None:
@@ -96,4 +96,13 @@ def lax_bool(value: Any) -> bool | None:
     try:
         return _LAX_BOOL.validate_python(value)
     except ValidationError:
-        raise BadRequest(f"{str(value)[:40]!r}: not a boolean") from None
+        raise BadRequest(f"{_preview(value)}: not a boolean") from None
+
+
+def _preview(value: Any) -> str:
+    """A value for an error message: at most 40 characters of it, never a whole list."""
+    if isinstance(value, str):
+        return repr(value[:40]) + ("..." if len(value) > 40 else "")
+    if isinstance(value, dict | list):
+        return "an object" if isinstance(value, dict) else "a list"
+    return repr(value)[:40]

@@ -233,9 +233,7 @@ REGISTRY: tuple[Action, ...] = (
         (),
         _set("reject_all"),
         gauge=lambda p: float(p.reject_all),
-        refuse=_refuse_if(
-            "reject_all", "reject_all", "server is rejecting all new requests (memory)"
-        ),
+        refuse=_refuse_if("reject_all", "reject_all", "server is rejecting all new requests"),
         reflex=True,
     ),
     Action(
@@ -279,6 +277,19 @@ REGISTRY: tuple[Action, ...] = (
     ),
 )
 ACTIONS: dict[str, Action] = {action.name: action for action in REGISTRY}
+# How much each action protects the engine, least first: when a source's leases are full, a
+# protective action (the last two) evicts the least protective lease rather than be dropped.
+PROTECTION: tuple[str, ...] = (
+    "enforce_eager",
+    "cap_max_tokens",
+    "shed_low_priority",
+    "circuit_breaker",
+    "stop_admission",
+    "reject_all",
+)
+PROTECTIVE: frozenset[str] = frozenset({"stop_admission", "reject_all"})
+if set(PROTECTION) != set(ACTIONS):  # pragma: no cover - import-time check
+    raise RuntimeError("warden.control.actions: PROTECTION must rank every action")
 REFLEX_ACTIONS: tuple[str, ...] = tuple(a.name for a in REGISTRY if a.reflex)
 if set(ACTIONS) != set(catalog.DEGRADATION_ACTIONS):  # pragma: no cover - import-time check
     raise RuntimeError("warden.control.actions and catalog.DEGRADATION_ACTIONS disagree")

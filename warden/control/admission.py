@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.saturation import SaturationState
-from warden.control.actions import REGISTRY
+from warden.control.actions import ACTIONS, REGISTRY
 from warden.control.config import AdmissionSettings
 from warden.control.policy import EffectivePolicy
 from warden.control.saturation import KvState, RetrySchedule, breach
@@ -32,16 +32,19 @@ __all__ = [
     "RequestFacts",
     "Saturation",
     "admit",
+    "admit_exempt",
     "decide",
     "limit",
+    "token_ceiling",
 ]
 
 
 @dataclass(frozen=True)
 class RequestFacts:
     priority: int = 0
-    max_tokens: int | None = None
+    max_tokens: int | None = None  # per sequence; None: up to the context length
     prompt_tokens: int | None = None
+    sequences: int = 1  # n (or best_of) choices x prompts: what one request generates at once
 
 
 @dataclass(frozen=True)
@@ -144,23 +147,69 @@ def admit(
     return Decision(True)
 
 
+def admit_exempt(
+    policy: EffectivePolicy, cause_of: Callable[[str], Cause] | None = None
+) -> Decision:
+    """Routes exempt from admission that still do work (tokenizing, counting, rendering) are
+    refused only under ``reject_all``: they generate nothing, so stopping admission or shedding
+    leaves them open, but an engine told to refuse everything refuses them too."""
+    refusal = ACTIONS["reject_all"].refuse
+    assert refusal is not None
+    found = refusal(policy, 0, lambda _fraction: True)
+    if found is None:
+        return Decision(True)
+    cause = cause_of("reject_all") if cause_of is not None else NO_CAUSE
+    return Decision(
+        False,
+        found.status,
+        found.reason,
+        f"{found.message} ({cause.signal}: {cause.value})",
+        policy.retry_after_s,
+        signal=cause.signal,
+        value=cause.value,
+    )
+
+
+def token_ceiling(policy: EffectivePolicy) -> int | None:
+    """The most output tokens the policy lets one request generate (None: no cap)."""
+    ceilings = [c for a in REGISTRY if a.cap is not None and (c := a.cap(policy)) is not None]
+    return min(ceilings) if ceilings else None
+
+
 def limit(
     facts: RequestFacts,
     policy: EffectivePolicy,
     settings: AdmissionSettings,
     kv: KvState | None = None,
     saturation: Saturation | None = None,
+    cause_of: Callable[[str], Cause] | None = None,
 ) -> Decision:
     """The cap, the KV forecast and saturation for an admitted request, once its body says
-    what it wants (``facts.max_tokens``: the limit vLLM would apply, None = up to the context
-    length). A full cache alone never refuses: the blocks this prompt lacks lengthen its
-    predicted queue wait."""
+    what it wants (``facts.max_tokens``: the limit vLLM would apply to each sequence, None = up
+    to the context length). A cap bounds the request's total: with several sequences each gets
+    its share, and a request with more sequences than the cap has tokens is refused (429: its
+    own size is the cause). A full cache alone never refuses: the blocks this prompt lacks
+    lengthen its predicted queue wait."""
     cap = None
     max_tokens = facts.max_tokens
-    for action in REGISTRY:
-        ceiling = action.cap(policy) if action.cap is not None else None
-        if ceiling is not None and (max_tokens is None or max_tokens > ceiling):
-            cap = max_tokens = ceiling
+    ceiling = token_ceiling(policy)
+    if ceiling is not None:
+        sequences = max(1, facts.sequences)
+        if sequences > ceiling:
+            cause = cause_of("cap_max_tokens") if cause_of is not None else NO_CAUSE
+            return Decision(
+                False,
+                429,
+                "cap_max_tokens",
+                f"the request generates {sequences} sequences at once; output is capped at "
+                f"{ceiling} tokens per request ({cause.signal}: {cause.value})",
+                policy.retry_after_s,
+                signal=cause.signal,
+                value=cause.value,
+            )
+        share = ceiling // sequences
+        if max_tokens is None or max_tokens > share:
+            cap = max_tokens = share
     forecast = settings.forecast
     margin = forecast.safety_margin_blocks if forecast.enabled else 0
     prompt = facts.prompt_tokens if forecast.enabled else None
@@ -229,4 +278,6 @@ def decide(
 ) -> Decision:
     """``admit`` then ``limit``: one request's whole decision."""
     decision = admit(facts, policy, gate, settings, saturation, cause_of)
-    return limit(facts, policy, settings, kv, saturation) if decision.admit else decision
+    if not decision.admit:
+        return decision
+    return limit(facts, policy, settings, kv, saturation, cause_of)

@@ -61,6 +61,18 @@ class WebhookSettings(_Strict):
     max_tombstones: int = Field(
         10_000, ge=100, le=1_000_000, description="resolved alerts remembered at most"
     )
+    max_alerts: int = Field(
+        1000, ge=1, le=10_000, description="alerts read per notification; the rest are refused"
+    )
+    max_clock_skew_s: float = Field(
+        300.0, ge=0, le=3600, description="how far ahead of this clock an alert's times may be"
+    )
+    max_alert_age_s: float = Field(
+        3660 * 86400.0,  # ten years: an older startsAt is a wrong clock, not an alert
+        gt=0,
+        le=36600 * 86400,
+        description="oldest startsAt believed",
+    )
 
 
 class ForecastSettings(_Strict):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import re
 import threading
@@ -28,7 +29,7 @@ from exporter.saturation import SaturationState
 from warden.control import admission, telemetry
 from warden.control.actions import REFLEX_ACTIONS, ActionRequest
 from warden.control.admission import Cause, Decision, HalfOpenGate, RequestFacts, Saturation
-from warden.control.alertmanager import AlertEvent
+from warden.control.alertmanager import INVALID, AlertEvent, check_times
 from warden.control.config import ControlConfig
 from warden.control.identity import EngineIdentity
 from warden.control.leases import Lease, LeaseTable, Outcome
@@ -49,6 +50,11 @@ NOT_FOR_THIS_ENGINE = "not_for_this_engine"
 # Where a lease keeps its cause (internal keys of Lease.labels, never alert labels).
 CAUSE_SIGNAL, CAUSE_VALUE = "_cause_signal", "_cause_value"
 SATURATION_SIGNAL = "saturation"
+EVICTED = "lease_evicted"  # an alert's protective lease evicted a less protective one
+# The alert labels a lease keeps (its identity and name); the rest is not warden's to store.
+KEPT_LABELS = ("alertname", "instance", "severity", catalog.ACTION_LABEL)
+CAUSE_VALUE_CHARS = 256
+LOGGED_PER_NOTIFICATION = 5  # refused alerts logged one by one; the rest in one line
 
 
 class Controller:
@@ -163,32 +169,40 @@ class Controller:
     def apply_alerts(
         self, events: list[AlertEvent], identity: EngineIdentity | None = None
     ) -> dict[str, int]:
-        """Apply a validated notification; return counts per outcome.
+        """Apply a checked notification; return counts per outcome.
 
         With ``identity`` (the webhook always passes it), alerts about another engine or about
-        the whole fleet are counted ``not_for_this_engine`` and change nothing.
+        the whole fleet are counted ``not_for_this_engine`` and change nothing. An alert that
+        failed its checks, or whose times this server's clock cannot believe, is counted
+        ``invalid`` and logged; the others still apply.
         """
         now = self.clock()
         ttl = self.config.leases.ttl_s
         counts: dict[str, int] = {}
         preempt = 0
-        for event in events:
+        for event in self.checked(events):
             refusal = identity.refusal(event.labels) if identity is not None else None
-            if refusal is not None:
+            if event.problem is not None:
+                if counts.get(INVALID, 0) < LOGGED_PER_NOTIFICATION:
+                    self._log_invalid(event, event.problem)
+                outcome = INVALID
+            elif refusal is not None:
                 self._log_foreign(event, refusal)
                 outcome = NOT_FOR_THIS_ENGINE
             elif event.unknown_action is not None:
-                log.warning(
-                    "warden: alert %s asks for unknown action %r; ignored",
-                    event.alertname,
-                    event.unknown_action,
-                )
+                if counts.get("unknown_action", 0) < LOGGED_PER_NOTIFICATION:
+                    log.warning(
+                        "warden: alert %r asks for unknown action %r; ignored",
+                        event.alertname[:64],
+                        event.unknown_action[:64],
+                    )
                 outcome = "unknown_action"
             elif event.request is None:
                 outcome = "not_for_warden"
             elif event.status == "firing":
                 # The alert names the signal; its description carries the value it fired at.
                 cause = Cause(event.alertname, event.annotations.get("description", ""))
+                evictions = self.leases.evictions
                 outcome = self.leases.renew(
                     ALERTMANAGER,
                     event.fingerprint,
@@ -196,13 +210,19 @@ class Controller:
                     ttl,
                     now,
                     started_at=event.starts_at,
-                    labels={**event.labels, **_cause_labels(cause)},
+                    labels=_kept_labels(event.labels, cause),
                 )
+                if self.leases.evictions != evictions:
+                    self._log_eviction(event.alertname, event.request.action)
+                    counts[EVICTED] = counts.get(EVICTED, 0) + 1
                 if outcome == Outcome.APPLIED:
                     preempt = max(preempt, event.request.preempt)
-                elif outcome == Outcome.LIMITED:
+                elif (
+                    outcome == Outcome.LIMITED
+                    and counts.get(Outcome.LIMITED, 0) < LOGGED_PER_NOTIFICATION
+                ):
                     log.warning(
-                        "warden: alert %s (%s) refused: Alertmanager already holds %d leases",
+                        "warden: alert %r (%r) refused: Alertmanager already holds %d leases",
                         event.alertname,
                         event.fingerprint,
                         self.leases.max_per_source,
@@ -221,10 +241,50 @@ class Controller:
                     action=event.request.action if event.request else "",
                     source=ALERTMANAGER,
                 )
+        if counts.get(INVALID, 0) > LOGGED_PER_NOTIFICATION:
+            log.warning(
+                "warden: %d more alerts of this notification not applied (named in its answer)",
+                counts[INVALID] - LOGGED_PER_NOTIFICATION,
+            )
         self.policy()
         if preempt and self._lease_preempt_allowed(now, "alert"):
             self.preempt_largest(preempt, "alert")
         return counts
+
+    def checked(self, events: list[AlertEvent]) -> list[AlertEvent]:
+        """``events`` with a ``problem`` set on each whose times this server's clock cannot
+        believe (``webhook.max_clock_skew_s`` ahead, ``max_alert_age_s`` behind)."""
+        now = self.clock()
+        hook = self.config.webhook
+        out = []
+        for event in events:
+            if event.problem is None and event.status != INVALID:
+                problem = check_times(event, now, hook.max_clock_skew_s, hook.max_alert_age_s)
+                if problem is not None:
+                    event = dataclasses.replace(event, problem=problem)
+            out.append(event)
+        return out
+
+    def _log_invalid(self, event: AlertEvent, problem: str) -> None:
+        log.warning(
+            "warden: alert %r (%r) not applied: %r",
+            event.alertname[:64] or "?",
+            event.fingerprint[:32],
+            problem[:300],
+        )
+
+    def _log_eviction(self, alertname: str, action: str) -> None:
+        victim = self.leases.last_evicted
+        if victim is not None:
+            log.warning(
+                "warden: leases full: %s lease %r (%s) evicted for %s from %r",
+                victim.source,
+                victim.key[:32],
+                victim.action,
+                action,
+                alertname[:64],
+            )
+            self._span("warden.lease.evicted", victim)
 
     def _log_foreign(self, event: AlertEvent, refusal: str) -> None:
         """Say once per alert and reason that an alert was not applied here (a misrouted
@@ -238,13 +298,17 @@ class Controller:
         log.warning("warden: alert %s not applied: %s", event.alertname, refusal)
 
     def set_manual(self, key: str, request: ActionRequest, ttl_s: float) -> Lease | None:
-        """Take or renew a manual lease; None when the manual source holds its maximum."""
+        """Take or renew a manual lease; None when the manual source holds its maximum (a
+        protective action evicts the least protective manual lease instead)."""
         now = self.clock()
         labels = _cause_labels(Cause(MANUAL, key))
+        evictions = self.leases.evictions
         if self.leases.renew(MANUAL, key, request, ttl_s, now, labels=labels) == Outcome.LIMITED:
             return None
         lease = self.leases.get(MANUAL, key)
         assert lease is not None
+        if self.leases.evictions != evictions:
+            self._log_eviction(f"manual override {key[:64]}", request.action)
         self._span("warden.lease.applied", lease)
         self.policy()
         if request.preempt and self._lease_preempt_allowed(now, "manual"):
@@ -382,7 +446,9 @@ class Controller:
         self, facts: RequestFacts, policy: EffectivePolicy, kv: KvState | None = None
     ) -> Decision:
         """With the body: the cap, the KV forecast and saturation for this request's prompt."""
-        return admission.limit(facts, policy, self.config.admission, kv, self._saturation())
+        return admission.limit(
+            facts, policy, self.config.admission, kv, self._saturation(), self.cause_of
+        )
 
     def decide(
         self, facts: RequestFacts, kv: KvState | None = None, gate: HalfOpenGate | None = None
@@ -507,8 +573,14 @@ class Controller:
 
 
 def _cause_labels(cause: Cause) -> dict[str, str]:
-    value = "" if cause.value is None else str(cause.value)
+    value = "" if cause.value is None else str(cause.value)[:CAUSE_VALUE_CHARS]
     return {CAUSE_SIGNAL: cause.signal, CAUSE_VALUE: value}
+
+
+def _kept_labels(labels: dict[str, str], cause: Cause) -> dict[str, str]:
+    """What a lease keeps of an alert: a few identifying labels and its cause, bounded."""
+    kept = {name: labels[name] for name in KEPT_LABELS if name in labels}
+    return {**kept, **_cause_labels(cause)}
 
 
 def _lease_cause(lease: Lease) -> Cause:

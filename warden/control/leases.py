@@ -8,10 +8,15 @@ Idempotent under duplicates, reordering and replays: a firing whose ``startsAt``
 than a resolution already applied for that fingerprint is stale and ignored; a resolution for
 an older ``startsAt`` than the live lease does not release it.
 
-Bounded: each source holds at most ``max_per_source`` live leases (a new one beyond that is
-refused as ``limited``; renewals of held ones still work), and at most ``max_tombstones``
-resolutions are remembered (the oldest is forgotten first), so no sender can grow the table
-without limit.
+Bounded: each source holds at most ``max_per_source`` live leases, and at most
+``max_tombstones`` resolutions are remembered (the oldest is forgotten first), so no sender can
+grow the table without limit. A new lease beyond the bound is refused as ``limited`` (renewals
+of held ones still work), except a protective one (``reject_all``, ``stop_admission``): safety
+first, it evicts the source's least protective lease (the least recently renewed among equals)
+and is applied, counted in ``evictions``.
+
+A tombstone answers the firing it resolves: a newer firing of the same fingerprint makes it
+moot and removes it.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from warden.control.actions import ActionRequest
+from warden.control.actions import PROTECTION, PROTECTIVE, ActionRequest
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,8 @@ class LeaseTable:
         self._next_prune = 0.0  # tombstones are pruned once a minute, not on every request
         self._lock = threading.RLock()
         self.version = 0
+        self.evictions = 0  # leases evicted to make room for a protective one
+        self.last_evicted: Lease | None = None
 
     def renew(
         self,
@@ -95,7 +102,11 @@ class LeaseTable:
             if current is not None and started_at is not None and started < current.started_at:
                 return Outcome.STALE  # an older firing replayed after a newer one
             if current is None and self.count(source) >= self.max_per_source:
-                return Outcome.LIMITED
+                if request.action not in PROTECTIVE:
+                    return Outcome.LIMITED
+                self._evict_least_protective(source)
+            if tomb is not None and started_at is not None:
+                del self._resolved[key]  # a newer firing: the resolution it answered is moot
             lease = Lease(
                 source,
                 key,
@@ -109,6 +120,15 @@ class LeaseTable:
             self._leases[(source, key)] = lease
             self.version += 1
             return Outcome.APPLIED if current is None else Outcome.RENEWED
+
+    def _evict_least_protective(self, source: str) -> None:
+        victim = min(
+            (lease for (held_by, _key), lease in self._leases.items() if held_by == source),
+            key=lambda lease: (_protection(lease.action), lease.renewed_at),
+        )
+        del self._leases[(victim.source, victim.key)]
+        self.evictions += 1
+        self.last_evicted = victim
 
     def release(self, source: str, key: str, now: float, started_at: float | None = None) -> str:
         with self._lock:
@@ -175,3 +195,9 @@ class LeaseTable:
     def snapshot(self) -> dict[tuple[str, str], Lease]:
         with self._lock:
             return {k: replace(v) for k, v in self._leases.items()}
+
+
+def _protection(action: str) -> int:
+    """How protective an action is (higher: more); an action this registry does not know
+    (a lease from a newer one) counts as the least."""
+    return PROTECTION.index(action) if action in PROTECTION else -1

@@ -5,13 +5,8 @@ Pure decisions on the measurements of exporter/saturation.py (clock values passe
 - ``with_live_queue``: the last step's counts brought up to this instant with the requests in
   flight now. Requests that arrive together (the clients of a batch that just finished) are
   each judged with the others already counted, not on the same stale step.
-- ``predicted_wait``: how long a request would sit in vLLM's queue: the requests ahead of it,
-  plus, when its prompt does not fit in the free KV blocks, the requests that must finish to
-  free them. Slots free up in batches (requests admitted together finish together), so the
-  wait is counted in whole batches of the running size, each lasting ``running / drain rate``:
-  the worst case, since admission promises the SLO to the requests it admits. Preemptions are
-  in it twice: preempted requests wait again in the queue, and recomputation lowers the drain
-  rate.
+- ``predicted_wait`` (exporter/saturation.py, so the exported gauge is the same number):
+  how long a request would sit in vLLM's queue, counted in whole batches.
 - ``Limits.exceeded``: the first configured limit a request would break (latency = wait +
   the service time the engine shows now; queue wait; queue depth), with the signal and value.
 - ``SaturationJudge``: saturated or normal for a typical request, held ``hold_s`` after it
@@ -32,7 +27,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -40,26 +34,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from exporter.catalog import SATURATION_STATES
-from exporter.saturation import SaturationState
+from exporter.saturation import KvState, SaturationState, predicted_wait
 from exporter.step_monitor import StepSnapshot
 from warden.control.config import SaturationSettings
 
 NORMAL, SATURATED = SATURATION_STATES
-
-
-@dataclass(frozen=True)
-class KvState:
-    """KV cache geometry and use, from vLLM's cache config and its last step."""
-
-    total_blocks: int
-    block_size: int
-    usage: float  # 0..1
-
-    def free_blocks(self, margin: int) -> int:
-        return int(self.total_blocks * (1.0 - self.usage)) - margin
-
-    def blocks_for(self, tokens: float) -> int:
-        return math.ceil(tokens / self.block_size)
 
 
 def with_live_queue(
@@ -77,31 +56,6 @@ def with_live_queue(
         waiting=max(state.waiting, in_flight - capacity),
         capacity=capacity,
     )
-
-
-def predicted_wait(
-    state: SaturationState,
-    kv: KvState | None = None,
-    prompt_tokens: int | None = None,
-    margin_blocks: int = 0,
-) -> float | None:
-    """Seconds a request would wait before vLLM schedules it; None when the drain rate is not
-    measured yet and something waits (no guess: unknown never refuses)."""
-    ahead = float(state.waiting)
-    if kv is not None and prompt_tokens is not None and state.tokens_per_request:
-        lacking = kv.blocks_for(prompt_tokens + 1) - kv.free_blocks(margin_blocks)
-        if lacking > 0:
-            # Each finished request frees about its own size in blocks.
-            ahead += lacking / max(1, kv.blocks_for(state.tokens_per_request))
-    batch_full = state.capacity is not None and state.running >= state.capacity
-    if ahead <= 0 and not batch_full:
-        return 0.0
-    if not state.drain_rate:
-        return None
-    # This request needs the (ahead + 1)-th free slot; slots free a batch at a time.
-    slots = max(1, state.running)
-    batches = math.ceil((max(ahead, 0.0) + 1) / slots)
-    return batches * slots / state.drain_rate
 
 
 @dataclass(frozen=True)

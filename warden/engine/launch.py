@@ -16,6 +16,13 @@ from pathlib import Path
 
 from exporter.signals import ENV_VAR as SIGNAL_BOARD_ENV
 
+# How long vLLM's API server keeps an idle keep-alive connection (VLLM_HTTP_TIMEOUT_KEEP_ALIVE,
+# uvicorn's timeout_keep_alive; vLLM's default is 5 s). A request a client sends on a connection
+# the server is closing is lost ("Server disconnected"), so the server must be the side that waits
+# longer: above the idle timeouts of common clients (aiohttp, which `vllm bench serve` uses,
+# keeps connections 60 s; Go's net/http 90 s; httpx and the OpenAI SDK 5 s). An idle connection
+# costs the server one socket. A value the user sets is kept.
+HTTP_KEEP_ALIVE_S = 120
 # Every warden plugin must be named: VLLM_PLUGINS is an allow-list for every plugin group.
 VLLM_PLUGINS = "warden,warden_stats,warden_endpoints"
 LOGITS_PROCESSOR = "exporter.logits:NonFiniteLogitsProcessor"
@@ -97,6 +104,7 @@ class LaunchSpec:
         # /warden/ready with 503 and why (engine dead, N CUDA driver errors) and serves the
         # error counters on /metrics until the supervisor restarts it.
         env.setdefault("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "1")
+        env.setdefault("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", str(HTTP_KEEP_ALIVE_S))
         env.update(
             {
                 "VLLM_PLUGINS": VLLM_PLUGINS,

@@ -9,14 +9,17 @@ router does). In order, each step before any work the next one needs:
    (``warden.control.trust``);
 3. the body, bounded (413 on Content-Length, else while it streams) and parsed to a 4xx on
    any malformed input, only for routes whose JSON carries a token limit;
-4. the cap, written where vLLM reads it and only ever lowering it
-   (``warden.control.token_limits``), and the KV forecast (tokenized off the event loop);
+4. the cap, written where vLLM reads it and only ever lowering it, bounding the request's
+   total (``n`` x prompts sequences; ``warden.control.token_limits``); a limiting field warden
+   cannot read is refused (400) while a cap is in force, never forwarded; then the KV
+   forecast (tokenized off the event loop);
 5. for completions, chat completions and responses: a tag (``X-Request-Id``,
    ``vllm_xargs.warden_rid``) and retries of transient failures (warden preemption, OOM-class
    errors, non-finite logits, timeouts) with backoff and jitter: non-streaming ones
    transparently, streaming ones only before their first byte, else the stream ends with an
    error event. Every final outcome is counted in ``warden_requests_total{outcome}``.
-Pure ASGI: streams stay streams.
+Exempt routes that still work on the body (tokenize, count, render) are bounded in size too,
+and closed under ``reject_all``. Pure ASGI: streams stay streams.
 """
 
 from __future__ import annotations
@@ -39,10 +42,17 @@ from exporter.signals import SignalBoard
 from exporter.step_monitor import process_monitor
 from warden.common.jsonbody import BadRequest, content_length, lax_bool, load_json
 from warden.control import telemetry, token_limits, trust
-from warden.control.admission import Decision, HalfOpenGate, KvState, RequestFacts
+from warden.control.admission import (
+    Decision,
+    HalfOpenGate,
+    KvState,
+    RequestFacts,
+    admit_exempt,
+    token_ceiling,
+)
 from warden.control.policy import EffectivePolicy
 from warden.control.retry import TRANSIENT_REASONS, backoff_s, classify_failure
-from warden.control.token_limits import TokenLimit, Unreadable
+from warden.control.token_limits import Limit, Unreadable
 from warden.engine import flag_wait, routes, runtime
 
 log = logging.getLogger("warden.control")
@@ -94,7 +104,8 @@ def _headers(scope: Scope) -> dict[str, str]:
 
 def _prompt_text(route: str, body: dict[str, Any]) -> str | list[int] | None:
     if route == token_limits.INVOCATIONS:
-        route = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+        chat = isinstance(body.get("messages"), list)
+        route = "/v1/chat/completions" if chat else "/v1/completions"
     if route == "/v1/completions":
         prompt = body.get("prompt")
         if isinstance(prompt, str):
@@ -280,8 +291,14 @@ class WardenMiddleware:
     # --- the request path -------------------------------------------------------------
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not routes.admitted(scope) or self._vllm_refuses_credentials(scope):
+        admitted = routes.admitted(scope)
+        if (not admitted and not routes.bounded_exempt(scope)) or self._vllm_refuses_credentials(
+            scope
+        ):
             await self.app(scope, receive, send)
+            return
+        if not admitted:
+            await self._exempt(scope, receive, send)
             return
         headers = _headers(scope)
         control = self.control
@@ -332,18 +349,44 @@ class WardenMiddleware:
         assert rule is not None  # reads_json_body(route) said so
         try:
             requested = rule.requested(body)
-        except Unreadable:
-            # vLLM refuses this body itself (400, naming the field): nothing to cap.
-            await self._forward_raw(scope, receive, send, raw)
+            sequences = rule.sequences(body)
+        except Unreadable as exc:
+            if token_ceiling(policy) is None:
+                # vLLM refuses this body itself (400, naming the field): nothing to cap.
+                await self._forward_raw(scope, receive, send, raw)
+                return
+            # Fail closed: a limit warden cannot read is never forwarded under a cap.
+            await self._bad_request(send, 400, f"{exc} (output is capped: it must be readable)")
             return
-        facts = RequestFacts(priority=priority, max_tokens=requested)
+        facts = RequestFacts(priority=priority, max_tokens=requested, sequences=sequences)
         await self._handle(scope, receive, send, route, raw, body, rule, policy, facts)
+
+    async def _exempt(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """An exempt route that still works on the body (tokenize, count, render): closed
+        under ``reject_all``, its body bounded like every other (not counted as a request:
+        it is not one admission decides)."""
+        control = self.control
+        decision = admit_exempt(control.policy(), control.cause_of)
+        if not decision.admit:
+            await self._refuse(scope, receive, send, decision)
+            return
+        try:
+            declared = content_length(_headers(scope).get("content-length"))
+        except BadRequest as exc:
+            await self._bad_request(send, 400, str(exc))
+            return
+        if declared is not None and declared > control.config.admission.max_body_bytes:
+            await self._bad_request(send, 413, self._too_large())
+            return
+        await self._forward_bounded(scope, receive, send, count=False)
 
     def _too_large(self) -> str:
         most = self.control.config.admission.max_body_bytes
         return f"request body too large (limit {most} bytes)"
 
-    async def _forward_bounded(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _forward_bounded(
+        self, scope: Scope, receive: Receive, send: Send, count: bool = True
+    ) -> None:
         """Pass a request whose body warden does not read, its size still bounded."""
         state = {"over": False, "started": False}
         status = {"code": 500}
@@ -365,7 +408,8 @@ class WardenMiddleware:
             if not state["started"]:
                 await self._bad_request(send, 413, self._too_large())
             return
-        self.requests.labels(outcome_of(status["code"])).inc()
+        if count:
+            self.requests.labels(outcome_of(status["code"])).inc()
 
     async def _forward_raw(self, scope: Scope, receive: Receive, send: Send, raw: bytes) -> None:
         status = {"code": 500}
@@ -386,7 +430,7 @@ class WardenMiddleware:
         route: str,
         raw: bytes,
         body: dict[str, Any],
-        rule: TokenLimit,
+        rule: Limit,
         policy: EffectivePolicy,
         facts: RequestFacts,
     ) -> None:
@@ -409,7 +453,10 @@ class WardenMiddleware:
                 control.capped.inc()
                 rule.write_cap(body, decision.cap)
             if route not in RETRIED_ROUTES:
-                payload = json.dumps(body).encode() if decision.cap is not None else raw
+                # Under a cap vLLM gets the body warden read, re-encoded: no spelling (a key
+                # given twice, say) can mean one thing to warden and another to vLLM.
+                capped = token_ceiling(policy) is not None
+                payload = json.dumps(body).encode() if capped else raw
                 await self._forward_raw(_with_body(scope, payload), receive, send, payload)
                 return
             try:

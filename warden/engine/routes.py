@@ -73,6 +73,21 @@ EXEMPT: dict[str, str] = {
     "/update_weight_version": "vLLM: weight updates (RL)",
     "/weight_checker": "vLLM: weight updates (RL)",
 }
+# Exempt routes that still work on what the client sends (tokenize, count, render): their
+# bodies are bounded like any other, and ``reject_all`` closes them too.
+WORKING_EXEMPT = frozenset(
+    {
+        "/tokenize",
+        "/detokenize",
+        "/v1/messages/count_tokens",
+        "/v1/chat/completions/render",
+        "/v1/completions/render",
+        "/v1/messages/render",
+        "/v1/responses/render",
+        "/v1/chat/completions/derender",
+        "/v1/completions/derender",
+    }
+)
 # Routes with a path parameter, matched whole.
 EXEMPT_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"/v1/responses/[^/]+/cancel"), "cancels a response, generates nothing"),
@@ -98,6 +113,13 @@ def admitted(scope: dict[str, Any]) -> bool:
     if kind not in ("http", "websocket"):
         return False
     return exempt_reason(get_route_path(scope)) is None
+
+
+def bounded_exempt(scope: dict[str, Any]) -> bool:
+    """Whether this request skips admission but is still bounded (``WORKING_EXEMPT``)."""
+    if scope.get("type") != "http" or scope.get("method") in SAFE_METHODS:
+        return False
+    return get_route_path(scope) in WORKING_EXEMPT
 
 
 def route_table(routes: list[Any]) -> list[dict[str, Any]]:

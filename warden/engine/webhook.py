@@ -2,7 +2,10 @@
 
 Answers follow Alertmanager's delivery rules: 2xx = applied; 401/400/403/415 = a bad request,
 not retried; 5xx only for a transient internal failure, which Alertmanager retries. Every
-request is checked completely (auth, type, size, shape) before any state changes.
+request is checked (auth, type, size, envelope) before any state changes; within a good
+notification each alert stands alone: a malformed one, one past a bound or one whose times this
+server's clock cannot believe is refused and named in the 200 answer (``rejected``, counted
+``invalid_alert``), and the rest apply, since Alertmanager never retries a 4xx.
 """
 
 from __future__ import annotations
@@ -21,12 +24,21 @@ from warden.common import tokens
 from warden.common.jsonbody import BadRequest, content_length, load_json
 from warden.control import telemetry
 from warden.control.actions import ActionError, parse_action
-from warden.control.alertmanager import PayloadError, parse_payload
+from warden.control.alertmanager import Bounds, PayloadError, parse_payload
+from warden.control.controller import EVICTED
 from warden.engine import routes, runtime
-from warden.engine.identity import engine_identity
+from warden.engine.identity import first_look, resolve
 
 log = logging.getLogger("warden.control")
 router = APIRouter()
+# Per-alert outcomes counted in warden_webhook_notifications_total{outcome}, by their label.
+PER_ALERT_OUTCOMES = {
+    "unknown_action": "unknown_action",
+    "not_for_this_engine": "not_for_this_engine",
+    "invalid": "invalid_alert",
+    EVICTED: EVICTED,
+}
+MAX_REPORTED = 20  # refused alerts named in an answer
 
 
 def _error(status: int, message: str, **headers: str) -> JSONResponse:
@@ -102,29 +114,42 @@ async def alertmanager_webhook(request: Request) -> JSONResponse:
             span.set_attribute("warden.outcome", "malformed")
             return body
         try:
-            events = parse_payload(body)
+            events = parse_payload(body, Bounds(alerts=control.config.webhook.max_alerts))
         except PayloadError as exc:
             outcomes.labels("malformed").inc()
             span.set_attribute("warden.outcome", "malformed")
             return _error(400, f"malformed notification: {exc}")
-        span.set_attribute("warden.alertnames", sorted({e.alertname for e in events}))
-        identity = await engine_identity(request, events)
+        events = control.checked(events)  # times against this server's clock
+        span.set_attribute("warden.alertnames", sorted({e.alertname[:64] for e in events})[:32])
+        # This engine's own alerts first, with the names known at once; the others after the
+        # name lookups they need (concurrent, bounded in total), whatever those cost.
+        look = first_look(request, events)
+        own = [e for e in events if e.problem is not None or look.identity.accepts(e.labels)]
+        rest = [e for e in events if e.problem is None and not look.identity.accepts(e.labels)]
         try:
-            counts = control.apply_alerts(events, identity)
+            counts = control.apply_alerts(own, look.identity)
+            identity = look.identity
+            if rest:
+                identity = await resolve(look)
+                for outcome, count in control.apply_alerts(rest, identity).items():
+                    counts[outcome] = counts.get(outcome, 0) + count
         except Exception:
             log.exception("warden: applying a notification failed")
             outcomes.labels("error").inc()
             span.set_attribute("warden.outcome", "error")
             return _error(500, "internal error applying the notification; retry")
         outcomes.labels("applied").inc()
-        for counted in ("unknown_action", "not_for_this_engine"):
+        for counted, label in PER_ALERT_OUTCOMES.items():
             if counts.get(counted):
-                outcomes.labels(counted).inc(counts[counted])
+                outcomes.labels(label).inc(counts[counted])
         span.set_attribute("warden.outcome", "applied")
+        problems = [e for e in events if e.problem is not None]
         return JSONResponse(
             {
                 "status": "applied",
                 "alerts": counts,
+                # Refused alerts, each with why (the first few; "alerts" counts them all).
+                "rejected": [e.problem_json() for e in problems[:MAX_REPORTED]],
                 "identity": identity.to_json(),
                 **control.state_json(),
             }

@@ -39,7 +39,7 @@ from warden.common import tokens
 from warden.control.alertmanager import PayloadError, parse_payload
 from warden.relay.deliver import FAILED, REFUSED, RETRIED, Delivery, DeliveryPolicy, deliver
 from warden.relay.directory import WEBHOOK_PATH, Directory, DirectoryError
-from warden.relay.split import Engine, engine_notification, plan
+from warden.relay.split import INVALID, Engine, engine_notification, plan
 
 log = logging.getLogger("warden.relay")
 MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -50,6 +50,7 @@ MAX_BODY_BYTES = 4 * 1024 * 1024
     N_MALFORMED,
     N_RESOLVER_ERROR,
 ) = catalog.RELAY_NOTIFICATION_OUTCOMES
+MAX_REPORTED = 20  # refused alerts named in an answer
 
 
 @dataclass
@@ -111,15 +112,27 @@ class Relay:
                     400, N_MALFORMED, error=f"body too large (limit {self.max_body_bytes} bytes)"
                 )
         try:
-            parse_payload(bytes(body))  # the engines' own validation: nothing bad is forwarded
+            # The engines' own validation: nothing bad is forwarded. A bad envelope is refused
+            # whole; a bad alert alone, named in the answer and counted, as engines do.
+            events = parse_payload(bytes(body))
             envelope = json.loads(bytes(body))
         except PayloadError as exc:
             return self._answer(400, N_MALFORMED, error=f"malformed notification: {exc}")
         except (ValueError, RecursionError) as exc:
             return self._answer(400, N_MALFORMED, error=f"malformed notification: {exc}")
-        return await self.forward(envelope)
+        rejected = [e for e in events if e.problem is not None]
+        if rejected:
+            self._count(catalog.RELAY_ALERTS, INVALID, len(rejected))
+            for event in rejected[:MAX_REPORTED]:
+                log.warning("warden relay: alert not forwarded: %s", str(event.problem)[:300])
+            bad = {e.index for e in rejected}
+            kept = [a for i, a in enumerate(envelope["alerts"]) if i not in bad]
+            envelope = {**envelope, "alerts": kept}
+        return await self.forward(envelope, [e.problem_json() for e in rejected[:MAX_REPORTED]])
 
-    async def forward(self, envelope: dict[str, Any]) -> JSONResponse:
+    async def forward(
+        self, envelope: dict[str, Any], rejected: list[dict[str, Any]] | None = None
+    ) -> JSONResponse:
         alerts: list[dict[str, Any]] = envelope["alerts"]
         matches: dict[int, list[Engine]] = {}
         try:
@@ -167,6 +180,7 @@ class Relay:
             502 if failed else 200,
             N_FAILED if failed else N_FORWARDED,
             alerts=routed.outcomes,
+            rejected=rejected or [],
             deliveries=[d.to_json() for d in deliveries],
         )
 

@@ -17,7 +17,7 @@ from typing import Any
 from exporter import catalog
 from warden.control.identity import INSTANCE
 
-FORWARDED, FLEET_WIDE, UNRESOLVED, AMBIGUOUS = catalog.RELAY_ALERT_OUTCOMES
+FORWARDED, FLEET_WIDE, UNRESOLVED, AMBIGUOUS, INVALID = catalog.RELAY_ALERT_OUTCOMES
 
 
 @dataclass(frozen=True)

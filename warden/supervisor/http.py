@@ -24,6 +24,8 @@ scrapes the circuit-open metric; every other path gets 503 + Retry-After.
 from __future__ import annotations
 
 import json
+import logging
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
@@ -33,6 +35,7 @@ from warden.common.jsonbody import BadRequest, content_length
 from warden.common.tokens import bearer_matches
 from warden.supervisor.metrics import render
 
+log = logging.getLogger("warden.supervisor")
 STAND_IN_RETRY_AFTER_S = 60
 MAX_BODY_BYTES = 64 << 10  # the actions take no body; a small one is read and ignored
 
@@ -177,11 +180,22 @@ def _handler(control: SupervisorControl, stand_in: bool) -> type[BaseHTTPRequest
     return Handler
 
 
+class _Server(ThreadingHTTPServer):
+    """A client that leaves before its answer is written is no error of the server's: no
+    traceback for it (socketserver prints one for every exception a handler raises)."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):  # BrokenPipe, ConnectionReset, ...
+            log.debug("warden: client %s left before its answer", client_address)
+            return
+        super().handle_error(request, client_address)
+
+
 class HttpServer:
     """A ThreadingHTTPServer on a daemon thread; ``close`` frees the port at once."""
 
     def __init__(self, host: str, port: int, control: SupervisorControl, stand_in: bool) -> None:
-        self.server = ThreadingHTTPServer((host, port), _handler(control, stand_in))
+        self.server = _Server((host, port), _handler(control, stand_in))
         self.server.daemon_threads = True
         self.port = int(self.server.server_address[1])
         self._thread = threading.Thread(

