@@ -24,9 +24,12 @@ them there is no order to demand: the fast time-to-OOM rule reads the rate, so o
 fills the headroom in about a minute it pages before the watermark even reaches ``high``.
 
 Requests are counted by warden/common/outcomes.py: completed, refused (503/429 with
-Retry-After), failed. While the supervisor has the engine out of rotation (draining, restarting,
-starting) a client that cannot connect waits, as behind a balancer that routes to ready engines
-only: such attempts are counted apart (``unreachable``), never sent, never failed.
+Retry-After), failed. The clients sit behind a balancer that routes to ready engines only, as
+production traffic does: while the supervisor has the engine out of rotation (draining,
+restarting, starting: readiness is false from the drain's first moment) they hold their next
+request (counted apart as ``unreachable``, never sent, never failed). Without a balancer, a
+client reusing a keep-alive connection while the engine shuts down can meet a reset: HTTP
+servers close idle connections on shutdown.
 """
 
 from __future__ import annotations
@@ -100,6 +103,9 @@ class CreepResult:
     reflex_delay_s: float | None = None
     restart: dict[str, Any] | None = None
     restart_risk_after: dict[str, float] = field(default_factory=dict)
+    # (seconds since the injection, host risk, WardenTimeToOOM's estimate of the time left)
+    # at each look until the restart: the timeline of the risk and the estimate as they moved.
+    trace: list[tuple[float, float | None, float | None]] = field(default_factory=list)
 
     def step(self, name: str) -> Step | None:
         return next((s for s in self.steps if s.name == name), None)
@@ -131,7 +137,7 @@ class CreepResult:
     def report(self) -> str:
         lines = [f"{s.at:7.1f}s  {s.name:<20} {s.detail}" for s in self.steps]
         lines.append(
-            f"request outcomes: {self.outcomes.line()}; not sent while out of rotation: "
+            f"request outcomes: {self.outcomes.line()}; held back while out of rotation: "
             f"{self.unreachable}"
         )
         lines.append(
@@ -157,9 +163,14 @@ class SteadyTraffic:
         self.completed_at: float | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._in_rotation = threading.Event()
+        self._in_rotation.set()
         self._threads: list[threading.Thread] = []
 
     def __enter__(self) -> SteadyTraffic:
+        balancer = threading.Thread(target=self._balancer, daemon=True)
+        balancer.start()
+        self._threads.append(balancer)
         for index in range(self.clients):
             thread = threading.Thread(target=self._client, args=(index,), daemon=True)
             thread.start()
@@ -180,11 +191,25 @@ class SteadyTraffic:
             return str(state.get("phase")) in OUT_OF_ROTATION or not state.get("engine_ready")
         return False
 
+    def _balancer(self) -> None:
+        """Readiness as a balancer sees it, every 0.25 s."""
+        while not self._stop.is_set():
+            if self._out_of_rotation():
+                self._in_rotation.clear()
+            else:
+                self._in_rotation.set()
+            self._stop.wait(0.25)
+
     def _client(self, index: int) -> None:
         body = {"model": self.model, "prompt": f"{index} {PROMPT}", "max_tokens": 16}
         url = f"{self.stack.engine_url}/v1/completions"
         with httpx.Client(timeout=120.0) as client:
             while not self._stop.is_set():
+                if not self._in_rotation.is_set():
+                    with self._lock:
+                        self.unreachable += 1
+                    self._in_rotation.wait(0.5)
+                    continue
                 try:
                     response = client.post(url, json=body)
                 except httpx.ConnectError as exc:
@@ -341,26 +366,29 @@ class CreepScenario:
             if numbers is not None:
                 result.peak_used_bytes = max(result.peak_used_bytes, numbers[0])
             self._engine_steps(result, t0)
+        host_risk: float | None = None
+        estimate: float | None = None
         with contextlib.suppress(Exception):
-            risk = self.stack.query(f'{MEMORY_RISK_MAX}{{source="host"}} > 0.1')
+            risk = self.stack.query(f'{MEMORY_RISK_MAX}{{source="host"}}')
             if risk:
-                result.add("risk climbing", t, f"host risk {float(risk[0]['value'][1]):.2f}")
+                host_risk = float(risk[0]["value"][1])
+            if host_risk is not None and host_risk > 0.1:
+                result.add("risk climbing", t, f"host risk {host_risk:.2f}")
         with contextlib.suppress(Exception):
             for alert in self.stack.alerts():
                 labels = alert["labels"]
-                if (
-                    labels.get("alertname") == TIME_TO_OOM
-                    and labels.get("horizon") == FAST_HORIZON
-                    and alert.get("state") == "firing"
-                    and result.add("alert firing", t)
-                ):
-                    estimate = float(alert["value"])
+                if labels.get("alertname") != TIME_TO_OOM or labels.get("horizon") != FAST_HORIZON:
+                    continue
+                estimate = float(alert["value"])
+                if alert.get("state") == "firing" and result.add("alert firing", t):
                     result.estimate_s = estimate
                     result.estimate_left_s = result.limit_at - t
                     result.step("alert firing").detail = (  # type: ignore[union-attr]
                         f"{TIME_TO_OOM} (critical, {labels.get('source')}): {estimate:.0f}s left "
                         f"by its estimate, {result.limit_at - t:.0f}s at the creep's rate"
                     )
+        if not restarted:
+            result.trace.append((round(t, 1), host_risk, estimate))
         for page in self.stack.pages():
             for alert in page.get("alerts", []):
                 if alert.get("labels", {}).get("alertname") == TIME_TO_OOM:
