@@ -22,6 +22,7 @@ import os
 import tempfile
 import threading
 import time
+from multiprocessing.util import Finalize
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -155,6 +156,9 @@ def start_creep() -> MemoryCreep | None:
         return _state["creep"]  # type: ignore[no-any-return]
     path = control_path(os.getpid())
     write_rate(path, 0.0)
+    # A multiprocessing child (vLLM's engine core) leaves through os._exit, past atexit; its
+    # finalizers still run.
+    Finalize(None, _remove, args=(path,), exitpriority=10)
     atexit.register(_remove, path)
     creep = MemoryCreep(path, int(psutil.virtual_memory().total * MAX_SHARE))
     creep.start()
