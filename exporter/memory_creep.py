@@ -9,7 +9,8 @@ The rate comes from a control file named after the engine core's pid (``warden-c
 in /dev/shm, one number, MB/s), which the thread creates at 0 when it starts (so its presence
 says the switch is on: vLLM's process title overwrites what /proc shows of the core's
 environment) and ``warden chaos creep --rate MB/s`` rewrites; 0 stops the growth and frees what
-it held. The file is removed when the engine core exits. The thread never touches the
+it held. The file is removed when the engine core exits, or, if it was killed, by the next
+engine core that starts with the switch. The thread never touches the
 engine's step: it allocates in its own time.
 """
 
@@ -145,6 +146,18 @@ def _patch(core_module: ModuleType) -> None:
     proc.run_busy_loop = run_busy_loop
 
 
+def prune_stale(directory: Path) -> int:
+    """Remove control files of engine cores that are gone (one killed by a signal leaves its
+    file behind); the number removed."""
+    removed = 0
+    for path in directory.glob("warden-creep-*"):
+        pid = path.name.rpartition("-")[2]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            _remove(path)
+            removed += 1
+    return removed
+
+
 def _remove(path: Path) -> None:
     with contextlib.suppress(OSError):
         path.unlink()
@@ -155,6 +168,7 @@ def start_creep() -> MemoryCreep | None:
     if "creep" in _state:
         return _state["creep"]  # type: ignore[no-any-return]
     path = control_path(os.getpid())
+    prune_stale(path.parent)
     write_rate(path, 0.0)
     # A multiprocessing child (vLLM's engine core) leaves through os._exit, past atexit; its
     # finalizers still run.

@@ -24,7 +24,14 @@ from exporter.host_memory import (
     process_tree,
     unique_bytes,
 )
-from exporter.memory_creep import MB, MemoryCreep, control_path, read_rate, write_rate
+from exporter.memory_creep import (
+    MB,
+    MemoryCreep,
+    control_path,
+    prune_stale,
+    read_rate,
+    write_rate,
+)
 from exporter.metrics import WardenMetrics
 from exporter.settings import SettingsError, load_settings
 from exporter.signals import SignalBoard
@@ -203,6 +210,15 @@ def test_creep_grows_at_the_rate_then_frees_when_off(tmp_path: Path) -> None:
     assert read_rate(control) == 0.0
     with pytest.raises(ValueError, match="not in 0..1000"):
         write_rate(control, 5000)
+
+
+def test_stale_control_files_of_gone_engine_cores_are_pruned(tmp_path: Path) -> None:
+    mine = tmp_path / f"warden-creep-{os.getpid()}"
+    gone = tmp_path / "warden-creep-999999999"
+    for path in (mine, gone, tmp_path / "warden-creep-x"):
+        write_rate(path, 0)
+    assert prune_stale(tmp_path) == 1
+    assert mine.exists() and not gone.exists()
 
 
 def test_the_creep_switch_is_off_unless_set_and_no_deployment_sets_it() -> None:
