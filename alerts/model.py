@@ -77,6 +77,8 @@ class AlertRule:
     action: str | None = None
     params: Mapping[str, str] = field(default_factory=dict)
     scope: Literal["engine", "fleet"] = "engine"
+    # Static labels that tell apart rules of one name and severity (WardenTimeToOOM's horizon).
+    extra_labels: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not _ALERT_NAME.match(self.name):
@@ -117,6 +119,7 @@ class AlertRule:
         if self.action is not None:
             labels[ACTION_LABEL] = self.action
         labels.update(sorted(self.params.items()))
+        labels.update(sorted(self.extra_labels.items()))
         return labels
 
     def annotations(self, config: MixinConfig = DEFAULT) -> dict[str, str]:

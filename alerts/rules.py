@@ -177,6 +177,43 @@ def _time_to_oom(h: CreepHorizon) -> AlertRule:
     )
 
 
+# A fast creep (a leak under load, vLLM #50150: workers' host memory grows to the pod's limit
+# within minutes to hours) is past the slow horizons' windows before they could judge it. This
+# rule reads the rate of the last minute, agreed by the trend of the last 5, with some of the
+# margin used for 30 s, and its value is the time left at that rate: the estimate a person
+# paged needs. Its own ``horizon`` label tells it from the 1 h critical rule.
+FAST_HORIZON = "10m"
+FAST_HORIZON_SECONDS = 600
+FAST_RATE_WINDOW = "1m"
+FAST_TREND_WINDOW = "5m"
+FAST_FLOOR_WINDOW = "30s"
+FAST_FLOOR = 0.05
+FAST_FOR = "1m"
+
+
+def _time_to_oom_fast() -> AlertRule:
+    risk = rec.MEMORY_RISK_MAX
+    return AlertRule(
+        name="WardenTimeToOOM",
+        expr=(
+            f"(1 - {risk}) / (deriv({risk}[{FAST_RATE_WINDOW}]) > 0) < {FAST_HORIZON_SECONDS}\n"
+            f"and deriv({risk}[{FAST_TREND_WINDOW}]) > 0\n"
+            f"and min_over_time({risk}[{FAST_FLOOR_WINDOW}]) > {FAST_FLOOR}"
+        ),
+        for_=FAST_FOR,
+        severity="critical",
+        extra_labels={"horizon": FAST_HORIZON},
+        summary="Memory beyond the engine's plan grows fast and will be exhausted within minutes.",
+        description=(
+            "{{ $labels.source }} memory on {{ $labels.instance }} grows fast beyond the "
+            "engine's plan; at the rate of the last minute the headroom is gone in "
+            "{{ $value | humanizeDuration }} (the supervisor drains and restarts the engine "
+            "before that)."
+        ),
+        dashboard=DASHBOARD_MEMORY,
+    )
+
+
 def _indent(text: str, by: str = "  ") -> str:
     return "\n".join(by + line for line in text.splitlines())
 
@@ -245,6 +282,7 @@ CREEP = RuleGroup(
     (
         _time_to_oom(TIME_TO_OOM_WARNING),
         _time_to_oom(TIME_TO_OOM_CRITICAL),
+        _time_to_oom_fast(),
         AlertRule(
             name="WardenAllocatorCacheGrowth",
             expr=lambda c: (

@@ -1,7 +1,7 @@
-"""Memory: where device memory goes, how fast it fills, and what warden does about it.
+"""Memory: where device and host memory go, how fast they fill, and what warden does about it.
 
-GPU panels (NVML, PyTorch allocator, CUDA graphs) are empty on a CPU engine; the utilization,
-KV cache and preemption panels work everywhere.
+GPU panels (NVML, PyTorch allocator, CUDA graphs) are empty on a CPU engine; the risk, host
+memory, KV cache and preemption panels work everywhere.
 """
 
 from __future__ import annotations
@@ -31,8 +31,12 @@ from exporter.catalog import (
     GPU_MEMORY_ENGINE_USED,
     GPU_MEMORY_TOTAL,
     GPU_MEMORY_USED,
+    HOST_MEMORY_LIMIT,
+    HOST_MEMORY_PLANNED,
+    HOST_MEMORY_USED,
     MEMORY_DEVICE_RISK_SCOPE,
     MEMORY_PLANNED,
+    MEMORY_RESTART_RISK,
     MEMORY_RISK,
     MEMORY_UTILIZATION,
     MEMORY_WATERMARK,
@@ -217,11 +221,19 @@ def risk_row() -> Row:
     risk = timeseries(
         "Memory beyond the plan (risk)",
         "Memory in use beyond what the engine planned at start-up, as a share of the headroom "
-        "the plan left on the device: device (NVML: this engine's processes, or the whole "
-        "device where NVML cannot say; the next panel tells which) and allocator (PyTorch "
-        "reserved). Normal: 0 at any load and any gpu_memory_utilization; high 80%, critical "
-        "90%, oom_imminent 97%.",
-        [target(aggregate("max", selector(MEMORY_RISK), ["instance", "source"]), "{{source}}")],
+        "the plan left: device (NVML: this engine's processes, or the whole device where NVML "
+        "cannot say; the device-risk panel tells which) and allocator (PyTorch reserved) on a "
+        "GPU, host (the engine processes' own memory against their limit) everywhere. Normal: "
+        "0 at any load and any gpu_memory_utilization; high 80%, critical 90%, oom_imminent "
+        "97%. 'restart at': the risk at which the supervisor drains and restarts the engine, "
+        "lower while it remembers a creep that came back (undo: DELETE /supervisor/memory).",
+        [
+            target(aggregate("max", selector(MEMORY_RISK), ["instance", "source"]), "{{source}}"),
+            target(
+                aggregate("min", selector(MEMORY_RESTART_RISK), ["instance", "source"]),
+                "restart at ({{source}})",
+            ),
+        ],
         MEMORY_RISK.unit,
         maximum=1,
         thresholds=steps((OK, None), (WARN, 0.8), (BAD, 0.9)),
@@ -244,6 +256,27 @@ def risk_row() -> Row:
         sparkline=False,
     )
     return Row(8, [(11, risk), (4, scope), (9, planned)])
+
+
+def host_row() -> Row:
+    """The engine processes' host memory: what kills a pod or a VM, on GPU and CPU alike."""
+    host = timeseries(
+        "Host memory of the engine",
+        "Unique memory of the engine's processes (API server, engine core, workers; shared "
+        "pages once), the footprint it settled at after start-up, and the limit that would "
+        "stop it (cgroup, declared or machine less a reserve). Normal: used flat at the "
+        "settled footprint; a climb toward the limit is a host memory creep.",
+        [
+            target(aggregate("max", selector(HOST_MEMORY_USED), ["instance"]), "used"),
+            target(aggregate("max", selector(HOST_MEMORY_PLANNED), ["instance"]), "settled"),
+            target(
+                aggregate("max", selector(HOST_MEMORY_LIMIT), ["instance", "limit"]),
+                "limit ({{limit}})",
+            ),
+        ],
+        HOST_MEMORY_USED.unit,
+    )
+    return Row(8, [(24, host)])
 
 
 def pressure_row() -> Row:
@@ -314,7 +347,7 @@ def sources_row() -> Row:
     available = state_timeline(
         "Measurement sources",
         "Which memory signals warden can read on each engine. On a GPU: all available. On a "
-        "CPU engine only kv_cache is; GPU panels above stay empty there.",
+        "CPU engine kv_cache and host_memory are; GPU panels above stay empty there.",
         [target(aggregate("max", selector(SOURCE_AVAILABLE), ["source"]), "{{source}}")],
         SOURCE_AVAILABLE.unit,
         mappings=value_names(("unavailable", "available"), (IDLE, OK)),
@@ -345,12 +378,13 @@ def dashboard() -> Dashboard:
     return warden_dashboard(
         UID,
         TITLE,
-        "Device, allocator and KV cache memory: usage, trends, time to OOM, fragmentation, "
-        "CUDA graphs and preemptions.",
+        "Device, allocator, host and KV cache memory: usage, trends, time to OOM, "
+        "fragmentation, CUDA graphs, preemptions and the supervisor's memory restarts.",
         [
             headline_row(),
             device_row(),
             risk_row(),
+            host_row(),
             utilization_row(),
             pressure_row(),
             cudagraph_row(),

@@ -18,8 +18,13 @@ WATERMARK_LEVELS: tuple[str, ...] = ("normal", "high", "critical", "oom_imminent
 # warden_memory_utilization_ratio{source}: raw used fractions, for dashboards and trends.
 MEMORY_SOURCES: tuple[str, ...] = ("device", "torch_reserved")
 # warden_memory_risk_ratio{source}: memory beyond the engine's plan, what the watermark reads
-# (exporter/memory_risk.py). The KV cache is not one: a full cache is vLLM at work, not a risk.
-MEMORY_RISK_SOURCES: tuple[str, ...] = ("device", "allocator")
+# (exporter/memory_risk.py, and exporter/host_memory.py for the engine processes' own host
+# memory). The KV cache is not one: a full cache is vLLM at work, not a risk.
+MEMORY_RISK_SOURCES: tuple[str, ...] = ("device", "allocator", "host")
+# What bounds the engine's host memory (warden_host_memory_limit_bytes{limit}): a cgroup's
+# memory limit, a limit declared in WARDEN_HOST_MEMORY_LIMIT_BYTES, or the machine's memory
+# less WARDEN_HOST_MEMORY_RESERVE_BYTES.
+HOST_LIMIT_KINDS: tuple[str, ...] = ("cgroup", "declared", "machine")
 ERROR_CLASSES: tuple[str, ...] = ("oom", "cuda_driver", "other")
 NONFINITE_KINDS: tuple[str, ...] = ("nan", "inf")
 DEGRADATION_ACTIONS: tuple[str, ...] = (
@@ -87,7 +92,8 @@ RELAY_DELIVERY_OUTCOMES: tuple[str, ...] = (
 RETRY_REASONS: tuple[str, ...] = ("warden_preemption", "engine_oom", "nonfinite_logits", "timeout")
 # Why the supervisor restarted the engine (warden_engine_restarts_total{reason}): the server
 # exited on its own; a vLLM process was killed or vanished; stalled with requests pending; vLLM
-# says dead/poisoned or does not answer; switched to --enforce-eager; a person asked for it.
+# says dead/poisoned or does not answer; switched to --enforce-eager; a person asked for it;
+# memory beyond the engine's plan neared its limit (drained and restarted before the OOM).
 RESTART_REASONS: tuple[str, ...] = (
     "exit",
     "crash",
@@ -95,6 +101,7 @@ RESTART_REASONS: tuple[str, ...] = (
     "unhealthy",
     "enforce_eager",
     "manual",
+    "memory",
 )
 # warden_circuit_breaker_state values.
 CIRCUIT_STATES: tuple[str, ...] = ("closed", "half_open", "open")
@@ -188,13 +195,13 @@ MEMORY_UTILIZATION = _w(
 MEMORY_RISK = _w(
     "warden_memory_risk_ratio",
     "gauge",
-    "Memory in use beyond the engine's plan, as a share of the headroom the plan left on the "
-    "device: 0 within the plan, 1 device full. device = NVML used (scope: "
-    "warden_memory_device_risk_scope), allocator = PyTorch reserved.",
+    "Memory in use beyond the engine's plan, as a share of the headroom the plan left: 0 within "
+    "the plan, 1 full. device = NVML used (scope: warden_memory_device_risk_scope), allocator = "
+    "PyTorch reserved (of the device), host = the engine processes' unique host memory (of the "
+    "cgroup, declared or machine limit).",
     "source",
     unit="percentunit",
     multiprocess_mode="max",
-    gpu_only=True,
 )
 MEMORY_PLANNED = _w(
     "warden_memory_planned_bytes",
@@ -205,6 +212,29 @@ MEMORY_PLANNED = _w(
     unit="bytes",
     gpu_only=True,
 )
+HOST_MEMORY_USED = _w(
+    "warden_host_memory_used_bytes",
+    "gauge",
+    "Host memory the engine's processes (API server, engine core, workers) hold on their own: "
+    "the sum of their unique set sizes, shared pages not counted twice.",
+    unit="bytes",
+)
+HOST_MEMORY_LIMIT = _w(
+    "warden_host_memory_limit_bytes",
+    "gauge",
+    "The host memory limit that would really stop the engine, by what sets it: cgroup (memory "
+    "limit of its cgroup), declared (WARDEN_HOST_MEMORY_LIMIT_BYTES), machine (memory less "
+    "the reserve).",
+    "limit",
+    unit="bytes",
+)
+HOST_MEMORY_PLANNED = _w(
+    "warden_host_memory_planned_bytes",
+    "gauge",
+    "The engine processes' settled host footprint: the peak they reached while the engine "
+    "settled after start-up. Growth beyond it is what the host risk measures.",
+    unit="bytes",
+)
 WATERMARK_TRANSITIONS = _w(
     "warden_memory_watermark_transitions_total",
     "counter",
@@ -214,7 +244,8 @@ WATERMARK_TRANSITIONS = _w(
 SOURCE_AVAILABLE = _w(
     "warden_source_available",
     "gauge",
-    "1 when a measurement source (nvml, torch_allocator, cudagraph, kv_cache) can be read here.",
+    "1 when a measurement source (nvml, torch_allocator, cudagraph, kv_cache, host_memory) can "
+    "be read here.",
     "source",
     unit="bool",
     multiprocess_mode="max",
@@ -550,6 +581,17 @@ ENGINE_EAGER_MODE = _w(
     "gauge",
     "1 when warden restarted the engine with --enforce-eager (CUDA graphs off).",
     unit="bool",
+    multiprocess_mode="max",
+)
+
+MEMORY_RESTART_RISK = _w(
+    "warden_memory_restart_risk",
+    "gauge",
+    "Memory risk at which the supervisor drains and restarts the engine, by risk source: "
+    "lower than usual while a memory creep that made it restart before is remembered "
+    "(undo: DELETE /supervisor/memory).",
+    "source",
+    unit="percentunit",
     multiprocess_mode="max",
 )
 

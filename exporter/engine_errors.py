@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
-from exporter import catalog, import_hooks, vllm_compat
+from exporter import catalog, import_hooks, memory_creep, vllm_compat
 from exporter.errors import classify_exception
 from exporter.metrics import WardenMetrics
 
@@ -36,6 +36,9 @@ def install(metrics: WardenMetrics) -> None:
         patch(module, metrics)
 
     import_hooks.when_imported(CORE_MODULE, hook)
+    # The engine core's test switch (off unless WARDEN_TEST_MEMORY_CREEP=1) patches the same
+    # module at the same moment.
+    memory_creep.install()
 
 
 def patch(core_module: ModuleType, metrics: WardenMetrics) -> bool:

@@ -55,6 +55,24 @@ class WardenSettings(BaseSettings):
     watermark_hold_s: float = Field(20.0, ge=0, le=3600, description="below this long to step down")
     watermark_peak_window_s: float = Field(15.0, ge=1, le=3600, description="peak gauge window")
     memory_settle_s: float = Field(300.0, ge=0, le=86400, description="plan: settling peak window")
+    # --- host memory (exporter/host_memory.py, API process) --------------------------------
+    host_memory_limit_bytes: int | None = Field(
+        None,
+        ge=1 << 20,
+        description="declared limit of the engine's host memory (default: the cgroup's limit, "
+        "else the machine's memory less the reserve)",
+    )
+    host_memory_headroom_bytes: int | None = Field(
+        None,
+        ge=1 << 20,
+        description="declares the limit as the engine's settled host footprint plus this",
+    )
+    host_memory_reserve_bytes: int = Field(
+        1 << 30, ge=0, description="machine without a cgroup limit: memory kept for the rest"
+    )
+    host_memory_interval_s: float = Field(
+        2.0, ge=0.1, le=3600, description="host memory: seconds between two measurements"
+    )
     # --- exporter cadences ----------------------------------------------------------------
     stall_timeout_s: float = Field(30.0, ge=0.1, le=86400, description="no step this long")
     stall_max_step_s: float = Field(
@@ -119,6 +137,9 @@ class WardenSettings(BaseSettings):
     test_step_delay_s: float = Field(0.0, ge=0, le=120, description="sleep in busy steps")
     test_engine_error: bool = Field(False, description="marked requests raise in the worker")
     test_hang_step: bool = Field(False, description="a step with a marked request never ends")
+    test_memory_creep: bool = Field(
+        False, description="the engine core grows its memory at the rate `warden chaos creep` sets"
+    )
 
     @model_validator(mode="after")
     def _thresholds_ascend(self) -> WardenSettings:

@@ -9,6 +9,9 @@ A second region is a ring of request ids whose logits went non-finite: the worke
 processor writes them, the API server's middleware looks its request up there before it lets
 a response out, so a poisoned request is retried or failed instead of returned as garbage.
 
+A fourth region holds the host memory risk of the engine's processes (exporter/host_memory.py):
+one slot, written by the API process's collector thread, read with the device slots.
+
 A third region says how far the logits flags are resolved: per engine slot, the number of logits
 steps checked (``applied``) and how many of them have their flags read on the host
 (``resolved``). On a GPU the flags reach the host a little after the step (no sync on the step
@@ -43,7 +46,10 @@ _RING_HEADER = struct.Struct("<Q")
 RING_OFFSET = SIGNALS_SIZE
 PROGRESS_OFFSET = RING_OFFSET + _RING_HEADER.size + RING_SLOTS * _RING_SLOT
 _PROGRESS = struct.Struct("<QQ")  # applied, resolved
-SIZE = PROGRESS_OFFSET + _PROGRESS.size * MAX_RANKS
+HOST_OFFSET = PROGRESS_OFFSET + _PROGRESS.size * MAX_RANKS
+HOST_SOURCE = "host"  # the host slot's watermark source (catalog.MEMORY_RISK_SOURCES)
+_HOST = struct.Struct("<dd")  # risk, unix time of the sample
+SIZE = HOST_OFFSET + _HOST.size
 
 
 class SignalBoard:
@@ -57,6 +63,7 @@ class SignalBoard:
                 os.pwrite(fd, _SLOT.pack(*([math.nan] * len(FIELDS))) * MAX_RANKS, 0)
                 os.pwrite(fd, _RING_HEADER.pack(0), RING_OFFSET)
                 os.pwrite(fd, bytes(_PROGRESS.size * MAX_RANKS), PROGRESS_OFFSET)
+                os.pwrite(fd, _HOST.pack(math.nan, math.nan), HOST_OFFSET)
             self._map = mmap.mmap(fd, SIZE)
         finally:
             os.close(fd)
@@ -76,9 +83,20 @@ class SignalBoard:
         if 0 <= rank < MAX_RANKS:
             _SLOT.pack_into(self._map, rank * _SLOT.size, device, allocator, timestamp)
 
-    def read_max(self, max_age_s: float, now: float) -> dict[str, float]:
-        """Worst value of each signal over the ranks whose sample is fresh enough."""
+    def write_host(self, risk: float, timestamp: float) -> None:
+        """The host memory risk of the engine's processes (NaN: not measured)."""
+        _HOST.pack_into(self._map, HOST_OFFSET, risk, timestamp)
+
+    def read_max(
+        self, max_age_s: float, now: float, host_max_age_s: float | None = None
+    ) -> dict[str, float]:
+        """Worst value of each signal over the ranks whose sample is fresh enough, and the host
+        risk if its sample is (``host_max_age_s``, default ``max_age_s``)."""
         worst: dict[str, float] = {}
+        host, stamp = _HOST.unpack_from(self._map, HOST_OFFSET)
+        host_age = max_age_s if host_max_age_s is None else host_max_age_s
+        if not math.isnan(host) and not math.isnan(stamp) and now - stamp <= host_age:
+            worst[HOST_SOURCE] = host
         for rank in range(MAX_RANKS):
             *values, stamp = _SLOT.unpack_from(self._map, rank * _SLOT.size)
             if math.isnan(stamp) or now - stamp > max_age_s:

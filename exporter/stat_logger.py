@@ -2,7 +2,7 @@
 
 Registered under the ``vllm.stat_logger_plugins`` entry point; vLLM calls ``record`` once per
 batch of engine outputs. It hands the numbers to the process's StepMonitor and starts the API
-process's collector thread (stall detection) on first construction.
+process's collector thread (stall detection, host memory) on first construction.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 from exporter import catalog, vllm_compat
 from exporter.collectors import CollectorRunner, FailingCollector
 from exporter.heartbeat import heartbeat_dir
+from exporter.host_memory import HostMemoryCollector
 from exporter.metrics import process_metrics
 from exporter.settings import load_settings
 from exporter.signals import SignalBoard
@@ -40,6 +41,9 @@ def _make_monitor() -> StepMonitor:
         ),
         WatermarkPeakCollector(monitor),
     ]
+    host = HostMemoryCollector.from_settings(config, metrics, board)
+    if host is not None:
+        collectors.append(host)
     mirror = SupervisorMirror.from_env(metrics)
     if mirror is not None:
         collectors.append(mirror)

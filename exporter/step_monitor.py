@@ -149,10 +149,12 @@ class StepMonitor:
         return snap
 
     def memory_signals(self, now: float) -> dict[str, float]:
-        """The freshest memory risk of each source, worst over the device ranks."""
+        """The freshest memory risk of each source, worst over the device ranks, and the host's."""
         if self.board is None:
             return {}
-        return self.board.read_max(5 * self.config.collector_interval_s, now)
+        return self.board.read_max(
+            5 * self.config.collector_interval_s, now, 5 * self.config.host_memory_interval_s
+        )
 
     def _publish_saturation(self, state: SaturationState) -> None:
         wait = state.queue_wait_s

@@ -5,8 +5,8 @@ engine would fall back to zero on every restart. The supervisor owns the numbers
 them to a JSON file (schema: ``exporter.supervisor_state``); this collector, on the API process's
 collector thread, brings this process's metric objects up to date: counters are increased by
 the difference to what it already mirrored, each restart duration is observed once (by its
-sequence number), the circuit and eager-mode gauges are set. Its first run happens when the
-stat logger starts, before the server answers its first scrape.
+sequence number), the circuit and eager-mode gauges and the memory restart risk are set. Its
+first run happens when the stat logger starts, before the server answers its first scrape.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ class SupervisorMirror:
         self._duration = metrics.get(catalog.ENGINE_RESTART_DURATION)
         self._circuit = metrics.get(catalog.SUPERVISOR_CIRCUIT_OPEN)
         self._eager = metrics.get(catalog.ENGINE_EAGER_MODE)
+        self._restart_risk = metrics.get(catalog.MEMORY_RESTART_RISK)
         self._mirrored: dict[str, float] = {}
         self._last_seq = 0
         self._last_mtime_ns: int | None = None
@@ -68,3 +69,5 @@ class SupervisorMirror:
             self._last_seq = event.seq
         self._circuit.set(1 if state.circuit_open else 0)
         self._eager.set(1 if state.eager else 0)
+        for source, risk in state.memory_restart_risk.items():
+            self._restart_risk.labels(source).set(risk)

@@ -69,6 +69,13 @@ class SupervisorState:
     circuit_reason: str = ""
     circuit_opened_at: float | None = None
     draining: bool = False
+    # Memory creep (warden/supervisor/memory_guard.py): the risk at which the supervisor
+    # restarts the engine, per risk source; when each source last made it restart (a creep
+    # it remembers); and why it restarts earlier than usual now ("" while it does not).
+    memory_restart_risk: dict[str, float] = field(default_factory=dict)
+    memory_creeps: dict[str, float] = field(default_factory=dict)
+    memory_remediation: str = ""
+    memory_remediation_since: float | None = None
     window: list[float] = field(default_factory=list)
     restart_totals: dict[str, int] = field(default_factory=dict)
     restarts: list[RestartEvent] = field(default_factory=list)

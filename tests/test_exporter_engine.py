@@ -68,6 +68,11 @@ def test_cpu_engine_says_which_gpu_sources_are_unavailable(engine: EngineProcess
         assert sample(samples, catalog.SOURCE_AVAILABLE.name, source=source) == 0.0
     assert sample(samples, catalog.SOURCE_AVAILABLE.name, source="kv_cache") == 1.0
     assert sample(samples, catalog.EXPORTER_INFO.name, device="cpu") == 1.0
+    # The host memory source works everywhere: a finite risk, within the plan while settling.
+    assert sample(samples, catalog.SOURCE_AVAILABLE.name, source="host_memory") == 1.0
+    host_risk = [v for k, v in samples.items() if k.startswith(f"{catalog.MEMORY_RISK.name}{{")]
+    assert host_risk and all(v == 0.0 for v in host_risk), host_risk
+    assert sample(samples, catalog.HOST_MEMORY_USED.name) > 0
 
 
 def test_a_full_kv_cache_preempts_and_leaves_the_watermark_normal(engine: EngineProcess) -> None:
@@ -173,8 +178,9 @@ def test_failing_collector_is_counted_while_requests_succeed(engine: EngineProce
 
 def test_warden_state_reports_the_watermark(engine: EngineProcess) -> None:
     state = httpx.get(f"{engine.base_url}/warden/state", timeout=10).json()
-    # A CPU engine has no device memory, so no memory risk signal: the watermark stays normal
-    # (the KV cache is a saturation signal, reported under "engine", not a memory one).
+    # A CPU engine has no device memory: its one memory risk signal is host memory, within
+    # the plan here, so the watermark stays normal (the KV cache is a saturation signal,
+    # reported under "engine", not a memory one).
     assert state["watermark"] == "normal"
-    assert state["signals"] == {}
+    assert set(state["signals"]) == {"host"} and state["signals"]["host"] < 0.05, state
     assert 0.0 <= state["engine"]["kv_cache_usage"] <= 1.0

@@ -86,7 +86,11 @@ def _serve(port: int, args: list[str]) -> None:
                 self._send(200 if ok else 503, {"checks": checks})
             elif path == "/warden/state":
                 eager = flag("policy_eager") is not None
-                self._send(200, {"policy": {"enforce_eager": eager}, "leases": []})
+                # Memory risks by source, for this server's pid only: a restarted engine is
+                # a new process and starts with none.
+                signals = json.loads(flag("signals") or "{}").get(str(os.getpid()), {})
+                body = {"policy": {"enforce_eager": eager}, "leases": [], "signals": signals}
+                self._send(200, body)
             elif path == "/metrics":
                 running = float(flag("inflight") or 0)
                 text = f'vllm:num_requests_running{{engine="0"}} {running}\n'
@@ -214,9 +218,19 @@ class Harness:
         except TimeoutError:
             raise AssertionError("no EngineCore child") from None
 
+    def engine_signals(self, **risks: float) -> None:
+        """The memory risks the running engine reports on /warden/state from now on."""
+        engine = self.supervisor.engine
+        assert engine is not None and engine.pid is not None
+        (self.control / "signals").write_text(json.dumps({str(engine.pid): risks}))
+
     def post(self, path: str, token: str | None = TOKEN) -> httpx.Response:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         return httpx.post(f"{self.control_url}{path}", headers=headers, timeout=5)
+
+    def delete(self, path: str, token: str | None = TOKEN) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.delete(f"{self.control_url}{path}", headers=headers, timeout=5)
 
 
 @pytest.fixture
@@ -458,6 +472,45 @@ def test_policy_enforce_eager_drains_and_restarts_eager_until_cleared(
     h3 = supervised(run_dir=run_dir, clear_eager=True)
     h3.wait_running(4)
     assert not h3.state().eager
+
+
+def test_memory_creep_drains_and_restarts_earlier_when_it_comes_back_until_forgotten(
+    supervised: Callable[..., Harness],
+) -> None:
+    h = supervised()
+    h.wait_running(1)
+    assert h.state().memory_restart_risk == {"device": 0.9, "allocator": 0.9, "host": 0.9}
+    h.engine_signals(host=0.85, device=0.1)
+    time.sleep(0.5)
+    assert h.state().generation == 1, "below the restart risk: nothing happens"
+    h.engine_signals(host=0.93)
+    h.wait_running(2)
+    state = h.state()
+    event = state.restarts[-1]
+    assert (event.reason, state.restart_totals) == ("memory", {"memory": 1})
+    assert event.detail.startswith("host memory risk 0.930 reached 0.90"), event.detail
+    lease = json.loads((h.control / "degrade.log").read_text().splitlines()[0])
+    assert lease["action"] == "stop_admission", "drained before the restart"
+    # The creep is remembered: the same source now restarts at the early risk.
+    assert state.memory_restart_risk["host"] == 0.6 and state.memory_restart_risk["device"] == 0.9
+    assert "if it comes back" in state.memory_remediation
+    metrics = httpx.get(f"{h.control_url}/metrics", timeout=5).text
+    assert value(metrics, catalog.MEMORY_RESTART_RISK.name, source="host") == 0.6
+    h.engine_signals(host=0.65)
+    h.wait_running(3)
+    state = h.state()
+    assert "(early: the same creep" in state.restarts[-1].detail
+    assert "crept back" in state.memory_remediation
+    # This machine's engine is vLLM's CPU build: no eager switch, and the record says why.
+    assert "eager mode does not apply" in state.memory_remediation and not state.eager
+    # One command undoes it.
+    assert h.delete("/supervisor/memory", token=None).status_code == 401
+    assert h.delete("/supervisor/memory").status_code == 202
+    h.wait("creeps forgotten", lambda: h.state().memory_restart_risk["host"] == 0.9)
+    assert not h.state().memory_creeps and not h.state().memory_remediation
+    h.engine_signals(host=0.65)
+    time.sleep(0.5)
+    assert h.state().generation == 3, "back at the usual restart risk"
 
 
 def test_planned_restart_beyond_the_limit_keeps_the_engine_and_opens_the_circuit(

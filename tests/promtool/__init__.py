@@ -9,7 +9,12 @@ evaluation interval.
 
 from __future__ import annotations
 
-from tests.promtool.creep import CACHE_SCENARIOS, CREEP_SCENARIOS, GRAPH_SCENARIOS
+from tests.promtool.creep import (
+    CACHE_SCENARIOS,
+    CREEP_SCENARIOS,
+    FAST_CREEP_SCENARIOS,
+    GRAPH_SCENARIOS,
+)
 from tests.promtool.faults import FAULT_SCENARIOS
 from tests.promtool.fleet import FLEET_RECORDING_SCENARIOS, FLEET_SCENARIOS
 from tests.promtool.liveness import LIVENESS_SCENARIOS
@@ -35,6 +40,7 @@ TEST_FILES: tuple[TestFile, ...] = (
     TestFile("liveness.yml", "1m", LIVENESS_SCENARIOS),
     # Two files for one group: a mutation of the time-to-OOM rule reruns only its own hours.
     TestFile("creep.yml", "1m", CREEP_SCENARIOS),
+    TestFile("fast_creep.yml", "5s", FAST_CREEP_SCENARIOS),
     TestFile("cache.yml", "1m", CACHE_SCENARIOS + GRAPH_SCENARIOS),
     TestFile("fleet.yml", "1m", FLEET_RECORDING_SCENARIOS + FLEET_SCENARIOS),
 )

@@ -109,7 +109,11 @@ CREEP_SCENARIOS = (
         "the H200 field creep: reserved 99 -> 134.7 GiB in an hour, 140.9 GiB by hour six",
         FIELD_CREEP,
         (
-            healthy("1h"),
+            healthy("50m"),
+            # at the first hour's rate the last minute would fill the headroom in about ten
+            # minutes: the fast rule is pending, and clears as the creep slows after the hour
+            pending("1h", time_to_oom("critical", "allocator") | {"horizon": "10m"}),
+            healthy("1h2m"),
             # the 2-hour window has used some of the margin all along from 2h04m
             pending("2h10m", ALLOCATOR_WARNING, DEVICE_WARNING),
             # the 1-hour horizon is reached inside the critical for
@@ -155,6 +159,57 @@ CREEP_SCENARIOS = (
         "growth beyond the plan that stops at 40% of the headroom",
         GROWTH_STOPS,
         (healthy("1h"), healthy("2h"), healthy("3h"), healthy("6h"), healthy("8h59m")),
+    ),
+)
+
+
+def risk_every_5s(source: str, values: list[float]) -> dict[str, str]:
+    """warden_memory_risk_ratio of one source, one sample every 5 seconds."""
+    return {s(MEMORY_RISK, source=source): values_text(round(v, 4) for v in values)}
+
+
+# Host memory of the engine's processes grows under load (vLLM #50150): from 3 minutes in, the
+# risk climbs 1/300 a second, so the headroom would be gone 5 minutes later (at 8m); the
+# supervisor restarts the engine at 6m (risk 0.6, its early restart risk): a new plan, risk 0.
+FAST_HOST_CREEP = risk_every_5s(
+    "host", [max(0.0, (5 * i - 180) / 300) if 5 * i < 360 else 0.0 for i in range(12 * 10)]
+)
+# One big allocation at 3m that stays: the risk steps to 0.3 and stays there, with churn.
+HOST_STEP = risk_every_5s(
+    "host", [0.0] * 36 + [0.3 + wobble(i, 0.005) for i in range(12 * 10 - 36)]
+)
+FAST_CRITICAL = time_to_oom("critical", "host") | {"horizon": "10m"}
+
+
+def fast_desc(left: str) -> str:
+    return (
+        f"host memory on {INSTANCE} grows fast beyond the engine's plan; at the rate of the last "
+        f"minute the headroom is gone in {left} (the supervisor drains and restarts the engine "
+        "before that)."
+    )
+
+
+FAST_CREEP_SCENARIOS = (
+    Scenario(
+        "WardenTimeToOOM",
+        "host memory creeping to its limit within 5 minutes",
+        FAST_HOST_CREEP,
+        (
+            healthy("3m"),
+            # some of the margin used for 30 s (risk 0.05 at 3m15s): pending
+            pending("3m50s", FAST_CRITICAL),
+            # risk 0.4 at 5m, growing 0.2 a minute: 3 minutes left
+            fires("5m", Expected(FAST_CRITICAL, fast_desc("3m 0s"))),
+            resolved("7m"),
+        ),
+        interval="5s",
+    ),
+    Scenario(
+        "WardenTimeToOOM",
+        "one big allocation that stays",
+        HOST_STEP,
+        (healthy("3m"), healthy("4m30s"), healthy("6m"), healthy("9m")),
+        interval="5s",
     ),
 )
 

@@ -29,13 +29,16 @@ GROUP_ORDER = tuple(group.name for group in RULE_GROUPS)
 
 
 def find_rule(alertname: str, labels: Mapping[str, str]) -> AlertRule:
-    """The one rule that produced an alert with these labels."""
+    """The one rule that produced an alert with these labels: of the rules whose static labels
+    the alert carries, the one with the most (a rule's ``horizon`` label tells it apart)."""
     matches = [
         rule
         for rule in ALERT_RULES
         if rule.name == alertname
         and all(labels.get(key) == value for key, value in rule.labels.items())
     ]
+    most = max((len(rule.labels) for rule in matches), default=0)
+    matches = [rule for rule in matches if len(rule.labels) == most]
     if len(matches) != 1:
         raise LookupError(f"{len(matches)} rules match {alertname} {dict(labels)}")
     return matches[0]

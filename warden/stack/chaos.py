@@ -8,6 +8,8 @@
   what no model produces on demand, such as ``+inf``.
 - ``stall``: SIGSTOP the engine core for a while, then SIGCONT (unless told not to).
 - ``crash``: SIGKILL the engine core.
+- ``creep``: the engine core's host memory grows at ``--rate`` MB/s until ``--off`` (the engine
+  must run with the test switch ``WARDEN_TEST_MEMORY_CREEP=1``; exporter/memory_creep.py).
 
 Only loopback engines: this is a tool for a stack on your own machine, and the signals can only
 reach local processes anyway. The engine core is found from the engine's port: the process
@@ -26,12 +28,14 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 import psutil
 
+from exporter import memory_creep
 from exporter.catalog import NONFINITE_LOGITS
 from exporter.settings import load_settings
 from warden.common.metrics_text import sum_samples
@@ -347,6 +351,28 @@ def crash(engine_url: str, server_pid: int | None = None, out: Out = print) -> p
     return core
 
 
+def creep(
+    engine_url: str, rate_mb_s: float, server_pid: int | None = None, out: Out = print
+) -> Path:
+    """Set the engine core's memory creep to ``rate_mb_s`` MB/s (0: stop it and free what it
+    grew); returns the control file written. The file exists only when the engine core runs
+    with the test switch."""
+    require_loopback(engine_url)
+    core = engine_core_for(engine_url, server_pid)
+    path = memory_creep.control_path(core.pid)
+    if not path.exists():
+        raise ChaosError(
+            f"engine core PID {core.pid} runs without the test switch {memory_creep.SWITCH_ENV}=1 "
+            f"(no {path}): start the engine with it ({memory_creep.SWITCH_ENV}=1 warden serve ...)"
+        )
+    memory_creep.write_rate(path, rate_mb_s)
+    if rate_mb_s > 0:
+        out(f"creep: engine core PID {core.pid} grows its memory at {rate_mb_s:g} MB/s ({path})")
+    else:
+        out(f"creep: off for engine core PID {core.pid}; the memory it grew is freed")
+    return path
+
+
 # --- Command line -----------------------------------------------------------------------------
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="chaos_command", required=True)
@@ -374,6 +400,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--pid", type=int, help="API server PID (default: found from the port)")
     p = command("crash", "SIGKILL the engine core")
     p.add_argument("--pid", type=int, help="API server PID (default: found from the port)")
+    p = command(
+        "creep", "grow the engine core's memory at --rate MB/s (WARDEN_TEST_MEMORY_CREEP=1)"
+    )
+    rate = p.add_mutually_exclusive_group(required=True)
+    rate.add_argument(
+        "--rate", type=bounded_float(0, memory_creep.MAX_RATE_MB_S), help="MB/s (0: off)"
+    )
+    rate.add_argument("--off", action="store_true", help="stop the creep, free what it grew")
+    p.add_argument("--pid", type=int, help="API server PID (default: found from the port)")
 
 
 def run(args: argparse.Namespace, out: Out = print) -> int:
@@ -386,9 +421,11 @@ def run(args: argparse.Namespace, out: Out = print) -> int:
             stall(args.engine_url, args.seconds, not args.no_resume, args.pid, out)
         elif args.chaos_command == "crash":
             crash(args.engine_url, args.pid, out)
+        elif args.chaos_command == "creep":
+            creep(args.engine_url, 0.0 if args.off else args.rate, args.pid, out)
         else:  # pragma: no cover - argparse restricts the choices
             raise ChaosError(f"unknown chaos command {args.chaos_command!r}")
-    except (ChaosError, psutil.Error, httpx.HTTPError) as exc:
+    except (ChaosError, psutil.Error, httpx.HTTPError, OSError, ValueError) as exc:
         out(f"warden chaos {args.chaos_command}: {exc}")
         return 1
     return 0

@@ -77,6 +77,20 @@ class SupervisorConfig:
         invert=True,
     )
     clear_eager: bool = _option(False, "leave eager mode kept from an earlier run")
+    memory_restart_risk: float = _option(
+        0.9,
+        "drain and restart the engine when a memory risk (beyond its plan; 1 = out of memory) "
+        "reaches this",
+        minimum=0.05,
+        maximum=1.0,
+    )
+    memory_early_restart_risk: float = _option(
+        0.6,
+        "the same, while a memory creep that made it restart before is remembered",
+        minimum=0.05,
+        maximum=1.0,
+    )
+    memory_remember_s: float = _option(86400.0, "how long such a memory creep is remembered")
     reset_circuit: bool = _option(False, "close a restart circuit left open by an earlier run")
     control_host: str = _option("127.0.0.1", "supervisor control port address", "--supervisor-host")
     control_port: int | None = _option(

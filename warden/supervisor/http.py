@@ -9,6 +9,8 @@ green through engine restarts):
   POST /supervisor/reset   close the restart circuit (and start the engine if it is down)
   POST /supervisor/eager   switch to --enforce-eager now (drain, restart)
   DELETE /supervisor/eager leave eager mode at the next start
+  DELETE /supervisor/memory forget remembered memory creeps: restart at the usual risk again
+                           (and leave eager mode the memory guard set)
 POSTs and DELETEs need ``Authorization: Bearer <token>``, always: the supervisor generates a
 token when none is configured (``warden.supervisor.loop``), and without one every action is
 refused. Bad input (a malformed or oversized body, an unknown method) gets a 4xx and changes
@@ -168,8 +170,10 @@ def _handler(control: SupervisorControl, stand_in: bool) -> type[BaseHTTPRequest
         def do_DELETE(self) -> None:  # noqa: N802 - stdlib name
             if not self._drain_body():
                 return
-            if self.path.split("?", 1)[0] == "/supervisor/eager":
-                self._act("clear_eager")
+            deletions = {"/supervisor/eager": "clear_eager", "/supervisor/memory": "clear_memory"}
+            path = self.path.split("?", 1)[0]
+            if path in deletions:
+                self._act(deletions[path])
             else:
                 self._unavailable()
 

@@ -37,12 +37,15 @@ from warden.engine.launch import LaunchSpec
 from warden.supervisor import fault_tolerance as ft
 from warden.supervisor import first_start
 from warden.supervisor.config import SupervisorConfig
+from warden.supervisor.cpu_memory import is_cpu_build
 from warden.supervisor.drain import Drainer
 from warden.supervisor.engine import EngineProcess
 from warden.supervisor.http import HttpServer
+from warden.supervisor.memory_guard import MemoryGuard, engine_signals
 from warden.supervisor.policy import (
     ENFORCE_EAGER,
     MANUAL,
+    MEMORY,
     UNCOUNTED_REASONS,
     UNHEALTHY,
     RestartWindow,
@@ -52,6 +55,7 @@ from warden.supervisor.policy import (
 from warden.supervisor.probes import (
     Failure,
     ProbeTimers,
+    engine_state,
     evaluate,
     last_words,
     policy_wants_eager,
@@ -89,6 +93,13 @@ class Supervisor:
         self.token = self._control_token()
         self.drainer = Drainer(self.token, self.config.drain_timeout_s)
         self.fault_tolerance = ft.fault_tolerance_enabled(spec.extra_args)
+        self.memory = MemoryGuard(
+            self.config.memory_restart_risk,
+            self.config.memory_early_restart_risk,
+            self.config.memory_remember_s,
+            cpu_engine=is_cpu_build({**os.environ, **spec.env}),
+            eager_allowed=self.config.eager_fallback and EAGER_FLAG not in spec.extra_args,
+        )
         self.engine: EngineProcess | None = None
         self.control: HttpServer | None = None
         self._ready = False
@@ -216,6 +227,7 @@ class Supervisor:
                 log.warning("supervisor: leaving eager mode (--clear-eager/--no-eager-fallback)")
                 self.state.set_eager(False, "", self.clock())
             self.state.draining = False
+            self.state.memory_restart_risk = self.memory.thresholds(self.state, self.clock())
             self._save()
 
     def _save(self) -> None:
@@ -430,10 +442,16 @@ class Supervisor:
                 failure = self._probe(engine, timers, now)
                 if failure is not None:
                     return failure
-            if now >= next_policy and self._may_switch_to_eager():
+            if now >= next_policy:
                 next_policy = now + self.config.policy_poll_s
-                if policy_wants_eager(engine):
+                state = engine_state(engine)
+                if self._may_switch_to_eager() and policy_wants_eager(state):
                     return Failure(ENFORCE_EAGER, "engine policy enforce_eager", now, planned=True)
+                if not self.state.circuit_open:
+                    with self._lock:
+                        memory = self.memory.check(engine_signals(state), self.state, now)
+                    if memory is not None:
+                        return memory
             self._wake.wait(self.config.poll_s)
             self._wake.clear()
         return None
@@ -493,6 +511,15 @@ class Supervisor:
                     self.state.set_eager(False, "", now)
                     self._save()
                 log.warning("supervisor: eager mode cleared; the next start captures graphs")
+            elif action == "clear_memory":
+                with self._lock:
+                    left_eager = self.memory.forget(self.state, now)
+                    self._save()
+                log.warning(
+                    "supervisor: memory creeps forgotten: restarting at risk %.2f again%s",
+                    self.memory.restart_risk,
+                    "; eager mode set for the creep left at the next start" if left_eager else "",
+                )
             elif action == "restart" and engine_running:
                 planned = Failure(MANUAL, "operator request", now, planned=True)
             elif action == "eager" and engine_running and not self.state.eager:
@@ -511,6 +538,14 @@ class Supervisor:
             with self._lock:
                 self.state.set_eager(True, failure.detail, self.clock())
                 self._save()
+        elif failure.reason == MEMORY:
+            # Remembered before the drain too: the creep's record must survive whatever ends
+            # this engine; a creep that came back makes the next start eager (on a GPU).
+            with self._lock:
+                if self.memory.learn(self.state, failure, self.clock()):
+                    self.state.set_eager(True, self.memory.eager_reason(failure), self.clock())
+                self._save()
+            log.warning("supervisor: %s", self.state.memory_remediation)
         if failure.planned and engine.returncode() is None:
             self._drain(engine, failure)
             engine.stop(self.config.stop_timeout_s)

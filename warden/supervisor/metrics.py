@@ -53,6 +53,11 @@ class _StateCollector:
             (catalog.ENGINE_READY, self.ready),
         ):
             yield GaugeMetricFamily(gauge.name, gauge.help, value=1.0 if value else 0.0)
+        spec = catalog.MEMORY_RESTART_RISK
+        restart_risk = GaugeMetricFamily(spec.name, spec.help, labels=list(spec.labels))
+        for source, risk in sorted(state.memory_restart_risk.items()):
+            restart_risk.add_metric([source], float(risk))
+        yield restart_risk
 
 
 def render(state: SupervisorState, ready: bool) -> bytes:

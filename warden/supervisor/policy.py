@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from exporter.catalog import RESTART_REASONS
 
 # Why an engine was restarted: the label values of warden_engine_restarts_total{reason}.
-EXIT, CRASH, STALLED, UNHEALTHY, ENFORCE_EAGER, MANUAL = RESTART_REASONS
+EXIT, CRASH, STALLED, UNHEALTHY, ENFORCE_EAGER, MANUAL, MEMORY = RESTART_REASONS
 # Restarts a person asked for do not count toward the restart-loop circuit.
 UNCOUNTED_REASONS: frozenset[str] = frozenset({MANUAL})
 

@@ -6,7 +6,8 @@ grace (no answer, stalled, engine dead) or at once (a CUDA driver error poisons 
 No answer has two graces: a refused connection means nothing serves the port (short grace), a
 timeout means a server that is alive but slow, as a busy or paged-out engine is (long grace: a
 real hang is caught sooner by the stall check, which reads engine steps, not HTTP answers).
-``policy_wants_eager`` reads the engine's effective policy for the ``enforce_eager`` action.
+``policy_wants_eager`` reads the engine's effective policy for the ``enforce_eager`` action, in
+the same ``/warden/state`` answer the memory guard reads its risks from.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class Failure:
     detail: str
     at: float
     planned: bool = False  # the engine still works: drain it and stop it gracefully
+    source: str | None = None  # the signal behind it, where one (a memory restart's risk source)
 
 
 @dataclass
@@ -98,10 +100,15 @@ def last_words(engine: EngineProcess) -> str:
     return "; readiness: " + "; ".join(f"{name}: {detail}" for name, detail in failing.items())
 
 
-def policy_wants_eager(engine: EngineProcess) -> bool:
-    """Whether the engine's effective policy holds the ``enforce_eager`` action."""
+def engine_state(engine: EngineProcess) -> Any:
+    """The engine's ``GET /warden/state`` answer (policy, memory risks), None without one."""
     probe = engine.get("/warden/state")
-    if probe.status != 200 or not isinstance(probe.body, dict):
+    return probe.body if probe.status == 200 and isinstance(probe.body, dict) else None
+
+
+def policy_wants_eager(state_body: Any) -> bool:
+    """Whether the engine's effective policy (in its state answer) holds ``enforce_eager``."""
+    if not isinstance(state_body, dict):
         return False
-    policy = probe.body.get("policy")
+    policy = state_body.get("policy")
     return isinstance(policy, dict) and policy.get("enforce_eager") is True
