@@ -28,6 +28,11 @@ from typing import Any
 
 from warden.control.actions import PROTECTION, PROTECTIVE, ActionRequest
 
+# The key of the manual stop_admission lease the supervisor takes to drain an engine before a
+# planned restart (warden/supervisor/drain.py). Its refusals also close the connection
+# (warden/engine/middleware.py): the server it reaches is about to go away.
+DRAIN_LEASE_KEY = "supervisor-drain"
+
 
 @dataclass(frozen=True)
 class Lease:

@@ -35,6 +35,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from exporter import catalog, vllm_compat
+from exporter.catalog import LEASE_SOURCES
 from exporter.metrics import process_metrics
 from exporter.request_args import ATTEMPT_ARG, RID_ARG
 from exporter.settings import load_settings
@@ -50,6 +51,7 @@ from warden.control.admission import (
     admit_exempt,
     token_ceiling,
 )
+from warden.control.leases import DRAIN_LEASE_KEY
 from warden.control.policy import EffectivePolicy
 from warden.control.retry import (
     ALL_TOKENS_MASKED,
@@ -60,6 +62,8 @@ from warden.control.retry import (
 )
 from warden.control.token_limits import Limit, Unreadable
 from warden.engine import flag_wait, routes, runtime
+
+_ALERTMANAGER, _REFLEX, MANUAL = LEASE_SOURCES  # the supervisor's drain is a manual lease
 
 log = logging.getLogger("warden.control")
 # Routes whose requests warden tags and retries; the responses API takes no vllm_xargs.
@@ -201,6 +205,10 @@ class WardenMiddleware:
             return
         kind = "invalid_request_error" if decision.status == 400 else "server_overloaded"
         headers = decision.retry_after_headers()
+        if decision.signal == MANUAL and decision.value == DRAIN_LEASE_KEY:
+            # Draining for a restart: this server goes away soon, so the client must not keep
+            # the connection for its next request (it would be reset under it).
+            headers.append((b"connection", b"close"))
         body = _error_body(
             decision.message, kind, decision.status, decision.reason, decision.error_fields()
         )

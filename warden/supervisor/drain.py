@@ -19,9 +19,10 @@ from warden.common.metrics_text import sum_samples
 from warden.common.tokens import bearer_header
 from warden.common.waiting import wait_until
 from warden.control.config import LeaseSettings
+from warden.control.leases import DRAIN_LEASE_KEY
 from warden.supervisor.engine import EngineProcess
 
-LEASE_KEY = "supervisor-drain"
+LEASE_KEY = DRAIN_LEASE_KEY
 # The engine refuses a manual lease longer than its configured maximum (default below).
 DRAIN_LEASE_MAX_TTL_S = LeaseSettings().max_manual_ttl_s
 

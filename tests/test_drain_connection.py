@@ -1,0 +1,69 @@
+"""A refusal while the supervisor drains the engine closes the connection; others keep it.
+
+Draining comes before a planned restart: the server a client reaches is about to go away, and a
+client that kept the connection would have its next request reset under it. Any other refusal
+keeps the connection (tests/test_admission_engine.py checks that on a live engine)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from exporter.metrics import WardenMetrics
+from warden.control.actions import ActionRequest
+from warden.control.config import ControlConfig
+from warden.control.controller import Controller
+from warden.control.leases import DRAIN_LEASE_KEY
+from warden.engine import middleware, runtime
+
+
+@pytest.fixture
+def controller(monkeypatch: pytest.MonkeyPatch) -> Controller:
+    installed = Controller(ControlConfig(), WardenMetrics(CollectorRegistry()))
+    monkeypatch.setattr(runtime, "_controller", installed)
+    monkeypatch.setattr(middleware, "process_metrics", lambda: WardenMetrics(CollectorRegistry()))
+    return installed
+
+
+async def never_called(scope: dict, receive: Any, send: Any) -> None:
+    raise AssertionError("a refused request reached the engine")
+
+
+def refusal_headers() -> dict[bytes, bytes]:
+    payload = json.dumps({"prompt": "hi", "max_tokens": 2}).encode()
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/completions",
+        "headers": [(b"content-type", b"application/json")],
+    }
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": payload, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    asyncio.run(middleware.WardenMiddleware(never_called)(scope, receive, send))
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    assert start["status"] == 503
+    return dict(start["headers"])
+
+
+def test_a_drain_refusal_closes_the_connection(controller: Controller) -> None:
+    controller.set_manual(DRAIN_LEASE_KEY, ActionRequest("stop_admission"), 60.0)
+    headers = refusal_headers()
+    assert headers.get(b"connection") == b"close"
+    assert headers.get(b"retry-after")
+
+
+def test_another_manual_refusal_keeps_the_connection(controller: Controller) -> None:
+    controller.set_manual("maintenance", ActionRequest("stop_admission"), 60.0)
+    headers = refusal_headers()
+    assert b"connection" not in headers
+    assert headers.get(b"retry-after")
