@@ -16,7 +16,9 @@ from pathlib import Path
 import yaml
 
 from alerts.alertmanager import RouteTiming
-from alerts.rules import TRAFFIC
+from alerts.rules import CREEP, TRAFFIC
+from warden.cli.creep_scenario import STEPS as CREEP_STEPS
+from warden.cli.creep_scenario import CreepResult, CreepScenario
 from warden.cli.scenario import (
     DEMO_BATCH,
     ClosedLoopScenario,
@@ -25,6 +27,7 @@ from warden.cli.scenario import (
     metric_names_seen,
 )
 from warden.cli.tinymodel import tiny_engine_args
+from warden.common.outcomes import FAILED
 from warden.common.waiting import WaitAborted
 from warden.stack.config import Intervals
 from warden.stack.native import NativeStack, StackError, StackSettings
@@ -36,7 +39,19 @@ DEMO_PAGER_TIMING = RouteTiming("1s", "5s", "4h")
 # firing and after clearing (as generated: minutes), so the whole loop, page and resolution
 # included, plays out in about three minutes. Other groups keep their generated holds: an
 # engine still starting must not page anyone.
-DEMO_ALERT_HOLD_CAPS = {TRAFFIC.name: 30}
+DEMO_ALERT_HOLD_CAPS = {TRAFFIC.name: 30, CREEP.name: 5}
+# The second act, memory creep: the engine core's host memory grows (test switch) until it would
+# reach a limit declared as its settled footprint plus DEMO_HEADROOM_BYTES, in DEMO_CREEP_S. The
+# memory plan settles within DEMO_SETTLE_S, long before the first act ends.
+DEMO_HEADROOM_BYTES = 1_200_000_000
+DEMO_CREEP_S = 80.0
+DEMO_SETTLE_S = 25
+DEMO_MEMORY_ENV = {
+    "WARDEN_TEST_MEMORY_CREEP": "1",
+    "WARDEN_HOST_MEMORY_HEADROOM_BYTES": str(DEMO_HEADROOM_BYTES),
+    "WARDEN_MEMORY_SETTLE_S": str(DEMO_SETTLE_S),
+    "WARDEN_HOST_MEMORY_INTERVAL_S": "1",
+}
 # The demo's engine: a batch of DEMO_BATCH and a KV cache that holds all of it (48 blocks of 32
 # tokens), so the queue users wait in is the one admission limits, and a full batch is the
 # capacity the scenario measures.
@@ -56,7 +71,7 @@ def demo_settings(workdir: Path, **overrides: object) -> StackSettings:
         "intervals": DEMO_INTERVALS,
         "pager_timing": DEMO_PAGER_TIMING,
         "alert_hold_caps": DEMO_ALERT_HOLD_CAPS,
-        "engine_env": {"WARDEN_CONFIG": str(config)},
+        "engine_env": {"WARDEN_CONFIG": str(config), **DEMO_MEMORY_ENV},
         "engine_args": DEMO_ENGINE_ARGS,
     }
     settings.update(overrides)
@@ -94,9 +109,16 @@ def _play(settings: StackSettings, workdir: Path) -> int:
     with NativeStack(settings) as stack:
         print(stack.summary())
         stack.wait_for_query("up == 1", timeout_s=120)
+        print("\nfirst act: overload")
         result = ClosedLoopScenario(stack).run()
         print()
         print(result.report())
+        print("\nsecond act: memory creep (the engine core's host memory grows until it would hit")
+        print(f"a limit {DEMO_HEADROOM_BYTES / 1e9:.1f} GB above its settled footprint)")
+        creep = CreepScenario(stack, reach_limit_s=DEMO_CREEP_S).run()
+        print()
+        print(creep.report())
+        print(_creep_trace(creep))
         seen = metric_names_seen(stack)
         print(f"\n{len(seen)} warden metrics scraped by Prometheus from the engine")
         from dashboards.render import RenderUnavailable, render_dashboards
@@ -109,9 +131,37 @@ def _play(settings: StackSettings, workdir: Path) -> int:
             print("dashboards drawn from this run:")
             for picture in pictures:
                 print(f"  {picture}")
-    if not result.passed:
-        failed = [name for name, ok in result.checks.items() if not ok]
+    failed = [name for name, ok in result.checks.items() if not ok]
+    if not creep.passed:
+        failed.append("memory creep: " + _creep_problem(creep))
+    if failed:
         _fail(f"checks failed: {'; '.join(failed)}; logs: {workdir / 'logs'}")
         return 1
     print("warden demo: passed; everything it started is stopped")
     return 0
+
+
+def _creep_trace(creep: CreepResult, every_s: float = 10.0) -> str:
+    """The host memory risk and WardenTimeToOOM's estimate as they moved, every ``every_s``."""
+    lines = ["memory risk and time-to-OOM estimate (seconds since the creep was injected):"]
+    next_at = 0.0
+    for at, risk, estimate in creep.trace:
+        if at < next_at:
+            continue
+        next_at = at + every_s
+        risk_text = "-" if risk is None else f"{risk:.2f}"
+        estimate_text = "not firing" if estimate is None else f"{estimate:.0f} s left"
+        lines.append(f"  {at:6.1f}s  risk {risk_text:>5}  time-to-OOM {estimate_text}")
+    return "\n".join(lines)
+
+
+def _creep_problem(creep: CreepResult) -> str:
+    missing = [name for name in CREEP_STEPS if creep.step(name) is None]
+    if missing:
+        return f"never saw {', '.join(missing)}"
+    if not creep.in_order:
+        return "steps out of order"
+    if creep.outcomes.counts[FAILED]:
+        return f"{creep.outcomes.counts[FAILED]} requests failed"
+    peak, limit = creep.peak_used_bytes / 1e9, creep.limit_bytes / 1e9
+    return f"host memory peaked at {peak:.2f} of {limit:.2f} GB"
