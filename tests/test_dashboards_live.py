@@ -69,6 +69,9 @@ GPU_ONLY_QUERIES = {
     "warden-memory / CUDA graph pool memory / A",
     "warden-memory / Allocator retries and OOMs (5 min) / A",
     "warden-memory / Allocator retries and OOMs (5 min) / B",
+    # This engine's own device memory (NVML per process) and what the device risk counts.
+    "warden-memory / Device memory used vs total (NVML) / C",
+    "warden-memory / Device risk counts / A",
     # Memory beyond the engine's plan: device and allocator sources (the host one has data).
     "warden-memory / Projected time to OOM / A",
     "warden-memory / Planned footprint / A",

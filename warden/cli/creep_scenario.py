@@ -68,18 +68,14 @@ STEPS = (
     "restarted",
     "served again",
 )
+# The orders the design guarantees. The reflex (the watermark reaching critical, in the engine's
+# step) and the supervisor's drain (polling the same risk every 2 s) both act at risk 0.9, each on
+# its own: either may come first, so neither chain orders one after the other. The drain comes
+# after the watermark is high (0.8): the risk reaches 0.9 only after it passed 0.8.
 CHAINS = (
     ("creep injected", "risk climbing", "alert firing", "page recorded", "draining"),
-    (
-        "creep injected",
-        "risk climbing",
-        "watermark high",
-        "watermark critical",
-        "local reflex",
-        "draining",
-        "restarted",
-        "served again",
-    ),
+    ("creep injected", "risk climbing", "watermark high", "watermark critical", "local reflex"),
+    ("watermark high", "draining", "restarted", "served again"),
 )
 
 
