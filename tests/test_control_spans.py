@@ -7,7 +7,6 @@ attributes an operator filters on, so a span or attribute that disappears fails 
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Iterator, Mapping
 from types import SimpleNamespace
@@ -24,6 +23,7 @@ from exporter import catalog
 from exporter.metrics import WardenMetrics
 from exporter.step_monitor import StepSnapshot
 from tests.support.alertmanager import webhook_notification
+from tests.support.asgi import post_json
 from warden.control import telemetry
 from warden.control.actions import ActionRequest
 from warden.control.alertmanager import parse_payload
@@ -289,22 +289,7 @@ class Engine:
 
 
 def post_completion(app: Any, body: dict[str, Any]) -> tuple[int, bytes]:
-    payload = json.dumps(body).encode()
-    scope = {
-        "type": "http",
-        "method": "POST",
-        "path": "/v1/completions",
-        "headers": [(b"content-type", b"application/json")],
-    }
-    sent: list[dict[str, Any]] = []
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": payload, "more_body": False}
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    asyncio.run(app(scope, receive, send))
+    sent = post_json(app, body)
     status = next(m["status"] for m in sent if m["type"] == "http.response.start")
     return status, b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
 

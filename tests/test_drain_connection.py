@@ -6,14 +6,13 @@ keeps the connection (tests/test_admission_engine.py checks that on a live engin
 
 from __future__ import annotations
 
-import asyncio
-import json
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from exporter.metrics import WardenMetrics
+from tests.support.asgi import post_json
 from warden.control.actions import ActionRequest
 from warden.control.config import ControlConfig
 from warden.control.controller import Controller
@@ -34,22 +33,7 @@ async def never_called(scope: dict, receive: Any, send: Any) -> None:
 
 
 def refusal_headers() -> dict[bytes, bytes]:
-    payload = json.dumps({"prompt": "hi", "max_tokens": 2}).encode()
-    scope = {
-        "type": "http",
-        "method": "POST",
-        "path": "/v1/completions",
-        "headers": [(b"content-type", b"application/json")],
-    }
-    sent: list[dict[str, Any]] = []
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": payload, "more_body": False}
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    asyncio.run(middleware.WardenMiddleware(never_called)(scope, receive, send))
+    sent = post_json(middleware.WardenMiddleware(never_called), {"prompt": "hi", "max_tokens": 2})
     start = next(m for m in sent if m["type"] == "http.response.start")
     assert start["status"] == 503
     return dict(start["headers"])
