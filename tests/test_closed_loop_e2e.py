@@ -19,9 +19,9 @@ import pytest
 
 from alerts.rules import TRAFFIC
 from benchmarks.closed_loop import STEPS as BENCHMARK_STEPS
+from tests.support.engine import free_stack_ports
 from warden.cli.demo import demo_settings
 from warden.cli.scenario import ClosedLoopScenario
-from warden.common.ports import free_port
 from warden.stack.native import NativeStack
 
 pytestmark = pytest.mark.engine
@@ -31,17 +31,7 @@ TEST_ALERT_HOLD_CAPS = {TRAFFIC.name: 10}
 
 
 def test_overload_to_page_to_resolution(tmp_path: Path) -> None:
-    ports = {
-        name: free_port()
-        for name in (
-            "engine_port",
-            "supervisor_port",
-            "prometheus_port",
-            "alertmanager_port",
-            "grafana_port",
-            "pager_port",
-        )
-    }
+    ports = free_stack_ports()
     printed: list[str] = []
     settings = demo_settings(
         tmp_path, with_grafana=False, alert_hold_caps=TEST_ALERT_HOLD_CAPS, **ports

@@ -21,10 +21,10 @@ import pytest
 
 from alerts.rules import CREEP, MEMORY
 from exporter.host_memory import SOURCE
+from tests.support.engine import free_stack_ports
 from warden.cli.creep_scenario import STEPS, CreepScenario
 from warden.cli.demo import DEMO_PAGER_TIMING
 from warden.common.outcomes import COMPLETED, FAILED
-from warden.common.ports import free_port
 from warden.stack.config import Intervals
 from warden.stack.native import NativeStack, StackSettings
 
@@ -39,17 +39,7 @@ QUIET_S = SETTLE_S + 35  # settling, then 35 s settled: longer than the fast ale
 def test_creep_is_seen_paged_and_restarted_before_the_limit_and_no_creep_no_action(
     tmp_path: Path,
 ) -> None:
-    ports = {
-        name: free_port()
-        for name in (
-            "engine_port",
-            "supervisor_port",
-            "prometheus_port",
-            "alertmanager_port",
-            "grafana_port",
-            "pager_port",
-        )
-    }
+    ports = free_stack_ports()
     settings = StackSettings(
         workdir=tmp_path,
         intervals=Intervals("1s", "1s"),

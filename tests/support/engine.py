@@ -57,3 +57,14 @@ def complete(
 ) -> httpx.Response:
     payload = {"model": model, "prompt": prompt, "max_tokens": max_tokens, **body}
     return httpx.post(f"{engine.base_url}/v1/completions", json=payload, timeout=timeout)
+
+
+def free_stack_ports() -> dict[str, int]:
+    """A free port for each server of a native stack: every ``*_port`` of StackSettings."""
+    import dataclasses
+
+    from warden.stack.native import StackSettings
+
+    return {
+        f.name: free_port() for f in dataclasses.fields(StackSettings) if f.name.endswith("_port")
+    }
