@@ -20,12 +20,29 @@ command -v amtool >/dev/null || missing+=(prometheus-alertmanager)
 command -v docker-compose >/dev/null || missing+=(docker-compose)
 command -v haproxy >/dev/null || missing+=(haproxy)  # the fleet test's load balancer
 command -v victoria-metrics >/dev/null || missing+=(victoria-metrics)  # remote_write test
+# The system packages install in the background while pip installs the engine (both mostly
+# download): on a fresh machine that saves the apt step's minute or two.
+apt_pid=""
+apt_log="$(mktemp)"
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing system packages: ${missing[*]}"
-  $sudo_cmd apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -q --no-install-recommends \
-    $(printf '%s\n' "${missing[@]}" | sort -u)
+  (
+    $sudo_cmd apt-get update -q
+    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -q --no-install-recommends \
+      $(printf '%s\n' "${missing[@]}" | sort -u)
+  ) >"$apt_log" 2>&1 &
+  apt_pid=$!
 fi
+wait_for_system_packages() {
+  if [ -n "$apt_pid" ] && ! wait "$apt_pid"; then
+    tail -20 "$apt_log" >&2
+    echo "setup: FAILED: installing system packages (${missing[*]}); apt's output is above" >&2
+    exit 1
+  fi
+  apt_pid=""
+  rm -f "$apt_log"
+}
+trap '[ -n "$apt_pid" ] && kill "$apt_pid" 2>/dev/null; true' EXIT
 
 python=python3.11
 command -v "$python" >/dev/null || python=python3
@@ -54,4 +71,5 @@ fi
 echo "setup: installing warden"
 "${pip[@]}" -e '.[dev,render]' 2>&1 | quiet
 .venv/bin/python -c "import vllm, exporter, warden" >/dev/null
+wait_for_system_packages
 echo "setup: done (.venv/bin/warden --help)"

@@ -9,4 +9,7 @@ echo "== ruff";   ruff check "${packages[@]}" tests benchmarks
 echo "== format"; ruff format --check "${packages[@]}" tests benchmarks
 echo "== mypy";   mypy "${packages[@]}"
 echo "== generated files up to date"; warden generate --check
-echo "== pytest"; python -m pytest -p no:cacheprovider --durations=25 "$@"
+# Two workers, a whole test module per work unit, engine modules first: tests/support/parallel.py.
+workers="${WARDEN_TEST_WORKERS:-2}"
+echo "== pytest ($workers workers)"
+python -m pytest -p no:cacheprovider -n "$workers" --durations=40 "$@"

@@ -15,8 +15,14 @@ GPU_SUITE = Path(__file__).parent / "gpu"
 
 # skip_policy: under CI a skip fails the run unless tests/skips.py lists it (see there).
 # shared_engine: one vLLM cache for every engine, one plain engine for several modules.
+# parallel: whole modules per xdist worker, engine modules first (scripts/test.sh runs -n 2).
 # pytester: the skip policy's own tests run small pytest sessions.
-pytest_plugins = ("tests.support.skip_policy", "tests.support.shared_engine", "pytester")
+pytest_plugins = (
+    "tests.support.skip_policy",
+    "tests.support.shared_engine",
+    "tests.support.parallel",
+    "pytester",
+)
 
 
 @pytest.fixture(scope="session")

@@ -7,9 +7,9 @@ a slow one alike (warden/cli/scenario.py says why, and why overload and not memo
 loop on a CPU engine).
 
 One difference from the demo: the traffic alerts hold 10 s at most before firing and after
-clearing, not 30 s. The holds are what a person watching the demo reads; the order of the
+clearing, not 15 s. The holds are what a person watching the demo reads; the order of the
 steps, which is what this test asserts, is the same at any hold, and the shorter one takes
-about a minute off the suite (pending to firing, and clearing to resolved)."""
+10 s off the suite (pending to firing, and clearing to resolved)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from warden.stack.native import NativeStack
 
 pytestmark = pytest.mark.engine
 
-# The traffic alerts' hold cap here (the demo's is 30 s: warden/cli/demo.py).
+# The traffic alerts' hold cap here (the demo's is 15 s: warden/cli/demo.py).
 TEST_ALERT_HOLD_CAPS = {TRAFFIC.name: 10}
 
 

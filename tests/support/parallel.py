@@ -1,0 +1,86 @@
+"""How the suite runs on two pytest-xdist workers (a pytest plugin, tests/conftest.py loads it).
+
+Why parallel: most of the suite's time is real engines and real Prometheus/Alertmanager waiting
+for scrape and rule intervals, alert holds and restarts, with a core idle; one worker per core
+overlaps those waits. ``scripts/test.sh`` runs ``-n 2 --dist loadscope``.
+
+Why whole modules: a module's tests share its module-scoped engine or stack, and a test module is
+written to run in its own order. So each module is one work unit, and the modules that share the
+session's ``plain_engine`` (``tests/support/shared_engine.py``) are one unit, so that engine
+starts once, on one worker (``ModuleScheduling``; xdist's own ``loadgroup`` marks do not reach
+the node ids under pytest 9).
+
+Why engine modules first: they are the long units. Queued first, the two workers split them,
+and the short modules fill in at the end, so neither worker is left with a long tail alone.
+
+Without xdist (a plain ``pytest tests/test_x.py``) this plugin changes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.support.shared_engine import PLAIN_ENGINE
+
+# The modules whose tests use the session's plain engine: one work unit. Collection checks the
+# list (a module that starts using the fixture and is not listed fails the run, with this name).
+PLAIN_ENGINE_MODULES = frozenset(
+    {
+        "tests/test_keepalive_engine.py",
+        "tests/test_nonfinite_engine.py",
+        "tests/test_request_shapes_engine.py",
+    }
+)
+
+
+def module_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def work_unit(nodeid: str) -> str:
+    """The unit a test runs in: its module, or the plain engine's unit."""
+    module = module_of(nodeid)
+    return PLAIN_ENGINE if module in PLAIN_ENGINE_MODULES else module
+
+
+def starts_an_engine(item: pytest.Item) -> bool:
+    return item.get_closest_marker("engine") is not None
+
+
+def under_xdist(config: pytest.Config) -> bool:
+    """A worker (xdist gives it ``workerinput``) or the controller of ``-n N``."""
+    return hasattr(config, "workerinput") or bool(getattr(config.option, "numprocesses", None))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        """xdist's load-by-scope, with this file's units as the scopes, in collection order."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    config.option.loadscopereorder = False  # keep the engine-first order the workers collected
+    return ModuleScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    unlisted = sorted(
+        {
+            module_of(item.nodeid)
+            for item in items
+            if PLAIN_ENGINE in getattr(item, "fixturenames", ())
+            and module_of(item.nodeid) not in PLAIN_ENGINE_MODULES
+        }
+    )
+    if unlisted:
+        raise pytest.UsageError(
+            f"{', '.join(unlisted)} use {PLAIN_ENGINE}: add them to PLAIN_ENGINE_MODULES in "
+            "tests/support/parallel.py, so that engine starts once under xdist"
+        )
+    if under_xdist(config):
+        # Engine units first, each unit's tests in their own order (a stable sort keeps it).
+        items.sort(key=lambda item: not starts_an_engine(item))
