@@ -27,9 +27,11 @@ from exporter import catalog, vllm_compat
 from exporter.metrics import WardenMetrics
 from exporter.saturation import SaturationState
 from warden.control import admission, telemetry
-from warden.control.actions import REFLEX_ACTIONS, ActionRequest
-from warden.control.admission import Cause, Decision, HalfOpenGate, RequestFacts, Saturation
+from warden.control.actions import REGISTRY
+from warden.control.actions.base import ActionRequest
+from warden.control.admission import Decision, HalfOpenGate, RequestFacts, Saturation
 from warden.control.alertmanager import INVALID, AlertEvent, check_times
+from warden.control.cause import Cause
 from warden.control.config import ControlConfig
 from warden.control.identity import EngineIdentity
 from warden.control.leases import Lease, LeaseTable, Outcome
@@ -47,13 +49,10 @@ log = logging.getLogger("warden.control")
 WARDEN_RID = re.compile(r"warden-[0-9a-f]{32}")
 ALERTMANAGER, REFLEX, MANUAL = catalog.LEASE_SOURCES
 NOT_FOR_THIS_ENGINE = "not_for_this_engine"
-# Where a lease keeps its cause (internal keys of Lease.labels, never alert labels).
-CAUSE_SIGNAL, CAUSE_VALUE = "_cause_signal", "_cause_value"
 SATURATION_SIGNAL = "saturation"
 EVICTED = "lease_evicted"  # an alert's protective lease evicted a less protective one
 # The alert labels a lease keeps (its identity and name); the rest is not warden's to store.
 KEPT_LABELS = ("alertname", "instance", "severity", catalog.ACTION_LABEL)
-CAUSE_VALUE_CHARS = 256
 LOGGED_PER_NOTIFICATION = 5  # refused alerts logged one by one; the rest in one line
 
 
@@ -115,7 +114,7 @@ class Controller:
         metrics.ensure([catalog.MAX_TOKENS_CAPPED, catalog.WARDEN_PREEMPTIONS])
         # Every action the reflex may take is exported at 0 from the start: a series born at 1
         # would hide its first event from increase() (and leave its panel without data).
-        for action in REFLEX_ACTIONS:
+        for action in REGISTRY.reflex_names():
             self._reflex_actions.labels(action)
         self._publish(EffectivePolicy(retry_after_s=config.admission.retry_after_s), [])
 
@@ -131,13 +130,7 @@ class Controller:
             if self._cached is not None and self._cached[0] == version:
                 return self._cached[1]
             live = self.leases.live(now)
-            admission = self.config.admission
-            policy = combine(
-                live,
-                admission.retry_after_s,
-                admission.shed_priority_threshold,
-                admission.half_open_admit_fraction,
-            )
+            policy = combine(live, REGISTRY.defaults(self.config.admission))
             if self._cached is None or self._cached[1] != policy:
                 self.last_policy_change = now
                 self.policy_changes.append((now, policy.active_actions()))
@@ -210,7 +203,8 @@ class Controller:
                     ttl,
                     now,
                     started_at=event.starts_at,
-                    labels=_kept_labels(event.labels, cause),
+                    labels=_kept_labels(event.labels),
+                    cause=cause,
                 )
                 if self.leases.evictions != evictions:
                     self._log_eviction(event.alertname, event.request.action)
@@ -301,9 +295,9 @@ class Controller:
         """Take or renew a manual lease; None when the manual source holds its maximum (a
         protective action evicts the least protective manual lease instead)."""
         now = self.clock()
-        labels = _cause_labels(Cause(MANUAL, key))
+        cause = Cause(MANUAL, key)
         evictions = self.leases.evictions
-        if self.leases.renew(MANUAL, key, request, ttl_s, now, labels=labels) == Outcome.LIMITED:
+        if self.leases.renew(MANUAL, key, request, ttl_s, now, cause=cause) == Outcome.LIMITED:
             return None
         lease = self.leases.get(MANUAL, key)
         assert lease is not None
@@ -352,8 +346,9 @@ class Controller:
             and (current.expires_at - now > ttl / 2)
         ):
             return
-        labels = dict(current.labels) if current is not None else _cause_labels(cause)
-        if self.leases.renew(REFLEX, key, request, ttl, now, labels=labels) == Outcome.APPLIED:
+        if current is not None:
+            cause = current.cause()
+        if self.leases.renew(REFLEX, key, request, ttl, now, cause=cause) == Outcome.APPLIED:
             self._reflex_actions.labels(request.action).inc()
             self._span("warden.lease.applied", self.leases.get(REFLEX, key))
             self.policy()  # in force from this step on, and recorded as such
@@ -439,16 +434,13 @@ class Controller:
             gate or self.gate,
             self.config.admission,
             self._saturation(),
-            self.cause_of,
         )
 
     def limit(
         self, facts: RequestFacts, policy: EffectivePolicy, kv: KvState | None = None
     ) -> Decision:
         """With the body: the cap, the KV forecast and saturation for this request's prompt."""
-        return admission.limit(
-            facts, policy, self.config.admission, kv, self._saturation(), self.cause_of
-        )
+        return admission.limit(facts, policy, self.config.admission, kv, self._saturation())
 
     def decide(
         self, facts: RequestFacts, kv: KvState | None = None, gate: HalfOpenGate | None = None
@@ -459,11 +451,9 @@ class Controller:
         return self.limit(facts, policy, kv) if decision.admit else decision
 
     def cause_of(self, action: str) -> Cause:
-        """The signal and value behind the lease holding ``action`` (the oldest, if several)."""
-        holders = [x for x in self.leases.live(self.clock()) if x.action == action]
-        if not holders:
-            return Cause("unknown")
-        return _lease_cause(min(holders, key=lambda x: x.started_at))
+        """The policy's cause for ``action``. Decisions carry their cause; this stays only for
+        callers that still pass it along (``admission.admit_exempt`` ignores it)."""
+        return self.policy().cause(action)
 
     def record_rejection(self, decision: Decision | str) -> None:
         """Count a refusal; keep it with its cause; close any crossing still waiting for its
@@ -555,7 +545,7 @@ class Controller:
         policy = self.policy()
         leases = []
         for lease in self.leases.live(self.clock()):
-            cause = _lease_cause(lease)
+            cause = lease.cause()
             leases.append(
                 {**lease.to_json(), "cause": {"signal": cause.signal, "value": cause.value}}
             )
@@ -572,20 +562,9 @@ class Controller:
         }
 
 
-def _cause_labels(cause: Cause) -> dict[str, str]:
-    value = "" if cause.value is None else str(cause.value)[:CAUSE_VALUE_CHARS]
-    return {CAUSE_SIGNAL: cause.signal, CAUSE_VALUE: value}
-
-
-def _kept_labels(labels: dict[str, str], cause: Cause) -> dict[str, str]:
-    """What a lease keeps of an alert: a few identifying labels and its cause, bounded."""
-    kept = {name: labels[name] for name in KEPT_LABELS if name in labels}
-    return {**kept, **_cause_labels(cause)}
-
-
-def _lease_cause(lease: Lease) -> Cause:
-    signal = lease.labels.get(CAUSE_SIGNAL) or lease.labels.get("alertname") or lease.source
-    return Cause(signal, lease.labels.get(CAUSE_VALUE))
+def _kept_labels(labels: dict[str, str]) -> dict[str, str]:
+    """What a lease keeps of an alert: a few identifying labels."""
+    return {name: labels[name] for name in KEPT_LABELS if name in labels}
 
 
 def _caused_by(decision: Decision, kind: str) -> bool:
