@@ -30,7 +30,7 @@ def _mode(name: str, raw: Any) -> str:
     return str(raw)
 
 
-CIRCUIT = Param("circuit", catalog.PARAM_CIRCUIT, _mode, default="open", doc="half_open | open")
+CIRCUIT = Param("circuit", catalog.PARAM_CIRCUIT, _mode, default="open", doc="half_open or open")
 ADMIT_FRACTION = Param(
     "admit_fraction",
     catalog.PARAM_ADMIT_FRACTION,
