@@ -126,9 +126,9 @@ def admit(
     """The policy's refusals, from the request's priority alone, then saturation for a typical
     request (``settings`` and ``saturation`` given): decided before the body is read. A
     refusal is named by the policy's cause for the action that refused."""
-    checks = [(a.name, a.refuse) for a in REGISTRY] + [(a.name, a.refuse_last) for a in REGISTRY]
-    for action, check in checks:
-        refusal = check(policy, facts.priority, gate.admit) if check is not None else None
+    fields = policy.view()
+    for action, check in REGISTRY.refusal_checks():
+        refusal = check(fields, facts.priority, gate.admit)
         if refusal is not None:
             return _refused(refusal, policy.cause(action), policy.retry_after_s)
     if settings is not None and saturation is not None:
@@ -145,7 +145,7 @@ def admit_exempt(
     argument is ignored: the cause is the policy's. It stays for callers that still pass one.)"""
     refuse = REGISTRY.by_name["reject_all"].refuse
     assert refuse is not None
-    found = refuse(policy, 0, lambda _fraction: True)
+    found = refuse(policy.view(), 0, lambda _fraction: True)
     if found is None:
         return Decision(True)
     return _refused(found, policy.cause("reject_all"), policy.retry_after_s)
@@ -159,7 +159,8 @@ def token_ceiling(policy: EffectivePolicy) -> int | None:
 
 def _tightest_cap(policy: EffectivePolicy) -> tuple[str, int] | None:
     """The action whose cap is the lowest, and that cap (None: no action caps)."""
-    caps = [(a.name, c) for a in REGISTRY if a.cap is not None and (c := a.cap(policy)) is not None]
+    fields = policy.view()
+    caps = [(a.name, c) for a in REGISTRY if a.cap is not None and (c := a.cap(fields)) is not None]
     return min(caps, key=lambda found: found[1]) if caps else None
 
 

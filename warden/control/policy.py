@@ -81,6 +81,10 @@ class EffectivePolicy(Mapping[str, Any]):
     def degraded(self) -> bool:
         return bool(self.active_actions())
 
+    def view(self) -> Mapping[str, Any]:
+        """The fields as a plain mapping (what actions read; faster than the attributes)."""
+        return self._fields
+
     def cause(self, action: str) -> Cause:
         """The signal and value behind the lease holding ``action`` (the oldest, if several)."""
         return self.causes.get(action, NO_CAUSE)
@@ -95,7 +99,8 @@ class EffectivePolicy(Mapping[str, Any]):
 
 def gauge_values(policy: EffectivePolicy) -> dict[str, float]:
     """``warden_degradation_active{action}`` for every action (0 = not in force)."""
-    return {action.name: action.gauge(policy) for action in REGISTRY}
+    fields = policy.view()
+    return {action.name: action.gauge(fields) for action in REGISTRY}
 
 
 def active_actions(policy: EffectivePolicy) -> list[str]:

@@ -12,12 +12,14 @@ import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, overload
 
-from warden.control.actions.base import PREEMPT, Action, Param
+from warden.control.actions.base import PREEMPT, Action, Param, Refuse
 
 
 class Registry:
     def __init__(self, *actions: Action) -> None:
         self.by_name: dict[str, Action] = {}
+        self._ordered: tuple[Action, ...] = ()
+        self._checks: tuple[tuple[str, Refuse], ...] = ()
         for action in actions:
             self.register(action)
 
@@ -33,10 +35,24 @@ class Registry:
         if PREEMPT.name in names:
             raise ValueError(f"action {action.name!r}: {PREEMPT.name} is shared, not a param")
         self.by_name[action.name] = action
+        self._changed()
         return action
 
     def unregister(self, name: str) -> None:
         del self.by_name[name]
+        self._changed()
+
+    def _changed(self) -> None:
+        # Read on every request: computed once per registration, not per request.
+        self._ordered = tuple(self.by_name.values())
+        firsts = [(a.name, check) for a in self._ordered if (check := a.refuse) is not None]
+        lasts = [(a.name, check) for a in self._ordered if (check := a.refuse_last) is not None]
+        self._checks = (*firsts, *lasts)
+
+    def refusal_checks(self) -> tuple[tuple[str, Refuse], ...]:
+        """(action, check) in the order a request is judged: every action's ``refuse`` in
+        registry order, then every ``refuse_last``."""
+        return self._checks
 
     @contextlib.contextmanager
     def registered(self, action: Action) -> Iterator[Action]:
@@ -48,7 +64,7 @@ class Registry:
             self.unregister(action.name)
 
     def __iter__(self) -> Iterator[Action]:
-        return iter(list(self.by_name.values()))
+        return iter(self._ordered)
 
     def __len__(self) -> int:
         return len(self.by_name)
