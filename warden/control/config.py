@@ -185,9 +185,13 @@ class QueueLevel(_Strict):
     max_tokens: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
-    def _cap_needs_tokens(self) -> QueueLevel:
-        if self.action == "cap_max_tokens" and self.max_tokens is None:
-            raise ValueError("cap_max_tokens needs max_tokens")
+    def _required_params(self) -> QueueLevel:
+        """The action's required parameters are given (a queue level can give max_tokens)."""
+        given = {"max_tokens"} if self.max_tokens is not None else set()
+        action = REGISTRY.by_name[self.action]
+        missing = [p.name for p in action.params if p.required and p.name not in given]
+        if missing:
+            raise ValueError(f"{self.action} needs {', '.join(missing)}")
         return self
 
 
