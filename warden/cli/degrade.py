@@ -13,7 +13,6 @@ from pathlib import Path
 
 import httpx
 
-from exporter import catalog
 from exporter.settings import SettingsError, load_settings
 from warden.common.tokens import (
     TOKEN_ENV,
@@ -23,6 +22,7 @@ from warden.common.tokens import (
     load_token,
     read_token_file,
 )
+from warden.control.actions import REGISTRY
 
 
 def _headers(args: argparse.Namespace) -> dict[str, str]:
@@ -92,13 +92,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="degrade_command", required=True)
     sub.add_parser("list", help="live leases and the effective policy")
     set_ = sub.add_parser("set", help="take a manual lease")
-    set_.add_argument("action", choices=catalog.DEGRADATION_ACTIONS)
+    # The actions and their parameters as registered when the command line is built.
+    set_.add_argument("action", choices=REGISTRY.names())
     set_.add_argument(
         "--param",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="e.g. max_tokens=512, priority_threshold=0, circuit=half_open",
+        help="the action's parameters: " + ", ".join(sorted(REGISTRY.params())),
     )
     set_.add_argument("--ttl", type=float, default=300.0, help="seconds (default 300)")
     set_.add_argument("--key", help="lease name (default: the action)")

@@ -16,6 +16,7 @@ GENERATORS = (
     "dashboards.generate",
     "warden.stack.generate",
     "warden.cli.readme",
+    "warden.cli.actions_doc",
 )
 
 

@@ -19,12 +19,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.saturation import SaturationState
-from warden.control.actions import ACTIONS, REGISTRY
+from warden.control.actions import REGISTRY
+from warden.control.actions.base import Refusal
+from warden.control.cause import NO_CAUSE, Cause
 from warden.control.config import AdmissionSettings
 from warden.control.policy import EffectivePolicy
 from warden.control.saturation import KvState, RetrySchedule, breach
 
 __all__ = [
+    "NO_CAUSE",
     "Cause",
     "Decision",
     "HalfOpenGate",
@@ -45,17 +48,6 @@ class RequestFacts:
     max_tokens: int | None = None  # per sequence; None: up to the context length
     prompt_tokens: int | None = None
     sequences: int = 1  # n (or best_of) choices x prompts: what one request generates at once
-
-
-@dataclass(frozen=True)
-class Cause:
-    """What made warden act: a signal and its value (``value`` may be a level or a text)."""
-
-    signal: str
-    value: float | str | None = None
-
-
-NO_CAUSE = Cause("unknown")
 
 
 @dataclass(frozen=True)
@@ -101,10 +93,6 @@ class HalfOpenGate:
         return False
 
 
-# A refusal reason names its action, except the circuit breaker's two.
-_ACTION_OF_REASON = {"circuit_open": "circuit_breaker", "circuit_half_open": "circuit_breaker"}
-
-
 @dataclass(frozen=True)
 class Saturation:
     """What admission at saturation decides from: the engine's measured saturation, the
@@ -115,65 +103,65 @@ class Saturation:
     now: float = 0.0
 
 
+def _refused(refusal: Refusal, cause: Cause, retry_after_s: float) -> Decision:
+    """A refusal by an action, named by the cause of the lease that holds it."""
+    return Decision(
+        False,
+        refusal.status,
+        refusal.reason,
+        f"{refusal.message} ({cause.signal}: {cause.value})",
+        retry_after_s,
+        signal=cause.signal,
+        value=cause.value,
+    )
+
+
 def admit(
     facts: RequestFacts,
     policy: EffectivePolicy,
     gate: HalfOpenGate,
     settings: AdmissionSettings | None = None,
     saturation: Saturation | None = None,
-    cause_of: Callable[[str], Cause] | None = None,
 ) -> Decision:
     """The policy's refusals, from the request's priority alone, then saturation for a typical
-    request (``settings`` and ``saturation`` given): decided before the body is read.
-    ``cause_of(action)`` names the signal behind the lease that holds an action."""
-    retry = policy.retry_after_s
-    checks = [a.refuse for a in REGISTRY] + [a.refuse_last for a in REGISTRY]
-    for check in checks:
-        refusal = check(policy, facts.priority, gate.admit) if check is not None else None
+    request (``settings`` and ``saturation`` given): decided before the body is read. A
+    refusal is named by the policy's cause for the action that refused."""
+    fields = policy.view()
+    for action, check in REGISTRY.refusal_checks():
+        refusal = check(fields, facts.priority, gate.admit)
         if refusal is not None:
-            holder = _ACTION_OF_REASON.get(refusal.reason, refusal.reason)
-            cause = cause_of(holder) if cause_of is not None else NO_CAUSE
-            return Decision(
-                False,
-                refusal.status,
-                refusal.reason,
-                f"{refusal.message} ({cause.signal}: {cause.value})",
-                retry,
-                signal=cause.signal,
-                value=cause.value,
-            )
+            return _refused(refusal, policy.cause(action), policy.retry_after_s)
     if settings is not None and saturation is not None:
         return _saturation(settings, saturation, None, None, 0)
     return Decision(True)
 
 
 def admit_exempt(
-    policy: EffectivePolicy, cause_of: Callable[[str], Cause] | None = None
+    policy: EffectivePolicy, _cause_of: Callable[[str], Cause] | None = None
 ) -> Decision:
     """Routes exempt from admission that still do work (tokenizing, counting, rendering) are
     refused only under ``reject_all``: they generate nothing, so stopping admission or shedding
-    leaves them open, but an engine told to refuse everything refuses them too."""
-    refusal = ACTIONS["reject_all"].refuse
-    assert refusal is not None
-    found = refusal(policy, 0, lambda _fraction: True)
+    leaves them open, but an engine told to refuse everything refuses them too. (The second
+    argument is ignored: the cause is the policy's. It stays for callers that still pass one.)"""
+    refuse = REGISTRY.by_name["reject_all"].refuse
+    assert refuse is not None
+    found = refuse(policy.view(), 0, lambda _fraction: True)
     if found is None:
         return Decision(True)
-    cause = cause_of("reject_all") if cause_of is not None else NO_CAUSE
-    return Decision(
-        False,
-        found.status,
-        found.reason,
-        f"{found.message} ({cause.signal}: {cause.value})",
-        policy.retry_after_s,
-        signal=cause.signal,
-        value=cause.value,
-    )
+    return _refused(found, policy.cause("reject_all"), policy.retry_after_s)
 
 
 def token_ceiling(policy: EffectivePolicy) -> int | None:
     """The most output tokens the policy lets one request generate (None: no cap)."""
-    ceilings = [c for a in REGISTRY if a.cap is not None and (c := a.cap(policy)) is not None]
-    return min(ceilings) if ceilings else None
+    found = _tightest_cap(policy)
+    return None if found is None else found[1]
+
+
+def _tightest_cap(policy: EffectivePolicy) -> tuple[str, int] | None:
+    """The action whose cap is the lowest, and that cap (None: no action caps)."""
+    fields = policy.view()
+    caps = [(a.name, c) for a in REGISTRY if a.cap is not None and (c := a.cap(fields)) is not None]
+    return min(caps, key=lambda found: found[1]) if caps else None
 
 
 def limit(
@@ -182,7 +170,6 @@ def limit(
     settings: AdmissionSettings,
     kv: KvState | None = None,
     saturation: Saturation | None = None,
-    cause_of: Callable[[str], Cause] | None = None,
 ) -> Decision:
     """The cap, the KV forecast and saturation for an admitted request, once its body says
     what it wants (``facts.max_tokens``: the limit vLLM would apply to each sequence, None = up
@@ -192,15 +179,16 @@ def limit(
     lengthen its predicted queue wait."""
     cap = None
     max_tokens = facts.max_tokens
-    ceiling = token_ceiling(policy)
-    if ceiling is not None:
+    tightest = _tightest_cap(policy)
+    if tightest is not None:
+        capped_by, ceiling = tightest
         sequences = max(1, facts.sequences)
         if sequences > ceiling:
-            cause = cause_of("cap_max_tokens") if cause_of is not None else NO_CAUSE
+            cause = policy.cause(capped_by)
             return Decision(
                 False,
                 429,
-                "cap_max_tokens",
+                capped_by,
                 f"the request generates {sequences} sequences at once; output is capped at "
                 f"{ceiling} tokens per request ({cause.signal}: {cause.value})",
                 policy.retry_after_s,
@@ -274,10 +262,9 @@ def decide(
     gate: HalfOpenGate,
     kv: KvState | None = None,
     saturation: Saturation | None = None,
-    cause_of: Callable[[str], Cause] | None = None,
 ) -> Decision:
     """``admit`` then ``limit``: one request's whole decision."""
-    decision = admit(facts, policy, gate, settings, saturation, cause_of)
+    decision = admit(facts, policy, gate, settings, saturation)
     if not decision.admit:
         return decision
-    return limit(facts, policy, settings, kv, saturation, cause_of)
+    return limit(facts, policy, settings, kv, saturation)

@@ -24,7 +24,15 @@ from pydantic import (
 )
 
 from exporter.settings import env_name, load_settings
-from warden.control.actions import MAX_LEASE_TTL_S, MAX_RETRY_AFTER_S, REFLEX_ACTIONS
+from warden.control.actions import REGISTRY
+from warden.control.actions.base import (
+    MAX_LEASE_TTL_S,
+    MAX_PREEMPT,
+    MAX_RETRY_AFTER_S,
+    RETRY_AFTER,
+)
+from warden.control.actions.circuit_breaker import ADMIT_FRACTION
+from warden.control.actions.shed_low_priority import PRIORITY_THRESHOLD
 
 CONFIG_ENV = env_name("config")
 
@@ -146,9 +154,12 @@ class PrioritySettings(_Strict):
 
 
 class AdmissionSettings(_Strict):
-    retry_after_s: int = Field(5, ge=1, le=MAX_RETRY_AFTER_S)
-    shed_priority_threshold: int = Field(0, description="shed: refuse priority above this")
-    half_open_admit_fraction: float = Field(0.5, gt=0, le=1)
+    # The defaults of the actions' parameters are their modules' (one place for each number).
+    retry_after_s: int = Field(RETRY_AFTER.fallback, ge=1, le=MAX_RETRY_AFTER_S)
+    shed_priority_threshold: int = Field(
+        PRIORITY_THRESHOLD.fallback, description="shed: refuse priority above this"
+    )
+    half_open_admit_fraction: float = Field(ADMIT_FRACTION.fallback, gt=0, le=1)
     max_body_bytes: int = Field(
         64 << 20, ge=64 << 10, le=1 << 30, description="larger request bodies get 413"
     )
@@ -158,10 +169,9 @@ class AdmissionSettings(_Strict):
 
 
 def _reflex_action(name: str) -> str:
-    if name not in REFLEX_ACTIONS:
-        raise ValueError(
-            f"{name!r} is not an action the reflex can take: {', '.join(REFLEX_ACTIONS)}"
-        )
+    allowed = REGISTRY.reflex_names()
+    if name not in allowed:
+        raise ValueError(f"{name!r} is not an action the reflex can take: {', '.join(allowed)}")
     return name
 
 
@@ -175,15 +185,19 @@ class QueueLevel(_Strict):
     max_tokens: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
-    def _cap_needs_tokens(self) -> QueueLevel:
-        if self.action == "cap_max_tokens" and self.max_tokens is None:
-            raise ValueError("cap_max_tokens needs max_tokens")
+    def _required_params(self) -> QueueLevel:
+        """The action's required parameters are given (a queue level can give max_tokens)."""
+        given = {"max_tokens"} if self.max_tokens is not None else set()
+        action = REGISTRY.by_name[self.action]
+        missing = [p.name for p in action.params if p.required and p.name not in given]
+        if missing:
+            raise ValueError(f"{self.action} needs {', '.join(missing)}")
         return self
 
 
 class WatermarkLevelActions(_Strict):
     actions: tuple[ReflexAction, ...] = ()
-    preempt: int = Field(0, ge=0, le=64, description="requests to preempt on entering")
+    preempt: int = Field(0, ge=0, le=MAX_PREEMPT, description="requests to preempt on entering")
 
 
 class ReflexSettings(_Strict):

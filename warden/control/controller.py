@@ -1,13 +1,12 @@
-"""The API process's control state: leases, the effective policy, saturation, the engine link.
+"""The API process's control adapter: the pure core (``warden.control.core``) plus the I/O.
 
 One Controller per API server process. The webhook, manual overrides and the reflex write
-leases into it, each lease naming its cause (signal and value); the saturation watch hands it
-the engine's saturation every step; the admission middleware asks ``admit()`` (before the
-body) and ``limit()`` (with it) on every request (the policy is cached until a lease changes or
-expires). It publishes the degradation and saturation gauges, opens a span for every lease
-change, and keeps the records operators and tests read in ``/warden/state``: recent refusals
-with their cause, policy changes, and for each crossing (watermark or saturation) the first
-refusal that followed it.
+leases through it; the saturation watch hands it the engine's saturation every step; the
+admission middleware asks ``admit()`` (before the body) and ``limit()`` (with it) on every
+request. Deciding is the core's (leases, the effective policy and each action's cause) and
+admission's (``warden.control.admission``); this class reads the clock and the engine, and
+writes what was decided out: the degradation and saturation gauges, a span for every lease
+change, the log lines, and the preemptions it asks the engine for.
 """
 
 from __future__ import annotations
@@ -16,10 +15,9 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import re
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -27,13 +25,27 @@ from exporter import catalog, vllm_compat
 from exporter.metrics import WardenMetrics
 from exporter.saturation import SaturationState
 from warden.control import admission, telemetry
-from warden.control.actions import REFLEX_ACTIONS, ActionRequest
-from warden.control.admission import Cause, Decision, HalfOpenGate, RequestFacts, Saturation
+from warden.control.actions import REGISTRY
+from warden.control.actions.base import ActionRequest
+from warden.control.admission import Decision, HalfOpenGate, RequestFacts, Saturation
 from warden.control.alertmanager import INVALID, AlertEvent, check_times
+from warden.control.cause import Cause
 from warden.control.config import ControlConfig
+from warden.control.core import (
+    ALERTMANAGER,
+    EVICTED,
+    MANUAL,
+    NOT_FOR_THIS_ENGINE,
+    REFLEX,
+    SATURATION_SIGNAL,
+    UNKNOWN_ACTION,
+    WARDEN_RID,
+    AlertResult,
+    ControlCore,
+)
 from warden.control.identity import EngineIdentity
 from warden.control.leases import Lease, LeaseTable, Outcome
-from warden.control.policy import CIRCUIT_ORDER, EffectivePolicy, combine, gauge_values
+from warden.control.policy import CIRCUIT_ORDER, EffectivePolicy, gauge_values
 from warden.control.saturation import (
     SATURATED,
     KvState,
@@ -43,17 +55,18 @@ from warden.control.saturation import (
     with_live_queue,
 )
 
+__all__ = [
+    "ALERTMANAGER",
+    "EVICTED",
+    "MANUAL",
+    "NOT_FOR_THIS_ENGINE",
+    "REFLEX",
+    "SATURATION_SIGNAL",
+    "WARDEN_RID",
+    "Controller",
+]
+
 log = logging.getLogger("warden.control")
-WARDEN_RID = re.compile(r"warden-[0-9a-f]{32}")
-ALERTMANAGER, REFLEX, MANUAL = catalog.LEASE_SOURCES
-NOT_FOR_THIS_ENGINE = "not_for_this_engine"
-# Where a lease keeps its cause (internal keys of Lease.labels, never alert labels).
-CAUSE_SIGNAL, CAUSE_VALUE = "_cause_signal", "_cause_value"
-SATURATION_SIGNAL = "saturation"
-EVICTED = "lease_evicted"  # an alert's protective lease evicted a less protective one
-# The alert labels a lease keeps (its identity and name); the rest is not warden's to store.
-KEPT_LABELS = ("alertname", "instance", "severity", catalog.ACTION_LABEL)
-CAUSE_VALUE_CHARS = 256
 LOGGED_PER_NOTIFICATION = 5  # refused alerts logged one by one; the rest in one line
 
 
@@ -66,27 +79,10 @@ class Controller:
     ) -> None:
         self.config = config
         self.clock = clock
-        self.leases = LeaseTable(
-            config.webhook.tombstone_ttl_s,
-            config.webhook.max_tombstones,
-            config.leases.max_per_source,
-        )
+        self.core = ControlCore(config, clock())
         self.engine_client: Any = None
-        self._cached: tuple[int, EffectivePolicy] | None = None
         self._lock = threading.RLock()
-        self._preempted: OrderedDict[str, float] = OrderedDict()
-        self._last_lease_preempt: float | None = None  # alerts' and overrides' shared cooldown
         self._foreign_logged: set[tuple[str, str]] = set()
-        self.last_policy_change: float = clock()
-        # Recent refusals with their cause: operators see a false intervention here.
-        self.recent_rejections: deque[dict[str, Any]] = deque(maxlen=64)
-        # (time, actions in force) at each policy change: when a lease took effect, even if no
-        # request arrived to be refused then.
-        self.policy_changes: deque[tuple[float, list[str]]] = deque(maxlen=64)
-        # One record per crossing (memory watermark into an acting level, or saturation): when
-        # it happened, and the first refusal it caused. Reaction times are read here, not from
-        # the ring of recent refusals, which a flood overwrites.
-        self.reactions: deque[dict[str, Any]] = deque(maxlen=32)
         self.gate = HalfOpenGate()
         self.retry_schedule = RetrySchedule()
         self.saturation = SaturationState()
@@ -115,35 +111,41 @@ class Controller:
         metrics.ensure([catalog.MAX_TOKENS_CAPPED, catalog.WARDEN_PREEMPTIONS])
         # Every action the reflex may take is exported at 0 from the start: a series born at 1
         # would hide its first event from increase() (and leave its panel without data).
-        for action in REFLEX_ACTIONS:
+        for action in REGISTRY.reflex_names():
             self._reflex_actions.labels(action)
-        self._publish(EffectivePolicy(retry_after_s=config.admission.retry_after_s), [])
+        self._publish(self.core.initial_policy(), [])
+
+    # --- the core's state, read where it always was ---------------------------------------
+
+    @property
+    def leases(self) -> LeaseTable:
+        return self.core.leases
+
+    @property
+    def last_policy_change(self) -> float:
+        return self.core.last_policy_change
+
+    @property
+    def recent_rejections(self) -> deque[dict[str, Any]]:
+        return self.core.recent_rejections
+
+    @property
+    def policy_changes(self) -> deque[tuple[float, list[str]]]:
+        return self.core.policy_changes
+
+    @property
+    def reactions(self) -> deque[dict[str, Any]]:
+        return self.core.reactions
 
     # --- policy -------------------------------------------------------------------------
 
     def policy(self) -> EffectivePolicy:
-        now = self.clock()
-        expired = self.leases.expire(now)
-        for lease in expired:
+        update = self.core.policy(self.clock())
+        for lease in update.expired:
             self._span("warden.lease.expire", lease)
-        with self._lock:
-            version = self.leases.version
-            if self._cached is not None and self._cached[0] == version:
-                return self._cached[1]
-            live = self.leases.live(now)
-            admission = self.config.admission
-            policy = combine(
-                live,
-                admission.retry_after_s,
-                admission.shed_priority_threshold,
-                admission.half_open_admit_fraction,
-            )
-            if self._cached is None or self._cached[1] != policy:
-                self.last_policy_change = now
-                self.policy_changes.append((now, policy.active_actions()))
-            self._cached = (version, policy)
-            self._publish(policy, live)
-            return policy
+        if update.live is not None:
+            self._publish(update.policy, update.live)
+        return update.policy
 
     def _publish(self, policy: EffectivePolicy, live: list[Lease]) -> None:
         for action, value in gauge_values(policy).items():
@@ -177,70 +179,15 @@ class Controller:
         ``invalid`` and logged; the others still apply.
         """
         now = self.clock()
-        ttl = self.config.leases.ttl_s
         counts: dict[str, int] = {}
         preempt = 0
         for event in self.checked(events):
-            refusal = identity.refusal(event.labels) if identity is not None else None
-            if event.problem is not None:
-                if counts.get(INVALID, 0) < LOGGED_PER_NOTIFICATION:
-                    self._log_invalid(event, event.problem)
-                outcome = INVALID
-            elif refusal is not None:
-                self._log_foreign(event, refusal)
-                outcome = NOT_FOR_THIS_ENGINE
-            elif event.unknown_action is not None:
-                if counts.get("unknown_action", 0) < LOGGED_PER_NOTIFICATION:
-                    log.warning(
-                        "warden: alert %r asks for unknown action %r; ignored",
-                        event.alertname[:64],
-                        event.unknown_action[:64],
-                    )
-                outcome = "unknown_action"
-            elif event.request is None:
-                outcome = "not_for_warden"
-            elif event.status == "firing":
-                # The alert names the signal; its description carries the value it fired at.
-                cause = Cause(event.alertname, event.annotations.get("description", ""))
-                evictions = self.leases.evictions
-                outcome = self.leases.renew(
-                    ALERTMANAGER,
-                    event.fingerprint,
-                    event.request,
-                    ttl,
-                    now,
-                    started_at=event.starts_at,
-                    labels=_kept_labels(event.labels, cause),
-                )
-                if self.leases.evictions != evictions:
-                    self._log_eviction(event.alertname, event.request.action)
-                    counts[EVICTED] = counts.get(EVICTED, 0) + 1
-                if outcome == Outcome.APPLIED:
-                    preempt = max(preempt, event.request.preempt)
-                elif (
-                    outcome == Outcome.LIMITED
-                    and counts.get(Outcome.LIMITED, 0) < LOGGED_PER_NOTIFICATION
-                ):
-                    log.warning(
-                        "warden: alert %r (%r) refused: Alertmanager already holds %d leases",
-                        event.alertname,
-                        event.fingerprint,
-                        self.leases.max_per_source,
-                    )
-            else:
-                outcome = self.leases.release(
-                    ALERTMANAGER, event.fingerprint, now, started_at=event.starts_at
-                )
-            counts[outcome] = counts.get(outcome, 0) + 1
-            if outcome in (Outcome.APPLIED, Outcome.RELEASED):
-                lease = self.leases.get(ALERTMANAGER, event.fingerprint)
-                self._span(
-                    f"warden.lease.{outcome}",
-                    lease,
-                    alertname=event.alertname,
-                    action=event.request.action if event.request else "",
-                    source=ALERTMANAGER,
-                )
+            result = self.core.apply_alert(event, identity, now)
+            self._report(event, result, counts)
+            if result.evicted is not None:
+                counts[EVICTED] = counts.get(EVICTED, 0) + 1
+            counts[result.outcome] = counts.get(result.outcome, 0) + 1
+            preempt = max(preempt, result.preempt)
         if counts.get(INVALID, 0) > LOGGED_PER_NOTIFICATION:
             log.warning(
                 "warden: %d more alerts of this notification not applied (named in its answer)",
@@ -250,6 +197,43 @@ class Controller:
         if preempt and self._lease_preempt_allowed(now, "alert"):
             self.preempt_largest(preempt, "alert")
         return counts
+
+    def _report(self, event: AlertEvent, result: AlertResult, counts: dict[str, int]) -> None:
+        """The log lines and spans of one alert's outcome (before it is counted)."""
+        outcome = result.outcome
+        quiet = counts.get(outcome, 0) >= LOGGED_PER_NOTIFICATION
+        if outcome == INVALID and not quiet:
+            log.warning(
+                "warden: alert %r (%r) not applied: %r",
+                event.alertname[:64] or "?",
+                event.fingerprint[:32],
+                (event.problem or "")[:300],
+            )
+        elif outcome == NOT_FOR_THIS_ENGINE and result.refusal is not None:
+            self._log_foreign(event, result.refusal)
+        elif outcome == UNKNOWN_ACTION and not quiet:
+            log.warning(
+                "warden: alert %r asks for unknown action %r; ignored",
+                event.alertname[:64],
+                (event.unknown_action or "")[:64],
+            )
+        elif outcome == Outcome.LIMITED and not quiet:
+            log.warning(
+                "warden: alert %r (%r) refused: Alertmanager already holds %d leases",
+                event.alertname,
+                event.fingerprint,
+                self.leases.max_per_source,
+            )
+        if result.evicted is not None and event.request is not None:
+            self._log_eviction(result.evicted, event.alertname, event.request.action)
+        if outcome in (Outcome.APPLIED, Outcome.RELEASED):
+            self._span(
+                f"warden.lease.{outcome}",
+                result.lease,
+                alertname=event.alertname,
+                action=event.request.action if event.request else "",
+                source=ALERTMANAGER,
+            )
 
     def checked(self, events: list[AlertEvent]) -> list[AlertEvent]:
         """``events`` with a ``problem`` set on each whose times this server's clock cannot
@@ -265,26 +249,16 @@ class Controller:
             out.append(event)
         return out
 
-    def _log_invalid(self, event: AlertEvent, problem: str) -> None:
+    def _log_eviction(self, victim: Lease, alertname: str, action: str) -> None:
         log.warning(
-            "warden: alert %r (%r) not applied: %r",
-            event.alertname[:64] or "?",
-            event.fingerprint[:32],
-            problem[:300],
+            "warden: leases full: %s lease %r (%s) evicted for %s from %r",
+            victim.source,
+            victim.key[:32],
+            victim.action,
+            action,
+            alertname[:64],
         )
-
-    def _log_eviction(self, alertname: str, action: str) -> None:
-        victim = self.leases.last_evicted
-        if victim is not None:
-            log.warning(
-                "warden: leases full: %s lease %r (%s) evicted for %s from %r",
-                victim.source,
-                victim.key[:32],
-                victim.action,
-                action,
-                alertname[:64],
-            )
-            self._span("warden.lease.evicted", victim)
+        self._span("warden.lease.evicted", victim)
 
     def _log_foreign(self, event: AlertEvent, refusal: str) -> None:
         """Say once per alert and reason that an alert was not applied here (a misrouted
@@ -301,66 +275,44 @@ class Controller:
         """Take or renew a manual lease; None when the manual source holds its maximum (a
         protective action evicts the least protective manual lease instead)."""
         now = self.clock()
-        labels = _cause_labels(Cause(MANUAL, key))
-        evictions = self.leases.evictions
-        if self.leases.renew(MANUAL, key, request, ttl_s, now, labels=labels) == Outcome.LIMITED:
+        result = self.core.set_manual(key, request, ttl_s, now)
+        if result.lease is None:
             return None
-        lease = self.leases.get(MANUAL, key)
-        assert lease is not None
-        if self.leases.evictions != evictions:
-            self._log_eviction(f"manual override {key[:64]}", request.action)
-        self._span("warden.lease.applied", lease)
+        if result.evicted is not None:
+            self._log_eviction(result.evicted, f"manual override {key[:64]}", request.action)
+        self._span("warden.lease.applied", result.lease)
         self.policy()
         if request.preempt and self._lease_preempt_allowed(now, "manual"):
             self.preempt_largest(request.preempt, "manual")
-        return lease
+        return result.lease
 
     def _lease_preempt_allowed(self, now: float, reason: str) -> bool:
-        """Alerts and overrides preempt at most once per cooldown, however many new
-        fingerprints arrive: aborting work is the costliest thing warden does."""
-        cooldown = self.config.leases.preempt_cooldown_s
-        with self._lock:
-            last = self._last_lease_preempt
-            if last is not None and now - last < cooldown:
-                log.info(
-                    "warden: %s preemption skipped: last one %.1fs ago (cooldown %.0fs)",
-                    reason,
-                    now - last,
-                    cooldown,
-                )
-                return False
-            self._last_lease_preempt = now
-            return True
+        since = self.core.lease_preempt_since(now)
+        if since is not None:
+            log.info(
+                "warden: %s preemption skipped: last one %.1fs ago (cooldown %.0fs)",
+                reason,
+                since,
+                self.config.leases.preempt_cooldown_s,
+            )
+        return since is None
 
     def clear_manual(self, key: str | None) -> int:
-        if key is None:
-            cleared = self.leases.release_source(MANUAL)
-        else:
-            cleared = int(self.leases.release(MANUAL, key, self.clock()) == Outcome.RELEASED)
+        cleared = self.core.clear_manual(key, self.clock())
         self.policy()
         return cleared
 
     def hold_reflex(self, key: str, request: ActionRequest, cause: Cause) -> None:
-        """Take or keep a reflex lease; renewed only when half its life is gone (cheap). A
-        renewal keeps the cause the lease was taken for."""
-        now = self.clock()
-        ttl = self.config.reflex.lease_ttl_s
-        current = self.leases.get(REFLEX, key)
-        if (
-            current is not None
-            and current.params == request.params
-            and (current.expires_at - now > ttl / 2)
-        ):
-            return
-        labels = dict(current.labels) if current is not None else _cause_labels(cause)
-        if self.leases.renew(REFLEX, key, request, ttl, now, labels=labels) == Outcome.APPLIED:
+        """Take or keep a reflex lease (the core renews it only when half its life is gone)."""
+        lease = self.core.hold_reflex(key, request, cause, self.clock())
+        if lease is not None:
             self._reflex_actions.labels(request.action).inc()
-            self._span("warden.lease.applied", self.leases.get(REFLEX, key))
+            self._span("warden.lease.applied", lease)
             self.policy()  # in force from this step on, and recorded as such
 
     def drop_reflex(self, key: str) -> None:
-        lease = self.leases.get(REFLEX, key)
-        if self.leases.release(REFLEX, key, self.clock()) == Outcome.RELEASED:
+        lease = self.core.drop_reflex(key, self.clock())
+        if lease is not None:
             self._span("warden.lease.released", lease)
             self.policy()
 
@@ -375,13 +327,7 @@ class Controller:
         victims = [rid for rid, _tokens in candidates[:count]]
         if not victims:
             return
-        now = self.clock()
-        with self._lock:
-            for rid in victims:
-                match = WARDEN_RID.search(rid)
-                self._preempted[match.group(0) if match else rid] = now
-            while len(self._preempted) > 4096:
-                self._preempted.popitem(last=False)
+        self.core.mark_preempted(victims, self.clock())
         self._preemptions.inc(len(victims))
         self._span("warden.preempt", reason=reason, count=len(victims))
         try:
@@ -391,8 +337,7 @@ class Controller:
         loop.create_task(client.abort(victims))
 
     def was_preempted(self, warden_rid: str) -> bool:
-        with self._lock:
-            return warden_rid in self._preempted
+        return self.core.was_preempted(warden_rid)
 
     # --- admission ----------------------------------------------------------------------
 
@@ -431,24 +376,17 @@ class Controller:
     def admit(
         self, facts: RequestFacts, policy: EffectivePolicy, gate: HalfOpenGate | None = None
     ) -> Decision:
-        """Before the body: the policy's refusals (named by the lease's cause) and saturation
-        for a typical request."""
+        """Before the body: the policy's refusals (each naming its cause) and saturation for a
+        typical request."""
         return admission.admit(
-            facts,
-            policy,
-            gate or self.gate,
-            self.config.admission,
-            self._saturation(),
-            self.cause_of,
+            facts, policy, gate or self.gate, self.config.admission, self._saturation()
         )
 
     def limit(
         self, facts: RequestFacts, policy: EffectivePolicy, kv: KvState | None = None
     ) -> Decision:
         """With the body: the cap, the KV forecast and saturation for this request's prompt."""
-        return admission.limit(
-            facts, policy, self.config.admission, kv, self._saturation(), self.cause_of
-        )
+        return admission.limit(facts, policy, self.config.admission, kv, self._saturation())
 
     def decide(
         self, facts: RequestFacts, kv: KvState | None = None, gate: HalfOpenGate | None = None
@@ -459,47 +397,21 @@ class Controller:
         return self.limit(facts, policy, kv) if decision.admit else decision
 
     def cause_of(self, action: str) -> Cause:
-        """The signal and value behind the lease holding ``action`` (the oldest, if several)."""
-        holders = [x for x in self.leases.live(self.clock()) if x.action == action]
-        if not holders:
-            return Cause("unknown")
-        return _lease_cause(min(holders, key=lambda x: x.started_at))
+        """The policy's cause for ``action``. Decisions carry their cause; this stays only for
+        callers that still pass it along (``admission.admit_exempt`` ignores it)."""
+        return self.policy().cause(action)
 
     def record_rejection(self, decision: Decision | str) -> None:
         """Count a refusal; keep it with its cause; close any crossing still waiting for its
         first refusal."""
         if isinstance(decision, str):  # a bare reason (older callers)
             decision = Decision(False, 503, decision)
-        now = self.clock()
         self.rejections.labels(decision.reason).inc()
-        self.recent_rejections.append(
-            {
-                "at": now,
-                "reason": decision.reason,
-                "signal": decision.signal,
-                "value": decision.value,
-                "retry_after_s": round(float(decision.retry_after_s), 3),
-            }
-        )
-        for reaction in list(self.reactions):
-            if reaction["first_refusal_at"] is None and _caused_by(decision, reaction["kind"]):
-                reaction["first_refusal_at"] = now
-                reaction["reaction_s"] = round(now - reaction["crossed_at"], 4)
-                reaction["first_refusal"] = decision.reason
+        self.core.record_rejection(decision, self.clock())
 
     def note_crossing(self, kind: str, cause: Cause, at: float) -> None:
         """A signal crossed into a level that refuses: time it until the first refusal."""
-        self.reactions.append(
-            {
-                "kind": kind,
-                "signal": cause.signal,
-                "value": cause.value,
-                "crossed_at": at,
-                "first_refusal_at": None,
-                "reaction_s": None,
-                "first_refusal": None,
-            }
-        )
+        self.core.note_crossing(kind, cause, at)
 
     def observe_saturation(
         self, state: SaturationState, judge: SaturationJudge, change: SaturationChange | None
@@ -553,43 +465,6 @@ class Controller:
 
     def state_json(self) -> dict[str, Any]:
         policy = self.policy()
-        leases = []
-        for lease in self.leases.live(self.clock()):
-            cause = _lease_cause(lease)
-            leases.append(
-                {**lease.to_json(), "cause": {"signal": cause.signal, "value": cause.value}}
-            )
-        return {
-            "policy": policy.to_json(),
-            "leases": leases,
-            "last_policy_change": self.last_policy_change,
-            "recent_rejections": list(self.recent_rejections),
-            "policy_changes": [
-                {"at": at, "active": active} for at, active in list(self.policy_changes)
-            ],
-            "reactions": [dict(r) for r in self.reactions],
-            "saturation": self.saturation_json(),
-        }
-
-
-def _cause_labels(cause: Cause) -> dict[str, str]:
-    value = "" if cause.value is None else str(cause.value)[:CAUSE_VALUE_CHARS]
-    return {CAUSE_SIGNAL: cause.signal, CAUSE_VALUE: value}
-
-
-def _kept_labels(labels: dict[str, str], cause: Cause) -> dict[str, str]:
-    """What a lease keeps of an alert: a few identifying labels and its cause, bounded."""
-    kept = {name: labels[name] for name in KEPT_LABELS if name in labels}
-    return {**kept, **_cause_labels(cause)}
-
-
-def _lease_cause(lease: Lease) -> Cause:
-    signal = lease.labels.get(CAUSE_SIGNAL) or lease.labels.get("alertname") or lease.source
-    return Cause(signal, lease.labels.get(CAUSE_VALUE))
-
-
-def _caused_by(decision: Decision, kind: str) -> bool:
-    """Whether a refusal answers a crossing of ``kind``."""
-    if kind == SATURATION_SIGNAL:
-        return decision.reason == "saturated"
-    return decision.signal == kind
+        state = self.core.state_json(policy, self.clock())
+        state["saturation"] = self.saturation_json()
+        return state

@@ -26,7 +26,9 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from warden.control.actions import PROTECTION, PROTECTIVE, ActionRequest
+from warden.control.actions import REGISTRY
+from warden.control.actions.base import ActionRequest
+from warden.control.cause import Cause
 
 # The key of the manual stop_admission lease the supervisor takes to drain an engine before a
 # planned restart (warden/supervisor/drain.py). Its refusals also close the connection
@@ -44,6 +46,14 @@ class Lease:
     started_at: float = 0.0
     renewed_at: float = 0.0
     labels: dict[str, str] = field(default_factory=dict)
+    # What made its holder take it (bounded: ``Cause.kept``); None: named by its alert or source.
+    caused_by: Cause | None = None
+
+    def cause(self) -> Cause:
+        """The signal and value behind this lease."""
+        if self.caused_by is not None:
+            return self.caused_by
+        return Cause(self.labels.get("alertname") or self.source)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -97,6 +107,7 @@ class LeaseTable:
         now: float,
         started_at: float | None = None,
         labels: dict[str, str] | None = None,
+        cause: Cause | None = None,
     ) -> str:
         started = now if started_at is None else started_at
         with self._lock:
@@ -107,7 +118,7 @@ class LeaseTable:
             if current is not None and started_at is not None and started < current.started_at:
                 return Outcome.STALE  # an older firing replayed after a newer one
             if current is None and self.count(source) >= self.max_per_source:
-                if request.action not in PROTECTIVE:
+                if not REGISTRY.protective(request.action):
                     return Outcome.LIMITED
                 self._evict_least_protective(source)
             if tomb is not None and started_at is not None:
@@ -121,6 +132,7 @@ class LeaseTable:
                 started_at=started,
                 renewed_at=now,
                 labels=dict(labels or {}),
+                caused_by=None if cause is None else cause.kept(),
             )
             self._leases[(source, key)] = lease
             self.version += 1
@@ -129,7 +141,7 @@ class LeaseTable:
     def _evict_least_protective(self, source: str) -> None:
         victim = min(
             (lease for (held_by, _key), lease in self._leases.items() if held_by == source),
-            key=lambda lease: (_protection(lease.action), lease.renewed_at),
+            key=lambda lease: (REGISTRY.protection(lease.action), lease.renewed_at),
         )
         del self._leases[(victim.source, victim.key)]
         self.evictions += 1
@@ -200,9 +212,3 @@ class LeaseTable:
     def snapshot(self) -> dict[tuple[str, str], Lease]:
         with self._lock:
             return {k: replace(v) for k, v in self._leases.items()}
-
-
-def _protection(action: str) -> int:
-    """How protective an action is (higher: more); an action this registry does not know
-    (a lease from a newer one) counts as the least."""
-    return PROTECTION.index(action) if action in PROTECTION else -1

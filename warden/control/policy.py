@@ -1,38 +1,96 @@
-"""The effective policy: the most restrictive combination of the live leases.
+"""The effective policy: the most restrictive combination of the live leases, with the cause
+of each action in force.
 
-Each action's merge rule lives in the registry (``warden.control.actions``); this module only
-holds the result and folds leases into it.
+Pure: leases in, policy out. Each action's fields and merge rule live in its own module
+(``warden.control.actions``); this module folds leases with them and holds the result. The
+cause of an action is the cause of the oldest live lease holding it, so a refusal names it from
+the policy alone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from warden.control.actions import ACTIONS, CIRCUIT_ORDER, PolicyDefaults
+from warden.control.actions import REGISTRY
+from warden.control.actions.base import RETRY_AFTER
+from warden.control.actions.circuit_breaker import ORDER as CIRCUIT_ORDER
+from warden.control.cause import NO_CAUSE, Cause
 from warden.control.leases import Lease
 
 __all__ = ["CIRCUIT_ORDER", "EffectivePolicy", "active_actions", "combine", "gauge_values"]
 
 
-@dataclass(frozen=True)
-class EffectivePolicy:
-    stop_admission: bool = False
-    reject_all: bool = False
-    cap_max_tokens: int | None = None
-    shed_priority_above: int | None = None
-    circuit: str = "closed"
-    admit_fraction: float = 1.0
-    enforce_eager: bool = False
-    retry_after_s: int = 5
+class EffectivePolicy(Mapping[str, Any]):
+    """Every registered action's fields (``policy.cap_max_tokens``, ``policy["circuit"]``),
+    the Retry-After refusals carry, and ``causes``: action -> the cause of the lease holding
+    it. Immutable; two policies are equal when their fields and Retry-After are (the causes
+    say why, not what)."""
+
+    __slots__ = ("_fields", "causes", "retry_after_s")
+
+    _fields: dict[str, Any]
+    causes: Mapping[str, Cause]
+    retry_after_s: int
+
+    def __init__(
+        self,
+        retry_after_s: int = RETRY_AFTER.fallback,
+        causes: Mapping[str, Cause] | None = None,
+        **fields: Any,
+    ) -> None:
+        known = REGISTRY.field_defaults()
+        unknown = sorted(set(fields) - set(known))
+        if unknown:
+            raise TypeError(f"EffectivePolicy: no action owns the fields {unknown}")
+        object.__setattr__(self, "_fields", {**known, **fields})
+        object.__setattr__(self, "causes", dict(causes or {}))
+        object.__setattr__(self, "retry_after_s", retry_after_s)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._fields[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("EffectivePolicy is immutable")
+
+    def __getitem__(self, name: str) -> Any:
+        return self._fields[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._fields)
+
+    def __len__(self) -> int:
+        return len(self._fields)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, EffectivePolicy):
+            return NotImplemented
+        return (self._fields, self.retry_after_s) == (other._fields, other.retry_after_s)
+
+    def __hash__(self) -> int:
+        return hash((tuple(sorted(self._fields.items())), self.retry_after_s))
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in self._fields.items())
+        return f"EffectivePolicy({fields}, retry_after_s={self.retry_after_s})"
 
     @property
     def degraded(self) -> bool:
         return bool(self.active_actions())
 
+    def view(self) -> Mapping[str, Any]:
+        """The fields as a plain mapping (what actions read; faster than the attributes)."""
+        return self._fields
+
+    def cause(self, action: str) -> Cause:
+        """The signal and value behind the lease holding ``action`` (the oldest, if several)."""
+        return self.causes.get(action, NO_CAUSE)
+
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**self._fields, "retry_after_s": self.retry_after_s}
 
     def active_actions(self) -> list[str]:
         """The degradation actions in force, by name (empty when not degraded)."""
@@ -41,29 +99,32 @@ class EffectivePolicy:
 
 def gauge_values(policy: EffectivePolicy) -> dict[str, float]:
     """``warden_degradation_active{action}`` for every action (0 = not in force)."""
-    return {name: action.gauge(policy) for name, action in ACTIONS.items()}
+    fields = policy.view()
+    return {action.name: action.gauge(fields) for action in REGISTRY}
 
 
 def active_actions(policy: EffectivePolicy) -> list[str]:
     return [name for name, value in gauge_values(policy).items() if value]
 
 
-def combine(
-    leases: Iterable[Lease],
-    default_retry_after_s: int = 5,
-    default_shed_threshold: int = 0,
-    default_admit_fraction: float = 0.5,
-) -> EffectivePolicy:
-    defaults = PolicyDefaults(default_retry_after_s, default_shed_threshold, default_admit_fraction)
-    folded: dict[str, Any] = {f.name: f.default for f in fields(EffectivePolicy)}
-    folded["retry_after_s"] = default_retry_after_s
+def combine(leases: Iterable[Lease], defaults: Mapping[str, Any] | None = None) -> EffectivePolicy:
+    """Fold ``leases`` into one policy; ``defaults`` (parameter name -> value, see
+    ``Registry.defaults``) fills in what a lease does not say."""
+    defaults = REGISTRY.defaults() if defaults is None else defaults
+    folded = REGISTRY.field_defaults()
+    retry_after = int(defaults.get(RETRY_AFTER.name, RETRY_AFTER.fallback))
+    causes: dict[str, tuple[float, Cause]] = {}
     for lease in leases:
-        action = ACTIONS.get(lease.action)
+        action = REGISTRY.by_name.get(lease.action)
         if action is None:  # a lease from a newer registry: nothing to enforce here
             continue
-        if "retry_after" in lease.params:
-            folded["retry_after_s"] = max(folded["retry_after_s"], int(lease.params["retry_after"]))
+        if RETRY_AFTER.name in lease.params:
+            retry_after = max(retry_after, int(lease.params[RETRY_AFTER.name]))
         action.merge(folded, lease.params, defaults)
-    if folded["circuit"] != "half_open":
-        folded["admit_fraction"] = 0.0 if folded["circuit"] == "open" else 1.0
-    return EffectivePolicy(**folded)
+        held = causes.get(action.name)
+        if held is None or lease.started_at < held[0]:
+            causes[action.name] = (lease.started_at, lease.cause())
+    for action in REGISTRY:
+        if action.settle is not None:
+            action.settle(folded)
+    return EffectivePolicy(retry_after, {k: v for k, (_at, v) in causes.items()}, **folded)

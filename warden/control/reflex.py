@@ -15,8 +15,8 @@ from typing import Protocol
 
 from exporter.catalog import WATERMARK_LEVELS
 from exporter.step_monitor import StepSnapshot
-from warden.control.actions import ActionRequest
-from warden.control.admission import Cause
+from warden.control.actions.base import ActionRequest
+from warden.control.cause import Cause
 from warden.control.config import ReflexSettings, WatermarkLevelActions
 
 WATERMARK_SIGNAL = "memory_watermark"
