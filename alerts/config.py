@@ -7,6 +7,8 @@ ask the config (``select``, ``by``, ``on``), so a user whose scrape job has anot
 whose engines run in several namespaces or clusters, regenerates everything from one file
 (``warden generate --config FILE``) instead of editing rules.
 
+``thresholds`` (``alerts.thresholds.Thresholds``) holds every threshold and hold of the rules.
+
 ``DEFAULT`` matches the stacks this repository ships (compose, ``warden up``): they scrape the
 engine under ``ENGINE_JOB``.
 """
@@ -19,9 +21,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from exporter.catalog import VLLM_E2E_LATENCY, MetricSpec
+from alerts.thresholds import Thresholds as Thresholds  # re-exported: part of the config
+from exporter.catalog import MetricSpec
 
 # Prometheus job names in the stacks this repository generates: the engines, Alertmanager
 # (its own metrics: failed notifications), and warden relay.
@@ -84,32 +87,6 @@ class Links(BaseModel):
 
     runbook_base_url: str = RUNBOOK_BASE_URL
     grafana_base_url: str = GRAFANA_BASE_URL
-
-
-class Thresholds(BaseModel):
-    """Thresholds a deployment may change without editing rules (the mixins' ``_config``)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    # The critical WardenSaturated (pages): the share of requests refused over 5 minutes above
-    # which the service is failing most of its users. Not a property of the machine: the demo
-    # calibrates its load so that it lands above this on any machine (warden/cli/scenario.py).
-    saturated_refused_ratio: float = Field(0.5, gt=0, lt=1)
-
-    # WardenFleetDegraded: share of a job's engines degraded or unreachable.
-    fleet_degraded_ratio: float = Field(0.5, gt=0, le=1)
-    # SLO attainment: share of requests finished within this (a bucket of vLLM's e2e latency).
-    latency_slo_seconds: float = 10.0
-
-    @field_validator("latency_slo_seconds")
-    @classmethod
-    def _slo_is_a_bucket(cls, value: float) -> float:
-        if value not in VLLM_E2E_LATENCY.buckets:
-            raise ValueError(
-                f"{value} is not a bucket of {VLLM_E2E_LATENCY.name}: one of "
-                f"{', '.join(f'{b:g}' for b in VLLM_E2E_LATENCY.buckets)}"
-            )
-        return value
 
 
 class Receivers(BaseModel):
