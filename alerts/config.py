@@ -18,13 +18,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from alerts.thresholds import Thresholds as Thresholds  # re-exported: part of the config
 from exporter.catalog import MetricSpec
+from exporter.config_file import ConfigFileError, load_model
 
 # Prometheus job names in the stacks this repository generates: the engines, Alertmanager
 # (its own metrics: failed notifications), and warden relay.
@@ -57,8 +57,8 @@ _LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MATCHER = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:\\.|[^"\\])*)"\s*')
 
 
-class ConfigError(ValueError):
-    """The mixin config file is malformed; the message names the field."""
+class ConfigError(ConfigFileError):
+    """The mixin config file is malformed; the message names the file and the field."""
 
 
 def parse_matchers(text: str) -> list[tuple[str, str, str]]:
@@ -205,22 +205,8 @@ def render(value: Templated, config: MixinConfig) -> str:
 
 
 def load_config(path: Path | str) -> MixinConfig:
-    """Read a YAML (or JSON) mixin config; ``ConfigError`` names each bad field."""
-    try:
-        data: Any = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read mixin config {path}: {exc}") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"mixin config {path}: expected a mapping at the top")
-    try:
-        return MixinConfig.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in item['loc'])}: {item['msg']}" for item in exc.errors()
-        )
-        raise ConfigError(f"invalid mixin config {path}: {problems}") from None
+    """Read a YAML (or JSON) mixin config; ``ConfigError`` names the file and each bad field."""
+    return load_model(path, MixinConfig, "mixin config", ConfigError)
 
 
 def runbook_url(alertname: str) -> str:
