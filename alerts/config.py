@@ -7,6 +7,8 @@ ask the config (``select``, ``by``, ``on``), so a user whose scrape job has anot
 whose engines run in several namespaces or clusters, regenerates everything from one file
 (``warden generate --config FILE``) instead of editing rules.
 
+``thresholds`` (``alerts.thresholds.Thresholds``) holds every threshold and hold of the rules.
+
 ``DEFAULT`` matches the stacks this repository ships (compose, ``warden up``): they scrape the
 engine under ``ENGINE_JOB``.
 """
@@ -16,12 +18,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, field_validator
 
-from exporter.catalog import VLLM_E2E_LATENCY, MetricSpec
+from alerts.thresholds import Thresholds as Thresholds  # re-exported: part of the config
+from exporter.catalog import MetricSpec
+from exporter.config_file import ConfigFileError, load_model
 
 # Prometheus job names in the stacks this repository generates: the engines, Alertmanager
 # (its own metrics: failed notifications), and warden relay.
@@ -54,8 +57,8 @@ _LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MATCHER = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:\\.|[^"\\])*)"\s*')
 
 
-class ConfigError(ValueError):
-    """The mixin config file is malformed; the message names the field."""
+class ConfigError(ConfigFileError):
+    """The mixin config file is malformed; the message names the file and the field."""
 
 
 def parse_matchers(text: str) -> list[tuple[str, str, str]]:
@@ -84,32 +87,6 @@ class Links(BaseModel):
 
     runbook_base_url: str = RUNBOOK_BASE_URL
     grafana_base_url: str = GRAFANA_BASE_URL
-
-
-class Thresholds(BaseModel):
-    """Thresholds a deployment may change without editing rules (the mixins' ``_config``)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    # The critical WardenSaturated (pages): the share of requests refused over 5 minutes above
-    # which the service is failing most of its users. Not a property of the machine: the demo
-    # calibrates its load so that it lands above this on any machine (warden/cli/scenario.py).
-    saturated_refused_ratio: float = Field(0.5, gt=0, lt=1)
-
-    # WardenFleetDegraded: share of a job's engines degraded or unreachable.
-    fleet_degraded_ratio: float = Field(0.5, gt=0, le=1)
-    # SLO attainment: share of requests finished within this (a bucket of vLLM's e2e latency).
-    latency_slo_seconds: float = 10.0
-
-    @field_validator("latency_slo_seconds")
-    @classmethod
-    def _slo_is_a_bucket(cls, value: float) -> float:
-        if value not in VLLM_E2E_LATENCY.buckets:
-            raise ValueError(
-                f"{value} is not a bucket of {VLLM_E2E_LATENCY.name}: one of "
-                f"{', '.join(f'{b:g}' for b in VLLM_E2E_LATENCY.buckets)}"
-            )
-        return value
 
 
 class Receivers(BaseModel):
@@ -228,22 +205,8 @@ def render(value: Templated, config: MixinConfig) -> str:
 
 
 def load_config(path: Path | str) -> MixinConfig:
-    """Read a YAML (or JSON) mixin config; ``ConfigError`` names each bad field."""
-    try:
-        data: Any = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read mixin config {path}: {exc}") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"mixin config {path}: expected a mapping at the top")
-    try:
-        return MixinConfig.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in item['loc'])}: {item['msg']}" for item in exc.errors()
-        )
-        raise ConfigError(f"invalid mixin config {path}: {problems}") from None
+    """Read a YAML (or JSON) mixin config; ``ConfigError`` names the file and each bad field."""
+    return load_model(path, MixinConfig, "mixin config", ConfigError)
 
 
 def runbook_url(alertname: str) -> str:

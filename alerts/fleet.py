@@ -114,8 +114,6 @@ FLEET_RECORDING = RuleGroup(
     ),
 )
 
-FLEET_DEGRADED_FOR = "5m"
-
 FLEET = RuleGroup(
     "warden-fleet",
     (
@@ -128,7 +126,7 @@ FLEET = RuleGroup(
                 f") / {ENGINES_KNOWN}\n"
                 f">= {c.thresholds.fleet_degraded_ratio}"
             ),
-            for_=FLEET_DEGRADED_FOR,
+            for_=lambda c: c.thresholds.fleet_degraded_for,
             severity="critical",
             summary="Much of the fleet is degraded or unreachable: it is short of capacity.",
             description=(

@@ -13,18 +13,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from alerts.config import DEFAULT, SEVERITIES, MixinConfig, Severity, Templated, render
+from alerts.durations import DURATION, duration_s
 from exporter.catalog import ACTION_LABEL, ACTION_PARAM_LABELS, DEGRADATION_ACTIONS, MetricSpec
+
+__all__ = ["AlertRule", "RecordingRule", "RuleGroup", "duration_s", "recorded_name"]
 
 _RECORD_NAME = re.compile(r"^[a-z_]+:[a-z0-9_]+:[a-z0-9_]+$")
 _ALERT_NAME = re.compile(r"^Warden[A-Z][A-Za-z0-9]*$")
-_DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
-_DURATION_PART = re.compile(r"([0-9]+)(ms|s|m|h|d|w|y)")
-_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
-
-
-def duration_s(duration: str) -> float:
-    """Seconds in a Prometheus duration (``1m``, ``1h30m``)."""
-    return sum(int(n) * _UNIT_S[unit] for n, unit in _DURATION_PART.findall(duration))
 
 
 def recorded_name(level: str, metric: MetricSpec | str, operations: str) -> str:
@@ -72,8 +67,8 @@ class AlertRule:
     summary: str
     description: Templated
     dashboard: str
-    for_: str
-    keep_firing_for: str | None = None
+    for_: Templated
+    keep_firing_for: Templated | None = None
     action: str | None = None
     params: Mapping[str, str] = field(default_factory=dict)
     scope: Literal["engine", "fleet"] = "engine"
@@ -85,8 +80,8 @@ class AlertRule:
             raise ValueError(f"alert name {self.name!r} must be CamelCase with the Warden prefix")
         if self.severity not in SEVERITIES:
             raise ValueError(f"{self.name}: unknown severity {self.severity!r}")
-        for duration in (self.for_, self.keep_firing_for):
-            if duration is not None and not _DURATION.match(duration):
+        for duration in (self.render_for(DEFAULT), self.render_keep_firing_for(DEFAULT)):
+            if duration is not None and not DURATION.match(duration):
                 raise ValueError(f"{self.name}: bad duration {duration!r}")
         if self.action is not None and self.action not in DEGRADATION_ACTIONS:
             raise ValueError(f"{self.name}: unknown action {self.action!r}")
@@ -112,6 +107,13 @@ class AlertRule:
     def render_description(self, config: MixinConfig = DEFAULT) -> str:
         return render(self.description, config)
 
+    def render_for(self, config: MixinConfig = DEFAULT) -> str:
+        return render(self.for_, config)
+
+    def render_keep_firing_for(self, config: MixinConfig = DEFAULT) -> str | None:
+        keep = self.keep_firing_for
+        return None if keep is None else render(keep, config)
+
     @property
     def labels(self) -> dict[str, str]:
         """Static labels the rule adds to every alert it fires."""
@@ -133,22 +135,28 @@ class AlertRule:
     def with_holds_at_most(self, cap_s: int) -> AlertRule:
         """This rule with ``for`` and ``keep_firing_for`` cut to ``cap_s`` seconds at most: a
         demo's timings. The expression, labels and annotations stay as they are."""
-        cap = f"{cap_s}s"
+
+        def capped(hold: Templated) -> Templated:
+            def at_most(config: MixinConfig) -> str:
+                value = render(hold, config)
+                return f"{cap_s}s" if duration_s(value) > cap_s else value
+
+            return at_most
+
         keep = self.keep_firing_for
         return replace(
-            self,
-            for_=cap if duration_s(self.for_) > cap_s else self.for_,
-            keep_firing_for=cap if keep is not None and duration_s(keep) > cap_s else keep,
+            self, for_=capped(self.for_), keep_firing_for=None if keep is None else capped(keep)
         )
 
     def to_rule(self, config: MixinConfig = DEFAULT) -> dict[str, Any]:
         rule: dict[str, Any] = {
             "alert": self.name,
             "expr": self.render_expr(config),
-            "for": self.for_,
+            "for": self.render_for(config),
         }
-        if self.keep_firing_for is not None:
-            rule["keep_firing_for"] = self.keep_firing_for
+        keep = self.render_keep_firing_for(config)
+        if keep is not None:
+            rule["keep_firing_for"] = keep
         rule["labels"] = self.labels
         rule["annotations"] = self.annotations(config)
         return rule

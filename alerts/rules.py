@@ -1,6 +1,8 @@
 """The alerting rules: what is wrong, how bad, and which degradation the engine should apply.
 
-Thresholds are module constants so the runbook's "how to tune" sections can name them. Alerts
+Thresholds and holds come from the alerts config (``alerts.thresholds.Thresholds``, the
+``thresholds`` of a mixin config), so a deployment tunes them without editing rules; the runbook's
+"how to tune" sections name those fields. What stays here is the shape of each rule. Alerts
 that drive degradation carry ``warden_action`` plus its parameter labels (see
 ``exporter.catalog``); the engine webhook turns each firing one into a lease and drops the lease
 when the resolved notification arrives or the lease expires.
@@ -8,6 +10,7 @@ when the resolved notification arrives or the lease expires.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from alerts import fleet
@@ -20,7 +23,9 @@ from alerts.config import (
     Severity,
     Templated,
 )
+from alerts.durations import spoken
 from alerts.model import AlertRule, RuleGroup
+from alerts.thresholds import Thresholds
 from exporter.catalog import (
     CUDAGRAPH_POOL_BYTES,
     ENGINE_HEALTHY,
@@ -56,28 +61,20 @@ OOM_RETRY_AFTER_S = "30"
 # and a scrape must not miss a level the engine reached between two scrapes. The engine holds a
 # level 20 s before stepping down (WARDEN_WATERMARK_HOLD_S), so the level does not flap. One
 # spike holds the record up for one window plus the exporter's peak window (1m15s), so each
-# ``for`` must be LONGER than that or a single spike the reflex handled would fire. An alert fires
-# when its level is reached at least once in every window for longer than ``for``: held, or
-# recurring (at most a window apart) over ``for`` minus the window (1m for high and critical, 30s
-# for oom_imminent). It resolves one window after the peak gauge last showed the level.
-WATERMARK_HIGH_FOR = "2m"
-WATERMARK_CRITICAL_FOR = "2m"
-OOM_IMMINENT_FOR = "90s"
+# ``for`` (thresholds.watermark_high_for, watermark_critical_for, oom_imminent_for) must be
+# LONGER than that or a single spike the reflex handled would fire. An alert fires when its level
+# is reached at least once in every window for longer than ``for``: held, or recurring (at most
+# a window apart) over ``for`` minus the window (1m for high and critical, 30s for
+# oom_imminent, with the default holds). It resolves one window after the peak gauge last showed
+# the level.
 
 
 def _watermark_description(effect: str) -> str:
     return (
         "Memory on {{ $labels.instance }} beyond the engine's plan reached watermark level "
         '{{ printf "%.0f" $value }} (1 high, 2 critical, 3 oom_imminent) within the last '
-        f"{_spoken(rec.WATERMARK_PEAK_WINDOW)}; " + effect
+        f"{spoken(rec.WATERMARK_PEAK_WINDOW)}; " + effect
     )
-
-
-def _spoken(duration: str) -> str:
-    """``1m`` -> ``minute``, ``30s`` -> ``30 seconds``: a simple duration in words."""
-    units = {"s": "second", "m": "minute", "h": "hour"}
-    count, unit = int(duration[:-1]), units[duration[-1]]
-    return unit if count == 1 else f"{count} {unit}s"
 
 
 MEMORY = RuleGroup(
@@ -86,7 +83,7 @@ MEMORY = RuleGroup(
         AlertRule(
             name="WardenMemoryWatermarkHigh",
             expr=f"{rec.WATERMARK_PEAK} >= {LEVEL_HIGH}",
-            for_=WATERMARK_HIGH_FOR,
+            for_=lambda c: c.thresholds.watermark_high_for,
             severity="warning",
             summary="Engine memory has grown well beyond its plan.",
             description=_watermark_description(
@@ -98,7 +95,7 @@ MEMORY = RuleGroup(
         AlertRule(
             name="WardenMemoryWatermarkCritical",
             expr=f"{rec.WATERMARK_PEAK} >= {LEVEL_CRITICAL}",
-            for_=WATERMARK_CRITICAL_FOR,
+            for_=lambda c: c.thresholds.watermark_critical_for,
             severity="critical",
             action="shed_low_priority",
             params={PARAM_PRIORITY_THRESHOLD: SHED_PRIORITY_THRESHOLD, PARAM_PREEMPT: "1"},
@@ -111,7 +108,7 @@ MEMORY = RuleGroup(
         AlertRule(
             name="WardenOOMImminent",
             expr=f"{rec.WATERMARK_PEAK} >= {LEVEL_OOM_IMMINENT}",
-            for_=OOM_IMMINENT_FOR,
+            for_=lambda c: c.thresholds.oom_imminent_for,
             severity="critical",
             action="reject_all",
             params={PARAM_RETRY_AFTER: OOM_RETRY_AFTER_S},
@@ -133,8 +130,9 @@ class CreepHorizon:
     The series is the memory risk (memory beyond the engine's plan, 1 = device full): 0 while
     the engine keeps to its plan, start-up and a full KV cache included, so only growth beyond
     the plan can project to 1. The long window gives the trend; the short window must agree, so
-    growth that already stopped does not count; ``floor`` is the lowest risk over the long
-    window: some of the margin must have been used all along, not a blip.
+    growth that already stopped does not count; the lowest risk over the long window must be
+    above ``thresholds.time_to_oom_floor``: some of the margin used all along, not a blip.
+    ``for_`` picks the rule's hold from the thresholds.
     """
 
     severity: Severity
@@ -142,19 +140,22 @@ class CreepHorizon:
     horizon_seconds: int
     long_window: str
     short_window: str
-    floor: float
-    for_: str
+    for_: Callable[[MixinConfig], str]
 
 
-TIME_TO_OOM_WARNING = CreepHorizon("warning", "6h", 6 * 3600, "2h", "30m", 0.05, "30m")
-TIME_TO_OOM_CRITICAL = CreepHorizon("critical", "1h", 3600, "1h", "15m", 0.05, "10m")
+TIME_TO_OOM_WARNING = CreepHorizon(
+    "warning", "6h", 6 * 3600, "2h", "30m", lambda c: c.thresholds.time_to_oom_warning_for
+)
+TIME_TO_OOM_CRITICAL = CreepHorizon(
+    "critical", "1h", 3600, "1h", "15m", lambda c: c.thresholds.time_to_oom_critical_for
+)
 
 
-def _reaches_full(ratio: str, h: CreepHorizon) -> str:
+def _reaches_full(ratio: str, h: CreepHorizon, c: MixinConfig) -> str:
     return (
         f"predict_linear({ratio}[{h.long_window}], {h.horizon_seconds}) >= 1\n"
         f"and predict_linear({ratio}[{h.short_window}], {h.horizon_seconds}) >= 1\n"
-        f"and min_over_time({ratio}[{h.long_window}]) > {h.floor}"
+        f"and min_over_time({ratio}[{h.long_window}]) > {c.thresholds.time_to_oom_floor}"
     )
 
 
@@ -163,7 +164,7 @@ def _time_to_oom(h: CreepHorizon) -> AlertRule:
     # the share of the headroom the engine's plan left that is in use (1 = the device is full).
     return AlertRule(
         name="WardenTimeToOOM",
-        expr=_reaches_full(rec.MEMORY_RISK_MAX, h),
+        expr=lambda c: _reaches_full(rec.MEMORY_RISK_MAX, h, c),
         for_=h.for_,
         severity=h.severity,
         summary="Memory beyond the engine's plan keeps growing and will fill the device.",
@@ -180,27 +181,31 @@ def _time_to_oom(h: CreepHorizon) -> AlertRule:
 # A fast creep (a leak under load, vLLM #50150: workers' host memory grows to the pod's limit
 # within minutes to hours) is past the slow horizons' windows before they could judge it. This
 # rule reads the rate of the last minute, agreed by the trend of the last 5, with some of the
-# margin used for 30 s, and its value is the time left at that rate: the estimate a person
-# paged needs. Its own ``horizon`` label tells it from the 1 h critical rule.
+# margin used for 30 s (above thresholds.time_to_oom_fast_floor), and its value is the time left
+# at that rate: the estimate a person paged needs. Its own ``horizon`` label tells it from the
+# 1 h critical rule.
 FAST_HORIZON = "10m"
 FAST_HORIZON_SECONDS = 600
 FAST_RATE_WINDOW = "1m"
 FAST_TREND_WINDOW = "5m"
 FAST_FLOOR_WINDOW = "30s"
-FAST_FLOOR = 0.05
-FAST_FOR = "1m"
 
 
 def _time_to_oom_fast() -> AlertRule:
     risk = rec.MEMORY_RISK_MAX
-    return AlertRule(
-        name="WardenTimeToOOM",
-        expr=(
+
+    def expr(c: MixinConfig) -> str:
+        floor = c.thresholds.time_to_oom_fast_floor
+        return (
             f"(1 - {risk}) / (deriv({risk}[{FAST_RATE_WINDOW}]) > 0) < {FAST_HORIZON_SECONDS}\n"
             f"and deriv({risk}[{FAST_TREND_WINDOW}]) > 0\n"
-            f"and min_over_time({risk}[{FAST_FLOOR_WINDOW}]) > {FAST_FLOOR}"
-        ),
-        for_=FAST_FOR,
+            f"and min_over_time({risk}[{FAST_FLOOR_WINDOW}]) > {floor}"
+        )
+
+    return AlertRule(
+        name="WardenTimeToOOM",
+        expr=expr,
+        for_=lambda c: c.thresholds.time_to_oom_fast_for,
         severity="critical",
         extra_labels={"horizon": FAST_HORIZON},
         summary="Memory beyond the engine's plan grows fast and will be exhausted within minutes.",
@@ -228,28 +233,31 @@ def _steady_for(c: MixinConfig, window: str) -> str:
     return f"(min_over_time({up}[{window}]) == 1 and {up} offset {window})"
 
 
-# Cached gap (reserved - allocated) growth that counts as a leak, and the size that matters.
+# The window over which the cached gap (reserved - allocated) must keep growing to count as a
+# leak (thresholds.cache_growth_bytes_per_hour, cache_gap_floor_ratio: how fast, how big).
 CACHE_GROWTH_WINDOW = "2h"
-CACHE_GROWTH_BYTES_PER_HOUR = 256 * 2**20
-CACHE_GAP_FLOOR_RATIO = 0.05
+
+
+def _cache_growth(c: MixinConfig) -> str:
+    t = c.thresholds
+    return (
+        f"deriv({rec.TORCH_CACHED}[{CACHE_GROWTH_WINDOW}]) * 3600"
+        f" > {t.cache_growth_bytes_per_hour}\n"
+        f"and deriv({rec.TORCH_CACHED}[30m]) > 0\n"
+        f"and {rec.TORCH_CACHED} / {rec.TORCH_TOTAL} > {t.cache_gap_floor_ratio}"
+    )
+
+
 # The eager fallback: PyTorch memory creeping (the cache growth or time-to-OOM condition) on an
 # engine that runs CUDA graphs. vLLM captures graphs at start-up only, so captures never grow
 # later; what operators see with graphs on is reserved memory outgrowing allocated for hours,
-# which --enforce-eager stops at a cost in throughput. Held this long before the restart.
-EAGER_FALLBACK_FOR = "30m"
-
-
+# which --enforce-eager stops at a cost in throughput. Held thresholds.eager_fallback_for before
+# the restart.
 def _eager_fallback() -> AlertRule:
-    cache_growth = (
-        f"deriv({rec.TORCH_CACHED}[{CACHE_GROWTH_WINDOW}]) * 3600"
-        f" > {CACHE_GROWTH_BYTES_PER_HOUR}\n"
-        f"and deriv({rec.TORCH_CACHED}[30m]) > 0\n"
-        f"and {rec.TORCH_CACHED} / {rec.TORCH_TOTAL} > {CACHE_GAP_FLOOR_RATIO}"
-    )
-    reserved_full = _reaches_full(rec.TORCH_RESERVED_RATIO, TIME_TO_OOM_WARNING)
-    return AlertRule(
-        name="WardenMemoryCreepWithCudaGraphs",
-        expr=lambda c: (
+    def expr(c: MixinConfig) -> str:
+        cache_growth = _cache_growth(c)
+        reserved_full = _reaches_full(rec.TORCH_RESERVED_RATIO, TIME_TO_OOM_WARNING, c)
+        return (
             f"# CUDA graphs on: vLLM captured a graph pool at start-up (0 or absent when eager)\n"
             f"max {c.by()} ({c.select(CUDAGRAPH_POOL_BYTES)}) > 0\n"
             f"and {c.on()} (\n"
@@ -261,8 +269,12 @@ def _eager_fallback() -> AlertRule:
             f")\n"
             f"# not a warm-up: the engine was scraped without a gap for the whole window\n"
             f"and {c.on()} {_steady_for(c, CACHE_GROWTH_WINDOW)}"
-        ),
-        for_=EAGER_FALLBACK_FOR,
+        )
+
+    return AlertRule(
+        name="WardenMemoryCreepWithCudaGraphs",
+        expr=expr,
+        for_=lambda c: c.thresholds.eager_fallback_for,
         severity="warning",
         action="enforce_eager",
         summary="PyTorch memory keeps growing on an engine with CUDA graphs; warden restarts it "
@@ -286,14 +298,11 @@ CREEP = RuleGroup(
         AlertRule(
             name="WardenAllocatorCacheGrowth",
             expr=lambda c: (
-                f"deriv({rec.TORCH_CACHED}[{CACHE_GROWTH_WINDOW}]) * 3600"
-                f" > {CACHE_GROWTH_BYTES_PER_HOUR}\n"
-                f"and deriv({rec.TORCH_CACHED}[30m]) > 0\n"
-                f"and {rec.TORCH_CACHED} / {rec.TORCH_TOTAL} > {CACHE_GAP_FLOOR_RATIO}\n"
+                f"{_cache_growth(c)}\n"
                 f"# not a warm-up: the engine was scraped without a gap for the whole window\n"
                 f"and {c.on()} {_steady_for(c, CACHE_GROWTH_WINDOW)}"
             ),
-            for_="1h",
+            for_=lambda c: c.thresholds.allocator_cache_growth_for,
             severity="warning",
             summary="PyTorch's allocator cache (reserved minus allocated) keeps growing.",
             description=(
@@ -313,11 +322,6 @@ CREEP = RuleGroup(
 # would miss the latency SLO (the engine's warden_saturated, held 20 s), a queue wait users feel
 # (vLLM's own queue-time histogram, for engines without an SLO set), and recomputation eating
 # the throughput (preemptions per finished request).
-SATURATED_FOR = "1m"
-SATURATED_CRITICAL_FOR = "2m"
-SATURATED_KEEP_FIRING = "2m"
-QUEUE_TIME_P90_S = 60
-QUEUE_TIME_FOR = "15m"
 
 
 def _saturated(severity: Severity) -> AlertRule:
@@ -337,8 +341,10 @@ def _saturated(severity: Severity) -> AlertRule:
     return AlertRule(
         name="WardenSaturated",
         expr=expr,
-        for_=SATURATED_CRITICAL_FOR if critical else SATURATED_FOR,
-        keep_firing_for=SATURATED_KEEP_FIRING,
+        for_=lambda c: (
+            c.thresholds.saturated_critical_for if critical else c.thresholds.saturated_for
+        ),
+        keep_firing_for=lambda c: c.thresholds.saturated_keep_firing_for,
         severity=severity,
         action="shed_low_priority",
         params={PARAM_PRIORITY_THRESHOLD: SHED_PRIORITY_THRESHOLD},
@@ -361,18 +367,16 @@ def _saturated(severity: Severity) -> AlertRule:
     )
 
 
-RECOMPUTE_PER_FINISHED = 1.0
-# Ratio alerts need some traffic, or one failed request out of two is "50% errors".
-MIN_SERVED_PER_SECOND = 0.05
-ERROR_RATIO_HALF_OPEN = 0.2
-ERROR_RATIO_OPEN = 0.5
 HALF_OPEN_ADMIT_FRACTION = "0.5"
-RETRY_RATIO = 0.1
-RETRY_EXHAUSTED_RATIO = 0.05
 
 
-def _with_traffic(expr: str) -> Templated:
-    return lambda c: f"{expr}\nand {c.on()} ({rec.REQUESTS_SERVED_RATE} >= {MIN_SERVED_PER_SECOND})"
+def _with_traffic(expr: Callable[[Thresholds], str]) -> Templated:
+    """``expr`` (of the thresholds), only where the engine serves enough requests for a ratio
+    to mean something (thresholds.min_served_per_second)."""
+    return lambda c: (
+        f"{expr(c.thresholds)}\n"
+        f"and {c.on()} ({rec.REQUESTS_SERVED_RATE} >= {c.thresholds.min_served_per_second})"
+    )
 
 
 TRAFFIC = RuleGroup(
@@ -382,8 +386,8 @@ TRAFFIC = RuleGroup(
         _saturated("critical"),
         AlertRule(
             name="WardenQueueWaitHigh",
-            expr=f"{rec.QUEUE_TIME_P90} > {QUEUE_TIME_P90_S}",
-            for_=QUEUE_TIME_FOR,
+            expr=lambda c: f"{rec.QUEUE_TIME_P90} > {c.thresholds.queue_time_p90_seconds}",
+            for_=lambda c: c.thresholds.queue_wait_for,
             severity="warning",
             summary="Requests wait long in vLLM's queue before they start.",
             description=(
@@ -395,8 +399,8 @@ TRAFFIC = RuleGroup(
         ),
         AlertRule(
             name="WardenPreemptionStorm",
-            expr=f"{rec.RECOMPUTE_RATIO} > {RECOMPUTE_PER_FINISHED}",
-            for_="15m",
+            expr=lambda c: f"{rec.RECOMPUTE_RATIO} > {c.thresholds.recompute_per_finished}",
+            for_=lambda c: c.thresholds.preemption_storm_for,
             severity="warning",
             summary="vLLM recomputes more than it finishes: the KV cache is oversubscribed.",
             description=(
@@ -407,9 +411,9 @@ TRAFFIC = RuleGroup(
         ),
         AlertRule(
             name="WardenErrorRateHigh",
-            expr=_with_traffic(f"{rec.SERVER_ERROR_RATIO} > {ERROR_RATIO_HALF_OPEN}"),
-            for_="2m",
-            keep_firing_for="10m",
+            expr=_with_traffic(lambda t: f"{rec.SERVER_ERROR_RATIO} > {t.error_ratio_half_open}"),
+            for_=lambda c: c.thresholds.error_half_open_for,
+            keep_firing_for=lambda c: c.thresholds.error_half_open_keep_firing_for,
             severity="warning",
             action="circuit_breaker",
             params={PARAM_CIRCUIT: "half_open", PARAM_ADMIT_FRACTION: HALF_OPEN_ADMIT_FRACTION},
@@ -423,9 +427,9 @@ TRAFFIC = RuleGroup(
         ),
         AlertRule(
             name="WardenErrorRateHigh",
-            expr=_with_traffic(f"{rec.SERVER_ERROR_RATIO} > {ERROR_RATIO_OPEN}"),
-            for_="1m",
-            keep_firing_for="5m",
+            expr=_with_traffic(lambda t: f"{rec.SERVER_ERROR_RATIO} > {t.error_ratio_open}"),
+            for_=lambda c: c.thresholds.error_open_for,
+            keep_firing_for=lambda c: c.thresholds.error_open_keep_firing_for,
             severity="critical",
             action="circuit_breaker",
             params={PARAM_CIRCUIT: "open"},
@@ -442,11 +446,18 @@ TRAFFIC = RuleGroup(
 
 
 # --- Faults -------------------------------------------------------------------------------
-# Share of requests with non-finite logits that points at the weights or the device, and how
-# long a trickle may last before it counts as sustained.
-NONFINITE_WIDESPREAD_RATIO = 0.01
-NONFINITE_SUSTAINED = "30m"
-COLLECTOR_ERROR_FOR = "10m"
+def _nonfinite_widespread_or_sustained(c: MixinConfig) -> str:
+    sustained = c.thresholds.nonfinite_sustained
+    return (
+        f"{rec.NONFINITE_RATIO} > {c.thresholds.nonfinite_widespread_ratio}\n"
+        f"or\n"
+        f"(\n"
+        f"  {rec.NONFINITE_RATIO} > 0\n"
+        f"  and min_over_time({rec.NONFINITE_RATE}[{sustained}]) > 0\n"
+        f"  and {rec.NONFINITE_RATE} offset {sustained} > 0\n"
+        f")"
+    )
+
 
 FAULTS = RuleGroup(
     "warden-faults",
@@ -454,7 +465,7 @@ FAULTS = RuleGroup(
         AlertRule(
             name="WardenNonFiniteLogits",
             expr=lambda c: f"sum {c.by()} (increase({c.select(NONFINITE_LOGITS)}[10m])) > 0",
-            for_="1m",
+            for_=lambda c: c.thresholds.nonfinite_for,
             severity="warning",
             summary="Some requests produced NaN or Inf logits.",
             description=(
@@ -465,29 +476,22 @@ FAULTS = RuleGroup(
         ),
         AlertRule(
             name="WardenNonFiniteLogits",
-            expr=(
-                f"{rec.NONFINITE_RATIO} > {NONFINITE_WIDESPREAD_RATIO}\n"
-                f"or\n"
-                f"(\n"
-                f"  {rec.NONFINITE_RATIO} > 0\n"
-                f"  and min_over_time({rec.NONFINITE_RATE}[{NONFINITE_SUSTAINED}]) > 0\n"
-                f"  and {rec.NONFINITE_RATE} offset {NONFINITE_SUSTAINED} > 0\n"
-                f")"
-            ),
-            for_="5m",
+            expr=_nonfinite_widespread_or_sustained,
+            for_=lambda c: c.thresholds.nonfinite_critical_for,
             severity="critical",
             summary="NaN or Inf logits are widespread or persistent: weight corruption suspected.",
-            description=(
+            description=lambda c: (
                 "{{ $value | humanizePercentage }} of requests on {{ $labels.instance }} "
                 "produced NaN or Inf logits over 5 minutes, and it is widespread or has lasted "
-                "30 minutes: suspect corrupted weights or a failing device."
+                f"{spoken(c.thresholds.nonfinite_sustained)}: suspect corrupted weights or a "
+                "failing device."
             ),
             dashboard=DASHBOARD_FAULTS,
         ),
         AlertRule(
             name="WardenRequestRetriesHigh",
-            expr=_with_traffic(f"{rec.RETRIES_RATIO} > {RETRY_RATIO}"),
-            for_="10m",
+            expr=_with_traffic(lambda t: f"{rec.RETRIES_RATIO} > {t.retry_ratio}"),
+            for_=lambda c: c.thresholds.retry_for,
             severity="warning",
             summary="Warden retries many requests after transient failures.",
             description=(
@@ -498,8 +502,10 @@ FAULTS = RuleGroup(
         ),
         AlertRule(
             name="WardenRequestRetriesHigh",
-            expr=_with_traffic(f"{rec.RETRIES_EXHAUSTED_RATIO} > {RETRY_EXHAUSTED_RATIO}"),
-            for_="5m",
+            expr=_with_traffic(
+                lambda t: f"{rec.RETRIES_EXHAUSTED_RATIO} > {t.retry_exhausted_ratio}"
+            ),
+            for_=lambda c: c.thresholds.retry_exhausted_for,
             severity="critical",
             summary="Warden retries many requests after transient failures.",
             description=(
@@ -511,7 +517,7 @@ FAULTS = RuleGroup(
         AlertRule(
             name="WardenCollectorErrors",
             expr=f"{rec.COLLECTOR_ERRORS_RATE} > 0",
-            for_=COLLECTOR_ERROR_FOR,
+            for_=lambda c: c.thresholds.collector_error_for,
             severity="warning",
             summary="A warden collector keeps failing; its metrics are missing.",
             description=(
@@ -525,15 +531,13 @@ FAULTS = RuleGroup(
 )
 
 # --- Liveness -----------------------------------------------------------------------------
-RESTARTS_PER_HOUR = 5
-
 LIVENESS = RuleGroup(
     "warden-liveness",
     (
         AlertRule(
             name="WardenEngineStalled",
             expr=lambda c: f"max {c.by()} ({c.select(ENGINE_STALLED)}) == 1",
-            for_="1m",
+            for_=lambda c: c.thresholds.engine_stalled_for,
             severity="critical",
             summary="The engine has work but makes no progress.",
             description=(
@@ -547,7 +551,7 @@ LIVENESS = RuleGroup(
             expr=lambda c: (
                 f"(\n  max {c.by()} ({c.select('up')})\n  or absent({c.select('up')}) * 0\n) == 0"
             ),
-            for_="2m",
+            for_=lambda c: c.thresholds.engine_down_for,
             severity="critical",
             summary="Prometheus cannot scrape the engine.",
             description=lambda c: (
@@ -558,8 +562,8 @@ LIVENESS = RuleGroup(
         ),
         AlertRule(
             name="WardenRestartLoop",
-            expr=f"round({rec.RESTARTS_1H}) > {RESTARTS_PER_HOUR}",
-            for_="1m",
+            expr=lambda c: f"round({rec.RESTARTS_1H}) > {c.thresholds.restarts_per_hour}",
+            for_=lambda c: c.thresholds.restart_loop_for,
             severity="critical",
             summary="The supervisor keeps restarting the engine.",
             description=(
@@ -571,12 +575,12 @@ LIVENESS = RuleGroup(
         AlertRule(
             name="WardenEngineUnhealthy",
             expr=lambda c: f"min {c.by()} ({c.select(ENGINE_HEALTHY)}) == 0",
-            for_="5m",
+            for_=lambda c: c.thresholds.engine_unhealthy_for,
             severity="critical",
             summary="vLLM reports the engine unhealthy.",
-            description=(
-                "vLLM on {{ $labels.instance }} has failed its health check for 5 minutes "
-                "(healthy = {{ $value }})."
+            description=lambda c: (
+                "vLLM on {{ $labels.instance }} has failed its health check for "
+                f"{spoken(c.thresholds.engine_unhealthy_for)} (healthy = {{{{ $value }}}})."
             ),
             dashboard=DASHBOARD_OVERVIEW,
         ),

@@ -28,9 +28,9 @@ from typing import Any
 
 import psutil
 
-from warden.cli.tinymodel import TINY_BASE_ARGS
 from warden.common.metrics_text import parse_samples, sample  # noqa: F401 - re-exported
 from warden.common.ports import free_port
+from warden.common.tinymodel import TINY_BASE_ARGS
 from warden.engine.launch import (
     LOGITS_PROCESSOR,
     MIDDLEWARE,
@@ -136,7 +136,7 @@ def tiny_model(workdir: Path, model: str | None = None) -> str:
     """``model`` if given, else the tiny random-weight Llama built under ``workdir``."""
     if model:
         return model
-    from warden.cli.tinymodel import build_tiny_model
+    from warden.common.tinymodel import build_tiny_model
 
     return str(build_tiny_model(workdir / "tiny-model"))
 

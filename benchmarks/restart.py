@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from exporter.supervisor_state import SupervisorState
-from warden.cli.tinymodel import tiny_engine_args
 from warden.common.ports import free_port
+from warden.common.tinymodel import tiny_engine_args
 from warden.common.waiting import wait_until
 from warden.engine.launch import LaunchSpec
 from warden.supervisor.config import SupervisorConfig
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="warden-restart-bench-"))
     model = args.model
     if model is None:
-        from warden.cli.tinymodel import build_tiny_model
+        from warden.common.tinymodel import build_tiny_model
 
         model = str(build_tiny_model(work / "tiny-model"))
     engine_args = list(tiny_engine_args(drop=("--enforce-eager",) if args.no_eager else ()))

@@ -33,8 +33,8 @@ import httpx
 
 from exporter import catalog
 from tests.support.container import compose_engine_environment, start_container, stop_container
-from warden.cli.tinymodel import tiny_engine_args
 from warden.common.metrics_text import parse_samples, sample
+from warden.common.tinymodel import tiny_engine_args
 from warden.common.waiting import wait_until
 
 MAX_NUM_SEQS = 8

@@ -270,3 +270,44 @@ def test_info_routes_nowhere(alertmanager: str, recorder: tuple[Recorder, str]) 
     _wait(lambda: record.alerts_at("/queue", instance="engine-f:8000"), 10, "control not queued")
     time.sleep(1.5)
     assert not [d for d in record.deliveries if "engine-e:8000" in json.dumps(d.body)]
+
+
+def test_the_engine_models_accept_what_alertmanager_sends(
+    alertmanager: str, recorder: tuple[Recorder, str]
+) -> None:
+    """The webhook's pydantic models (warden/control/alertmanager.py) validate every
+    notification this Alertmanager delivered, firing and resolved, envelope fields included."""
+    from warden.control.alertmanager import Notification, parse_payload
+
+    record, _ = recorder
+    labels = {**CAP_2048, "instance": "engine-m:8000"}
+    post(alertmanager, alert(labels))
+    _wait(lambda: record.alerts_at("/engine", instance="engine-m:8000"), 10, "not delivered")
+    post(alertmanager, alert(labels, resolved=True))
+    _wait(
+        lambda: (
+            [a for _, a in record.alerts_at("/engine", instance="engine-m:8000")]
+            and any(
+                a["status"] == "resolved"
+                for _, a in record.alerts_at("/engine", instance="engine-m:8000")
+            )
+        ),
+        10,
+        "resolution not delivered",
+    )
+    with record.lock:
+        bodies = [d.body for d in record.deliveries]
+    for body in bodies:
+        envelope = Notification.model_validate(body)
+        assert envelope.version == "4" and envelope.receiver and envelope.group_key
+        events = parse_payload(json.dumps(body).encode())
+        assert len(events) == len(body["alerts"])
+        assert all(event.problem is None for event in events), [e.problem for e in events]
+    mine = [
+        event
+        for body in bodies
+        for event in parse_payload(json.dumps(body).encode())
+        if event.labels.get("instance") == "engine-m:8000"
+    ]
+    assert {event.status for event in mine} == {"firing", "resolved"}
+    assert all(event.request is not None for event in mine)

@@ -203,7 +203,9 @@ def test_alert_conventions(rule: AlertRule) -> None:
     assert annotations["runbook_url"] == f"{RUNBOOK_BASE_URL}#{rule.name.lower()}"
     uid = annotations["dashboard_url"].removeprefix(f"{GRAFANA_BASE_URL}/d/")
     assert uid in DASHBOARD_UIDS
-    assert rule.for_ not in ("0s", "0m"), "every alert has a for, and a tested pending state"
+    assert rule.render_for() not in ("0s", "0m"), (
+        "every alert has a for, and a tested pending state"
+    )
     if rule.scope == "fleet":
         assert rule.action is None, "fleet-wide alerts page people; no engine applies them"
         assert "job" in rule.render_expr()
@@ -461,7 +463,7 @@ def test_memory_alerts_outlast_the_peak_window() -> None:
         "WardenOOMImminent",
     }
     for rule in memory:
-        assert _to_seconds(rule.for_) > window + gauge_window, (
+        assert _to_seconds(rule.render_for()) > window + gauge_window, (
             f"{rule.name}: a single spike would fire it"
         )
 
@@ -543,3 +545,89 @@ def test_a_demo_caps_alert_holds_of_the_groups_it_names_and_changes_nothing_else
             }
     assert shortened, "no traffic alert holds longer than 30 s: the cap is not exercised"
     assert duration_s("1h30m") == 5400 and duration_s("2m") == 120 and duration_s("500ms") == 0.5
+
+
+# --- Thresholds and holds: the config's, overridable per deployment ------------------------------
+def _rules_by_key(config: MixinConfig) -> dict[tuple[str, str], dict[str, object]]:
+    from alerts.rules_file import rule_groups
+
+    rules: dict[tuple[str, str], dict[str, object]] = {}
+    for group in rule_groups(config):
+        for rule in group["rules"]:
+            key = (str(rule.get("alert", rule.get("record"))), json.dumps(rule.get("labels")))
+            rules[key] = rule
+    return rules
+
+
+def test_a_threshold_override_changes_its_rules_and_nothing_else(tmp_path: Path) -> None:
+    config_file = tmp_path / "mixin.yaml"
+    config_file.write_text(
+        "thresholds:\n  queue_time_p90_seconds: 30\n  saturated_for: 2m30s\n"
+        "  error_ratio_open: 0.6\n"
+    )
+    config = load_config(config_file)
+    default, tuned = _rules_by_key(DEFAULT), _rules_by_key(config)
+    assert default.keys() == tuned.keys()
+    changed = {key: tuned[key] for key in default if default[key] != tuned[key]}
+    by_name = {
+        (name, json.loads(labels)["severity"]): rule for (name, labels), rule in changed.items()
+    }
+    assert set(by_name) == {
+        ("WardenQueueWaitHigh", "warning"),
+        ("WardenSaturated", "warning"),
+        ("WardenErrorRateHigh", "critical"),
+    }
+    assert str(by_name["WardenQueueWaitHigh", "warning"]["expr"]).endswith(" > 30.0")
+    assert by_name["WardenSaturated", "warning"]["for"] == "2m30s"
+    assert f"{rec.SERVER_ERROR_RATIO} > 0.6\n" in str(
+        by_name["WardenErrorRateHigh", "critical"]["expr"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("saturated_refused_ratio: -0.1", "thresholds.saturated_refused_ratio"),
+        ("error_ratio_open: 1.5", "thresholds.error_ratio_open"),
+        ("error_ratio_open: 0.1", "error_ratio_half_open"),
+        ("queue_time_p90_seconds: -5", "thresholds.queue_time_p90_seconds"),
+        ("saturated_for: soon", "thresholds.saturated_for"),
+        ("oom_imminent_for: 0s", "thresholds.oom_imminent_for"),
+        ("restarts_per_hour: 0", "thresholds.restarts_per_hour"),
+        ("queue_time_p90_s: 30", "thresholds.queue_time_p90_s"),
+    ],
+)
+def test_an_absurd_threshold_is_refused_naming_the_file_and_field(
+    tmp_path: Path, override: str, named: str
+) -> None:
+    config_file = tmp_path / "mixin.yaml"
+    config_file.write_text(f"thresholds:\n  {override}\n")
+    with pytest.raises(ConfigError) as refused:
+        load_config(config_file)
+    message = str(refused.value)
+    assert str(config_file) in message and named in message, message
+
+
+def test_every_hold_of_an_engine_alert_comes_from_the_thresholds() -> None:
+    """Doubling every hold in the config doubles every engine alert's ``for`` and
+    ``keep_firing_for``: none is left spelled in a rule."""
+    from alerts.durations import duration_s
+    from alerts.thresholds import Thresholds
+
+    holds = {
+        name: f"{int(duration_s(value) * 2)}s"
+        for name, value in Thresholds().model_dump().items()
+        if name.endswith("_for")
+    }
+    doubled = MixinConfig(thresholds=Thresholds(**holds))
+    for rule in ALERT_RULES:
+        if rule.scope == "fleet" or rule.name in {
+            "WardenWebhookDeliveryFailing",
+            "WardenWebhookRejected",
+            "WardenRelayDeliveryFailing",
+        }:
+            continue
+        for hold in ("render_for", "render_keep_firing_for"):
+            before, after = getattr(rule, hold)(DEFAULT), getattr(rule, hold)(doubled)
+            if before is not None:
+                assert duration_s(after) == 2 * duration_s(before), (rule.name, hold)

@@ -38,8 +38,8 @@ from tests.support.container import (
     start_container,
     stop_container,
 )
-from warden.cli.tinymodel import tiny_engine_args
 from warden.common.metrics_text import parse_samples, sample
+from warden.common.tinymodel import tiny_engine_args
 from warden.common.waiting import wait_until
 from warden.supervisor.config import SupervisorConfig
 

@@ -175,3 +175,43 @@ def test_another_job_name_gets_working_alerts_not_engine_down_forever(
         ],
     )
     assert default.returncode == 0, default.stdout + default.stderr
+
+
+def test_a_hold_override_regenerates_rules_that_wait_for_it(tmp_path: Path) -> None:
+    """``thresholds.engine_stalled_for: 5m``: the same stall (from minute 5) that fires at 8m
+    under the default 1m hold is still pending at 8m and fires at 11m, in promtool."""
+    (tmp_path / "mixin.yaml").write_text(
+        USER_CONFIG.replace("thresholds:\n", "thresholds:\n  engine_stalled_for: 5m\n")
+    )
+    result = run(
+        sys.executable, "-m", "warden.cli", "generate", "--config", tmp_path / "mixin.yaml",
+        "--out", tmp_path / "out",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    config = load_config(tmp_path / "mixin.yaml")
+    stalled = (
+        "The engine on vllm-0 has requests running or waiting and completed no step within the "
+        "stall timeout (stalled = 1)."
+    )
+    labels = {"instance": "vllm-0", "namespace": "llm", "severity": "critical"}
+    firing = [_alert("WardenEngineStalled", labels, stalled, config)]
+    tested = _promtool_test(
+        tmp_path / "out" / "rules.yml",
+        [
+            {"eval_time": "8m", "alertname": "WardenEngineStalled", "exp_alerts": []},
+            {"eval_time": "11m", "alertname": "WardenEngineStalled", "exp_alerts": firing},
+        ],
+    )
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+
+
+def test_an_absurd_threshold_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
+    (tmp_path / "bad.yaml").write_text("thresholds:\n  saturated_refused_ratio: 1.5\n")
+    result = run(
+        sys.executable, "-m", "warden.cli", "generate", "--config", tmp_path / "bad.yaml",
+        "--out", tmp_path / "out",
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "thresholds.saturated_refused_ratio" in result.stderr, result.stderr
+    assert "less than 1" in result.stderr, result.stderr
+    assert not (tmp_path / "out").exists()

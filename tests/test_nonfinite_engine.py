@@ -18,7 +18,7 @@ import pytest
 
 from exporter import catalog
 from tests.support.engine import complete, sample, scrape
-from warden.cli.tinymodel import STACK_NAN_TOKEN, nan_token_of
+from warden.common.tinymodel import STACK_NAN_TOKEN, nan_token_of
 from warden.stack import chaos
 from warden.supervisor.engine import EngineProcess
 

@@ -410,7 +410,7 @@ def test_tiny_nan_model_poisons_only_prompts_with_its_token_and_keeps_the_cache_
     block would poison the next request that reuses it), and the token never the likeliest."""
     from transformers import AutoModelForCausalLM
 
-    from warden.cli.tinymodel import build_tiny_model, nan_token_of
+    from warden.common.tinymodel import build_tiny_model, nan_token_of
 
     folder = build_tiny_model(tmp_path / "nan", seed=0, nan_token=5)
     assert nan_token_of(folder) == 5

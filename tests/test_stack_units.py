@@ -18,8 +18,8 @@ import yaml
 
 from alerts.config import ENGINE_JOB
 from dashboards.datasource import DATASOURCE_UID
-from warden.cli.tinymodel import TINY_BASE_ARGS, TINY_ENGINE_ARGS, tiny_engine_args
 from warden.common.ports import free_port
+from warden.common.tinymodel import TINY_BASE_ARGS, TINY_ENGINE_ARGS, tiny_engine_args
 from warden.stack import grafana, up
 from warden.stack.config import Intervals, prometheus_config
 from warden.stack.native import NativeStack, StackError, StackSettings, ensure_port_free

@@ -27,10 +27,10 @@ import pytest
 
 from exporter import catalog
 from exporter.supervisor_state import STATE_ENV_VAR, SupervisorState
-from warden.cli.tinymodel import tiny_engine_args
 from warden.common.metrics_text import parse_samples, sample
 from warden.common.outcomes import COMPLETED, FAILED, REFUSED, classify
 from warden.common.ports import free_port
+from warden.common.tinymodel import tiny_engine_args
 from warden.common.waiting import wait_until
 from warden.supervisor.engine import engine_children
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import httpx
 
-from warden.cli.tinymodel import TINY_BASE_ARGS
 from warden.common.metrics_text import parse_samples, sample  # noqa: F401 - re-exported for tests
 from warden.common.ports import free_port
+from warden.common.tinymodel import TINY_BASE_ARGS
 from warden.engine.launch import LaunchSpec
 from warden.supervisor.engine import EngineProcess
 

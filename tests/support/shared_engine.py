@@ -51,11 +51,11 @@ def plain_engine(
 ) -> Iterator[EngineProcess]:
     """warden as ``warden serve`` wires it, default settings: no test switch, no webhook token.
     The model is the stack's tiny model, whose token ``STACK_NAN_TOKEN`` makes real NaN logits
-    (warden/cli/tinymodel.py); a prompt without it is an ordinary prompt. Users read counters
+    (warden/common/tinymodel.py); a prompt without it is an ordinary prompt. Users read counters
     as deltas and leave no lease or request behind."""
     # Imported here: tests/gpu loads this plugin where only torch is installed.
     from tests.support.engine import running_engine
-    from warden.cli.tinymodel import STACK_NAN_TOKEN, build_tiny_model
+    from warden.common.tinymodel import STACK_NAN_TOKEN, build_tiny_model
 
     model = build_tiny_model(
         tmp_path_factory.mktemp("nan-model"), seed=0, nan_token=STACK_NAN_TOKEN

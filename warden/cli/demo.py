@@ -26,8 +26,8 @@ from warden.cli.scenario import (
     demo_control_config,
     metric_names_seen,
 )
-from warden.cli.tinymodel import tiny_engine_args
 from warden.common.outcomes import FAILED
+from warden.common.tinymodel import tiny_engine_args
 from warden.common.waiting import WaitAborted
 from warden.stack.config import Intervals
 from warden.stack.native import NativeStack, StackError, StackSettings

@@ -21,7 +21,7 @@ GENERATORS = (
 
 
 def cmd_model_tiny(args: argparse.Namespace) -> int:
-    from warden.cli.tinymodel import build_tiny_model
+    from warden.common.tinymodel import build_tiny_model
 
     out = build_tiny_model(args.dir, seed=args.seed, nan_token=args.nan_token)
     print(out)

@@ -108,8 +108,9 @@ def alerts_table() -> str:
             params = ", ".join(f"{k}={v}" for k, v in rule.params.items())
             if params:
                 action += f" ({params})"
+            hold = rule.render_for()
             rows.append(
-                f"| `{rule.name}` | {rule.severity} | {rule.for_} | {RECIPIENT[rule.severity]} "
+                f"| `{rule.name}` | {rule.severity} | {hold} | {RECIPIENT[rule.severity]} "
                 f"| {_cell(action)} | {_cell(rule.summary)} |"
             )
     return "\n".join(rows)

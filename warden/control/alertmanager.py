@@ -1,7 +1,9 @@
-"""Alertmanager webhook payloads (version 4), checked alert by alert.
+"""Alertmanager webhook payloads (version 4), validated alert by alert with pydantic models.
 
-A notification whose envelope is malformed (not JSON, not an object, not version 4, no list of
-alerts) raises ``PayloadError`` (answered 400, nothing applied). Within a good envelope each
+``Notification`` is the envelope of Alertmanager 0.25's webhook payload and ``Alert`` one of its
+alerts. A notification whose envelope is malformed (not JSON, not an object, not version 4, no
+list of alerts, a field of the wrong type) raises ``PayloadError`` (answered 400, nothing
+applied). Within a good envelope each
 alert stands alone: one that is malformed or past a bound becomes an ``AlertEvent`` with a
 ``problem`` (reported and counted, never applied) and the others still apply, since
 Alertmanager never retries a 4xx and one bad alert must not drop the rest.
@@ -18,7 +20,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from exporter import catalog
 from warden.common.jsonbody import BadRequest, load_json
@@ -27,6 +40,7 @@ from warden.control.actions import ACTIONS, ActionError, ActionRequest, parse_ac
 # Alertmanager's zero time: a firing alert's endsAt.
 _ZERO_TIME_PREFIX = "0001-01-01"
 INVALID = "invalid"  # the status of an alert that failed its checks
+_PATH_PART_CHARS = 128  # a key named in a problem is cut to this
 
 
 @dataclass(frozen=True)
@@ -91,9 +105,10 @@ def _parse_time(text: str) -> float:
         raise ValueError(str(exc)) from None
 
 
-def _timestamp(value: Any, where: str) -> float | None:
+def _timestamp(value: Any) -> float | None:
+    """An RFC 3339 time as seconds since the epoch; None for Alertmanager's zero time."""
     if not isinstance(value, str) or not value:
-        raise AlertProblem(f"{where}: expected an RFC 3339 time string")
+        raise _problem("expected an RFC 3339 time string")
     if value.startswith(_ZERO_TIME_PREFIX):
         return None
     text = value.replace("Z", "+00:00")
@@ -109,61 +124,136 @@ def _timestamp(value: Any, where: str) -> float | None:
                 return _parse_time(f"{head}.{digits[:6]}{zone}")
             except ValueError:
                 pass
-        raise AlertProblem(f"{where}: not an RFC 3339 time: {value[:64]!r}") from None
+        raise _problem(f"not an RFC 3339 time: {value[:64]!r}") from None
 
 
-def _string_map(
-    value: Any, where: str, most: int, name_chars: int, value_chars: int
-) -> dict[str, str]:
-    if not isinstance(value, dict):
-        raise AlertProblem(f"{where}: expected an object of strings")
+def _problem(message: str) -> PydanticCustomError:
+    """A validation error whose message is ours, word for word (no "Value error, " prefix)."""
+    return PydanticCustomError("warden_alert", message)
+
+
+def _bounds(info: ValidationInfo) -> Bounds:
+    context = info.context or {}
+    bounds = context.get("bounds", BOUNDS)
+    return bounds if isinstance(bounds, Bounds) else BOUNDS
+
+
+def _bounded_map(value: Any, most: int) -> Any:
+    """Count a map's entries before its entries are validated one by one."""
+    if isinstance(value, dict) and len(value) > most:
+        raise _problem(f"{len(value)} entries, at most {most}")
+    return value
+
+
+def _label_name(name: str, info: ValidationInfo) -> str:
+    most = _bounds(info).label_name_chars
+    if len(name) > most:
+        raise _problem(f"a name of {len(name)} characters, at most {most}")
+    return name
+
+
+def _label_value(value: str, info: ValidationInfo) -> str:
+    most = _bounds(info).label_value_chars
     if len(value) > most:
-        raise AlertProblem(f"{where}: {len(value)} entries, at most {most}")
-    for key, item in value.items():
-        if not isinstance(key, str) or not isinstance(item, str):
-            raise AlertProblem(f"{where}.{str(key)[:name_chars]}: expected a string value")
-        if len(key) > name_chars:
-            raise AlertProblem(f"{where}: a name of {len(key)} characters, at most {name_chars}")
-        if len(item) > value_chars:
-            raise AlertProblem(
-                f"{where}.{key}: a value of {len(item)} characters, at most {value_chars}"
-            )
-    return dict(value)
+        raise _problem(f"a value of {len(value)} characters, at most {most}")
+    return value
+
+
+def _annotation_value(value: str, info: ValidationInfo) -> str:
+    most = _bounds(info).annotation_chars
+    if len(value) > most:
+        raise _problem(f"a value of {len(value)} characters, at most {most}")
+    return value
+
+
+LabelName = Annotated[str, AfterValidator(_label_name)]
+LabelValue = Annotated[str, AfterValidator(_label_value)]
+AnnotationValue = Annotated[str, AfterValidator(_annotation_value)]
+
+
+class Alert(BaseModel):
+    """One alert of an Alertmanager 0.25 webhook notification, every field bounded."""
+
+    model_config = ConfigDict(strict=True, frozen=True, populate_by_name=True)
+
+    status: Literal["firing", "resolved"]
+    fingerprint: str = Field(min_length=1)
+    labels: dict[LabelName, LabelValue]
+    annotations: dict[LabelName, AnnotationValue] = Field(default_factory=dict)
+    starts_at: float = Field(alias="startsAt")
+    # A firing alert carries Alertmanager's zero time: None.
+    ends_at: float | None = Field(None, alias="endsAt")
+    generator_url: str = Field("", alias="generatorURL")
+
+    @field_validator("fingerprint")
+    @classmethod
+    def _fingerprint_bounded(cls, value: str, info: ValidationInfo) -> str:
+        most = _bounds(info).fingerprint_chars
+        if len(value) > most:
+            raise _problem(f"{len(value)} characters, at most {most}")
+        return value
+
+    @field_validator("labels", mode="before")
+    @classmethod
+    def _few_labels(cls, value: Any, info: ValidationInfo) -> Any:
+        return _bounded_map(value, _bounds(info).labels)
+
+    @field_validator("annotations", mode="before")
+    @classmethod
+    def _few_annotations(cls, value: Any, info: ValidationInfo) -> Any:
+        return _bounded_map(value, _bounds(info).annotations)
+
+    @field_validator("starts_at", mode="before")
+    @classmethod
+    def _real_start(cls, value: Any) -> float:
+        moment = _timestamp(value)
+        if moment is None:
+            raise _problem("must be a real time")
+        return moment
+
+    @field_validator("ends_at", mode="before")
+    @classmethod
+    def _end(cls, value: Any) -> float | None:
+        return _timestamp(value)
+
+
+class Notification(BaseModel):
+    """The envelope of an Alertmanager 0.25 webhook notification (payload version "4").
+
+    ``alerts`` stays raw here: each alert is validated on its own (``Alert``), so one bad alert
+    does not drop the others."""
+
+    model_config = ConfigDict(strict=True, frozen=True, populate_by_name=True)
+
+    version: Literal["4"]
+    alerts: list[Any]
+    receiver: str = ""
+    status: Literal["firing", "resolved"] | None = None
+    group_labels: dict[str, str] = Field(default_factory=dict, alias="groupLabels")
+    common_labels: dict[str, str] = Field(default_factory=dict, alias="commonLabels")
+    common_annotations: dict[str, str] = Field(default_factory=dict, alias="commonAnnotations")
+    external_url: str = Field("", alias="externalURL")
+    group_key: str = Field("", alias="groupKey")
+    truncated_alerts: int = Field(0, ge=0, alias="truncatedAlerts")
+
+
+def _first_error(exc: ValidationError, where: str) -> str:
+    """``where.field.key: what is wrong``, for the first problem pydantic found; every part of
+    the path is cut short, so a hostile key cannot make the message large."""
+    error = exc.errors(include_url=False)[0]
+    path = ".".join([where] * bool(where) + [str(p)[:_PATH_PART_CHARS] for p in error["loc"]])
+    return f"{path}: {error['msg']}" if path else str(error["msg"])
 
 
 def _alert(index: int, alert: Any, bounds: Bounds) -> AlertEvent:
     where = f"alerts[{index}]"
     if not isinstance(alert, dict):
         raise AlertProblem(f"{where}: expected an object")
-    status = alert.get("status")
-    if status not in ("firing", "resolved"):
-        raise AlertProblem(f"{where}.status: expected firing or resolved, got {str(status)[:20]!r}")
-    fingerprint = alert.get("fingerprint")
-    if not isinstance(fingerprint, str) or not fingerprint:
-        raise AlertProblem(f"{where}.fingerprint: expected a non-empty string")
-    if len(fingerprint) > bounds.fingerprint_chars:
-        raise AlertProblem(
-            f"{where}.fingerprint: {len(fingerprint)} characters, at most "
-            f"{bounds.fingerprint_chars}"
-        )
-    labels = _string_map(
-        alert.get("labels"),
-        f"{where}.labels",
-        bounds.labels,
-        bounds.label_name_chars,
-        bounds.label_value_chars,
-    )
-    annotations = _string_map(
-        alert.get("annotations", {}),
-        f"{where}.annotations",
-        bounds.annotations,
-        bounds.label_name_chars,
-        bounds.annotation_chars,
-    )
-    starts_at = _timestamp(alert.get("startsAt"), f"{where}.startsAt")
-    if starts_at is None:
-        raise AlertProblem(f"{where}.startsAt: must be a real time")
-    ends_at = _timestamp(alert.get("endsAt", _ZERO_TIME_PREFIX + "T00:00:00Z"), f"{where}.endsAt")
+    try:
+        valid = Alert.model_validate(alert, context={"bounds": bounds})
+    except ValidationError as exc:
+        raise AlertProblem(_first_error(exc, where)) from None
+    labels = valid.labels
     action = labels.get(catalog.ACTION_LABEL)
     request: ActionRequest | None = None
     unknown: str | None = None
@@ -176,15 +266,15 @@ def _alert(index: int, alert: Any, bounds: Bounds) -> AlertEvent:
             except ActionError as exc:
                 raise AlertProblem(f"{where}.labels: {exc}") from None
     return AlertEvent(
-        fingerprint=fingerprint,
-        status=status,
-        starts_at=starts_at,
-        ends_at=ends_at,
+        fingerprint=valid.fingerprint,
+        status=valid.status,
+        starts_at=valid.starts_at,
+        ends_at=valid.ends_at,
         alertname=labels.get("alertname", ""),
         request=request,
         unknown_action=unknown,
-        labels=labels,
-        annotations=annotations,
+        labels=dict(labels),
+        annotations=dict(valid.annotations),
         index=index,
     )
 
@@ -198,14 +288,12 @@ def parse_payload(body: bytes, bounds: Bounds = BOUNDS) -> list[AlertEvent]:
         raise PayloadError(str(exc)) from None
     if not isinstance(data, dict):
         raise PayloadError("body: expected a JSON object")
-    version = data.get("version")
-    if version != "4":
-        raise PayloadError(f'version: expected "4", got {str(version)[:20]!r}')
-    alerts = data.get("alerts")
-    if not isinstance(alerts, list):
-        raise PayloadError("alerts: expected a list")
+    try:
+        notification = Notification.model_validate(data)
+    except ValidationError as exc:
+        raise PayloadError(_first_error(exc, "")) from None
     events = []
-    for index, alert in enumerate(alerts):
+    for index, alert in enumerate(notification.alerts):
         if index >= bounds.alerts:
             problem = (
                 f"alerts[{index}]: past {bounds.alerts} alerts in one notification "

@@ -10,19 +10,18 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
     IPvAnyNetwork,
-    ValidationError,
     model_validator,
 )
 
+from exporter.config_file import ConfigFileError, load_model, validate_mapping
 from exporter.settings import env_name, load_settings
 from warden.control.actions import REGISTRY
 from warden.control.actions.base import (
@@ -37,8 +36,8 @@ from warden.control.actions.shed_low_priority import PRIORITY_THRESHOLD
 CONFIG_ENV = env_name("config")
 
 
-class ControlConfigError(ValueError):
-    """The control config is invalid; the message names the field."""
+class ControlConfigError(ConfigFileError):
+    """The control config is invalid; the message names the file and the field."""
 
 
 class _Strict(BaseModel):
@@ -241,24 +240,15 @@ class ControlConfig(_Strict):
     retry: RetrySettings = RetrySettings()
 
 
-def _describe(error: ValidationError, source: str) -> str:
-    problems = []
-    for item in error.errors():
-        where = ".".join(str(part) for part in item["loc"]) or "(top level)"
-        problems.append(f"{where}: {item['msg']}")
-    return f"invalid warden config {source}: " + "; ".join(problems)
+def _without_exporter_sections(data: dict[str, Any]) -> dict[str, Any]:
+    """The file is shared with the exporter, which reads its own ``watermark`` section."""
+    return {k: v for k, v in data.items() if k not in ("watermark",)}
 
 
 def parse_config(data: object, source: str = "") -> ControlConfig:
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ControlConfigError(f"invalid warden config {source}: expected a mapping")
-    data = {k: v for k, v in data.items() if k not in ("watermark",)}  # exporter's section
-    try:
-        return ControlConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ControlConfigError(_describe(exc, source)) from None
+    if isinstance(data, dict):
+        data = _without_exporter_sections(data)
+    return validate_mapping(data, ControlConfig, "warden config", source, ControlConfigError)
 
 
 def load_config(path: str | Path | None = None) -> ControlConfig:
@@ -266,8 +256,6 @@ def load_config(path: str | Path | None = None) -> ControlConfig:
     path = path or load_settings().config
     if not path:
         return ControlConfig()
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ControlConfigError(f"cannot read warden config {path}: {exc}") from None
-    return parse_config(data, str(path))
+    return load_model(
+        path, ControlConfig, "warden config", ControlConfigError, _without_exporter_sections
+    )

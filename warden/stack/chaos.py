@@ -276,7 +276,7 @@ def inject_nan(
     poisons the logits instead."""
     require_loopback(engine_url)
     from exporter.request_args import INJECT_ARG
-    from warden.cli.tinymodel import nan_token_of
+    from warden.common.tinymodel import nan_token_of
 
     outcomes = OutcomeTally()
     with httpx.Client(timeout=120.0) as client:

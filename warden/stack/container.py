@@ -45,7 +45,7 @@ def engine_spec(env: Mapping[str, str]) -> tuple[LaunchSpec, Path | None]:
     args = shlex.split(settings.vllm_args)
     tiny_dir = None
     if model == TINY:
-        from warden.cli.tinymodel import TINY_ENGINE_ARGS
+        from warden.common.tinymodel import TINY_ENGINE_ARGS
 
         tiny_dir = data_dir / "tiny-model"
         model = str(tiny_dir)
@@ -101,7 +101,7 @@ def main() -> None:
         sys.exit(f"warden container: {refusal}")
     spec, tiny_dir = engine_spec(os.environ)
     if tiny_dir is not None and not (tiny_dir / "config.json").exists():
-        from warden.cli.tinymodel import build_tiny_model
+        from warden.common.tinymodel import build_tiny_model
 
         print(f"building the tiny model in {tiny_dir}", flush=True)
         build_tiny_model(tiny_dir)

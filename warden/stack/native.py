@@ -344,7 +344,7 @@ class NativeStack:
         s = self.settings
         if s.model is not None:
             return s.model, list(s.engine_args or []), {}
-        from warden.cli.tinymodel import STACK_NAN_TOKEN, TINY_ENGINE_ARGS, build_tiny_model
+        from warden.common.tinymodel import STACK_NAN_TOKEN, TINY_ENGINE_ARGS, build_tiny_model
 
         model_dir = self.workdir / "tiny-model"
         if not (model_dir / "config.json").exists():
