@@ -54,6 +54,8 @@ def under_xdist(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput") or bool(getattr(config.option, "numprocesses", None))
 
 
+# optionalhook: a machine without xdist (the GPU suite's) loads this plugin too.
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling
 
