@@ -67,6 +67,17 @@ def prompt_text(route: str, body: dict[str, Any]) -> str | list[int] | None:
     return None
 
 
+def count_tokens(tokenizer: Any, prompt: str) -> int:
+    """What ``len(tokenizer.encode(prompt))`` counts. A Hugging Face fast tokenizer's Rust
+    backend is asked directly when no truncation or padding is left set on it (a call of
+    vLLM's may leave one, which ``encode`` would reset first): the same tokens, without the
+    batch path (a thread-pool hop per prompt) and its Python wrapping."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and backend.truncation is None and backend.padding is None:
+        return len(backend.encode(prompt).ids)
+    return len(tokenizer.encode(prompt))
+
+
 class BodyStage:
     def __init__(
         self,
@@ -222,9 +233,9 @@ class BodyStage:
                     tokenizer = await tokenizer
                 self._tokenizer = tokenizer
             if len(prompt) <= INLINE_TOKENIZE_CHARS:
-                return len(self._tokenizer.encode(prompt))
+                return count_tokens(self._tokenizer, prompt)
             # Off the event loop: a long prompt must not stall every stream and /health.
-            return len(await asyncio.to_thread(self._tokenizer.encode, prompt))
+            return await asyncio.to_thread(count_tokens, self._tokenizer, prompt)
         except Exception:
             log.debug("warden: prompt not tokenized; forecast skipped", exc_info=True)
             return None

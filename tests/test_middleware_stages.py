@@ -1,10 +1,12 @@
-"""The one guarded HTTP input: bounded, typed, parsed to a clear 4xx, for ASGI and Starlette alike;
-and the retry stage's tag spliced into the client's bytes only where that means the same body."""
+"""The middleware's stages in pieces: the one guarded HTTP input (bounded, typed, parsed to a clear
+4xx, for ASGI and Starlette alike), the retry tag spliced into the client's bytes only where that
+means the same body, and the forecast's token count."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +15,7 @@ from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
 
 from warden.common.http_input import BodyRules, InputRefused, read_json
+from warden.engine.body_stage import count_tokens
 from warden.engine.retry_stage import spliced
 
 
@@ -113,3 +116,16 @@ def test_the_tag_is_spliced_only_where_it_means_the_same_body() -> None:
     assert spliced(escaped, json.loads(escaped), "vllm_xargs", tag) is None
     utf16 = '{"prompt": "hi"}'.encode("utf-16-le")
     assert spliced(utf16, json.loads(utf16), "vllm_xargs", tag) is None
+
+
+def test_the_forecast_counts_the_tokens_encode_counts(tiny_model: Path) -> None:
+    """The backend asked directly gives ``encode``'s count; with a truncation left set on it by
+    an earlier call, ``encode`` is asked (it resets it), so the count is never truncated."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
+    for prompt in ("", "hi", "héllo wörld 😀 \n\n x", "memory " * 300):
+        assert count_tokens(tokenizer, prompt) == len(tokenizer.encode(prompt)), prompt
+    tokenizer("memory memory memory", truncation=True, max_length=2)
+    assert tokenizer.backend_tokenizer.truncation is not None
+    assert count_tokens(tokenizer, "memory " * 300) == len(tokenizer.encode("memory " * 300)) > 2
