@@ -208,13 +208,13 @@ class BodyStage:
                 return
             # Under a cap vLLM gets the body warden read, re-encoded: no spelling (a key given
             # twice, say) can mean one thing to warden and another to vLLM.
-            if token_ceiling(policy) is not None:
-                payload = json.dumps(body).encode()
-                scope = with_body(scope, payload)
-            else:
-                payload = raw
+            payload = json.dumps(body).encode() if token_ceiling(policy) is not None else raw
             await forward_counted(
-                self.app, self.answers, scope, replay_body(payload, receive), send
+                self.app,
+                self.answers,
+                with_body(scope, payload),
+                replay_body(payload, receive),
+                send,
             )
 
     async def _prompt_tokens(self, route: str, body: dict[str, Any]) -> int | None:
