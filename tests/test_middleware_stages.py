@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
 
 from warden.common.http_input import BodyRules, InputRefused, read_json
-from warden.engine.body_stage import count_tokens
+from warden.engine.forecast import count_tokens
 from warden.engine.retry_stage import spliced
 
 

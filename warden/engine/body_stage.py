@@ -5,25 +5,21 @@ and parsed to a 4xx on any malformed input, only for routes whose JSON carries a
 other bodies pass unread, still bounded. Then the cap, written where vLLM reads it and only ever
 lowering it, bounding the request's total (``n`` x prompts sequences;
 ``warden.control.token_limits``): a limiting field warden cannot read is refused (400) while a
-cap is in force, never forwarded. Then the KV forecast (the prompt tokenized, off the event loop
-when it is long) and the decision with the body.
+cap is in force, never forwarded. Then the KV forecast (``warden.engine.forecast``) and the
+decision with the body.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import inspect
 import json
 import logging
 from typing import Any
 
-from exporter import vllm_compat
-from exporter.step_monitor import process_monitor
 from warden.common.http_input import BodyRules, InputRefused
 from warden.common.jsonbody import BadRequest, load_json
 from warden.control import token_limits
-from warden.control.admission import KvState, RequestFacts, token_ceiling
+from warden.control.admission import RequestFacts, token_ceiling
 from warden.control.controller import Controller
 from warden.control.token_limits import Limit, Unreadable
 from warden.engine.admission_stage import AdmissionStage, Admitted
@@ -38,44 +34,11 @@ from warden.engine.asgi import (
     replay_body,
     with_body,
 )
+from warden.engine.forecast import Forecast
 from warden.engine.retry_stage import RETRIED_ROUTES, RetryStage
 
 log = logging.getLogger("warden.control")
-# Prompts longer than this are not tokenized for the forecast (vLLM refuses them anyway).
-MAX_FORECAST_PROMPT_CHARS = 1 << 20
-# Prompts up to this long are tokenized on the event loop: a thread hop costs more than they.
-INLINE_TOKENIZE_CHARS = 2048
 CONTENT_LENGTH = b"content-length"
-
-
-def prompt_text(route: str, body: dict[str, Any]) -> str | list[int] | None:
-    """The prompt the forecast counts: a completion's, or a chat's message contents."""
-    if route == token_limits.INVOCATIONS:
-        chat = isinstance(body.get("messages"), list)
-        route = "/v1/chat/completions" if chat else "/v1/completions"
-    if route == "/v1/completions":
-        prompt = body.get("prompt")
-        if isinstance(prompt, str):
-            return prompt
-        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-            return prompt
-        return None
-    messages = body.get("messages") if route == "/v1/chat/completions" else None
-    if isinstance(messages, list):
-        parts = [m.get("content") for m in messages if isinstance(m, dict)]
-        return "\n".join(p for p in parts if isinstance(p, str))
-    return None
-
-
-def count_tokens(tokenizer: Any, prompt: str) -> int:
-    """What ``len(tokenizer.encode(prompt))`` counts. A Hugging Face fast tokenizer's Rust
-    backend is asked directly when no truncation or padding is left set on it (a call of
-    vLLM's may leave one, which ``encode`` would reset first): the same tokens, without the
-    batch path (a thread-pool hop per prompt) and its Python wrapping."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None and backend.truncation is None and backend.padding is None:
-        return len(backend.encode(prompt).ids)
-    return len(tokenizer.encode(prompt))
 
 
 class BodyStage:
@@ -93,7 +56,7 @@ class BodyStage:
         self.door = door
         self.retry = retry
         self.rules = BodyRules(control.config.admission.max_body_bytes)
-        self._tokenizer: Any = None
+        self.forecast = Forecast(control)
 
     def check_head(self, headers: dict[bytes, str]) -> None:
         """``InputRefused`` from the declared length alone (before a byte is read)."""
@@ -189,9 +152,9 @@ class BodyStage:
         policy = admitted.policy
         kv = None
         if control.config.admission.forecast.enabled:
-            kv = self._kv_state()
+            kv = self.forecast.kv_state()
             if kv is not None:
-                prompt_tokens = await self._prompt_tokens(route, body)
+                prompt_tokens = await self.forecast.prompt_tokens(route, body)
                 facts = dataclasses.replace(facts, prompt_tokens=prompt_tokens)
         decision = control.limit(facts, policy, kv)
         if not decision.admit:
@@ -216,33 +179,3 @@ class BodyStage:
                 replay_body(payload, receive),
                 send,
             )
-
-    async def _prompt_tokens(self, route: str, body: dict[str, Any]) -> int | None:
-        prompt = prompt_text(route, body)
-        if prompt is None or len(prompt) > MAX_FORECAST_PROMPT_CHARS:
-            return None
-        if isinstance(prompt, list):
-            return len(prompt)
-        client = self.control.engine_client
-        if client is None:
-            return None
-        try:
-            if self._tokenizer is None:
-                tokenizer = client.get_tokenizer()  # sync in vLLM 0.32, async in older ones
-                if inspect.isawaitable(tokenizer):
-                    tokenizer = await tokenizer
-                self._tokenizer = tokenizer
-            if len(prompt) <= INLINE_TOKENIZE_CHARS:
-                return count_tokens(self._tokenizer, prompt)
-            # Off the event loop: a long prompt must not stall every stream and /health.
-            return await asyncio.to_thread(count_tokens, self._tokenizer, prompt)
-        except Exception:
-            log.debug("warden: prompt not tokenized; forecast skipped", exc_info=True)
-            return None
-
-    def _kv_state(self) -> KvState | None:
-        geometry = vllm_compat.kv_geometry(self.control.engine_client)
-        monitor = process_monitor()
-        if geometry is None or monitor is None:
-            return None
-        return KvState(geometry[0], geometry[1], monitor.snapshot.kv_cache_usage)

@@ -11,7 +11,7 @@ through three stages, each its own module, each before any work the next one nee
    breaker's half-open share let through by the controller's one gate;
 2. ``body_stage``: the body bounded (413 on Content-Length, else while it streams) and, for
    routes whose JSON carries a token limit, parsed to a 4xx on any malformed input; the cap
-   and the KV forecast;
+   and the KV forecast (its inputs from ``forecast``);
 3. ``retry_stage``, for completions, chat completions and responses: the attempt's tag and
    retries of transient failures, the stream passed through once its first byte is out.
 
