@@ -1,6 +1,6 @@
 """The middleware's stages in pieces: the one guarded HTTP input (bounded, typed, parsed to a clear
 4xx, for ASGI and Starlette alike), the retry tag spliced into the client's bytes only where that
-means the same body, and the forecast's token count."""
+means the same body, the forecast's token count, and the breaker's one half-open gate."""
 
 from __future__ import annotations
 
@@ -13,8 +13,16 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry
 
+from exporter.metrics import WardenMetrics
+from tests.support.asgi import post_json
 from warden.common.http_input import BodyRules, InputRefused, read_json
+from warden.control.actions import parse_action
+from warden.control.admission import RequestFacts
+from warden.control.config import ControlConfig
+from warden.control.controller import Controller
+from warden.engine import middleware, runtime
 from warden.engine.forecast import count_tokens
 from warden.engine.retry_stage import spliced
 
@@ -129,3 +137,39 @@ def test_the_forecast_counts_the_tokens_encode_counts(tiny_model: Path) -> None:
     tokenizer("memory memory memory", truncation=True, max_length=2)
     assert tokenizer.backend_tokenizer.truncation is not None
     assert count_tokens(tokenizer, "memory " * 300) == len(tokenizer.encode("memory " * 300)) > 2
+
+
+# --- the circuit breaker's half-open share: one gate --------------------------------------------
+
+
+async def engine_ok(scope: dict, receive: Any, send: Any) -> None:
+    await receive()
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"{}"})
+
+
+def test_the_half_open_share_is_counted_by_the_breakers_one_gate(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The middleware lets the half-open share through by the controller's own gate: a decision
+    the controller made (here, ``decide``) and a request at the front door draw on one credit,
+    so with half the requests let through, the two alternate; a refusal names its signal."""
+    control = Controller(ControlConfig(), WardenMetrics(CollectorRegistry()))
+    monkeypatch.setattr(runtime, "_controller", control)
+    monkeypatch.setattr(middleware, "process_metrics", lambda: WardenMetrics(CollectorRegistry()))
+    half_open = parse_action("circuit_breaker", {"circuit": "half_open", "admit_fraction": 0.5})
+    control.set_manual("breaker", half_open, 60.0)
+    app = middleware.WardenMiddleware(engine_ok)
+
+    def status_at_the_door() -> tuple[int, dict[str, Any]]:
+        sent = post_json(app, {"prompt": "hi", "max_tokens": 2})
+        start = next(m for m in sent if m["type"] == "http.response.start")
+        body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+        return start["status"], json.loads(body) if body else {}
+
+    assert control.decide(RequestFacts()).reason == "circuit_half_open"  # credit 0.5
+    assert status_at_the_door()[0] == 200  # credit 1.0: let through
+    status, answer = status_at_the_door()  # credit 0.5 again
+    assert status == 503 and answer["error"]["warden_reason"] == "circuit_half_open"
+    assert answer["error"]["warden_signal"] == "manual"
+    assert control.decide(RequestFacts()).admit  # the door's refusal left the credit at 1.0
