@@ -7,7 +7,7 @@ Every answer warden writes itself goes through ``Answers``, which counts its out
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from exporter import catalog
@@ -35,13 +35,12 @@ def error_body(
     return json.dumps({"error": {**error, **(extra or {})}}).encode()
 
 
-def header_values(scope: Scope, names: Iterable[bytes]) -> dict[bytes, str]:
+def header_values(scope: Scope, names: frozenset[bytes]) -> dict[bytes, str]:
     """The values of the headers named (lowercase), in one pass; the last one given wins."""
-    wanted = frozenset(names)
     found: dict[bytes, str] = {}
     for key, value in scope.get("headers", ()):
         key = key.lower()
-        if key in wanted:
+        if key in names:
             found[key] = value.decode("latin-1")
     return found
 

@@ -46,7 +46,7 @@ class WardenMiddleware:
         # The board's path read once: parsing the settings costs about a millisecond.
         self.retry = RetryStage(app, self.control, self.answers, load_settings().signal_board)
         self.body = BodyStage(app, self.control, self.answers, self.door, self.retry)
-        self._headers = (*self.door.header_names(), CONTENT_LENGTH)
+        self._headers = frozenset((*self.door.header_names(), CONTENT_LENGTH))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         verdict, route = routes.verdict_of(scope)
