@@ -12,6 +12,7 @@ neither a prefix nor a trailing variation can slip a generation request through.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -105,21 +106,39 @@ def exempt_reason(route: str) -> str | None:
     return None
 
 
+# What the middleware does with a request, by its type, method and route path.
+PASS = "pass"  # not admission's: straight to vLLM
+EXEMPT_BOUNDED = "exempt_bounded"  # exempt, but works on the body: bounded, closed by reject_all
+ADMITTED = "admitted"  # passes the admission policy
+
+
+@functools.lru_cache(maxsize=1024)  # bounded: the path is the client's to choose
+def verdict(kind: str | None, method: str | None, route: str) -> str:
+    """``PASS``, ``EXEMPT_BOUNDED`` or ``ADMITTED``, decided once per route and method."""
+    if kind not in ("http", "websocket") or (kind == "http" and method in SAFE_METHODS):
+        return PASS
+    if exempt_reason(route) is None:
+        return ADMITTED
+    return EXEMPT_BOUNDED if kind == "http" and route in WORKING_EXEMPT else PASS
+
+
+def verdict_of(scope: dict[str, Any]) -> tuple[str, str]:
+    """This request's verdict and its route path."""
+    kind = scope.get("type")
+    if kind not in ("http", "websocket"):
+        return PASS, ""
+    route = get_route_path(scope)
+    return verdict(kind, scope.get("method"), route), route
+
+
 def admitted(scope: dict[str, Any]) -> bool:
     """Whether this ASGI request passes the admission policy."""
-    kind = scope.get("type")
-    if kind == "http" and scope.get("method") in SAFE_METHODS:
-        return False
-    if kind not in ("http", "websocket"):
-        return False
-    return exempt_reason(get_route_path(scope)) is None
+    return verdict_of(scope)[0] == ADMITTED
 
 
 def bounded_exempt(scope: dict[str, Any]) -> bool:
     """Whether this request skips admission but is still bounded (``WORKING_EXEMPT``)."""
-    if scope.get("type") != "http" or scope.get("method") in SAFE_METHODS:
-        return False
-    return get_route_path(scope) in WORKING_EXEMPT
+    return verdict_of(scope)[0] == EXEMPT_BOUNDED
 
 
 def route_table(routes: list[Any]) -> list[dict[str, Any]]:

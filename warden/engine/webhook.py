@@ -21,7 +21,7 @@ from exporter.catalog import WATERMARK_LEVELS
 from exporter.settings import SettingsError, load_settings
 from exporter.step_monitor import process_monitor
 from warden.common import tokens
-from warden.common.jsonbody import BadRequest, content_length, load_json
+from warden.common.http_input import BodyRules, InputRefused, read_json, read_request
 from warden.control import telemetry
 from warden.control.actions import ActionError, parse_action
 from warden.control.alertmanager import Bounds, PayloadError, parse_payload
@@ -39,6 +39,7 @@ PER_ALERT_OUTCOMES = {
     EVICTED: EVICTED,
 }
 MAX_REPORTED = 20  # refused alerts named in an answer
+OVERRIDE_MAX_BODY_BYTES = 64 * 1024
 
 
 def _error(status: int, message: str, **headers: str) -> JSONResponse:
@@ -79,22 +80,9 @@ class _Guard:
         return None
 
 
-async def _read_json_body(request: Request, limit: int) -> bytes | JSONResponse:
-    content_type = request.headers.get("content-type", "")
-    if content_type.split(";")[0].strip().lower() != "application/json":
-        return _error(415, f"content type must be application/json, got {content_type!r}")
-    try:
-        declared = content_length(request.headers.get("content-length"))
-    except BadRequest as exc:
-        return _error(400, str(exc))
-    if declared is not None and declared > limit:
-        return _error(400, f"body too large (limit {limit} bytes)")
-    body = bytearray()
-    async for chunk in request.stream():
-        body.extend(chunk)
-        if len(body) > limit:
-            return _error(400, f"body too large (limit {limit} bytes)")
-    return bytes(body)
+def _body_rules(limit: int) -> BodyRules:
+    """JSON only; too large is 400, a bad request Alertmanager does not retry."""
+    return BodyRules(limit, json_only=True, too_large_status=400)
 
 
 @router.post("/warden/alertmanager")
@@ -108,11 +96,12 @@ async def alertmanager_webhook(request: Request) -> JSONResponse:
             outcomes.labels(outcome).inc()
             span.set_attribute("warden.outcome", outcome)
             return denied
-        body = await _read_json_body(request, control.config.webhook.max_body_bytes)
-        if isinstance(body, JSONResponse):
+        try:
+            body = await read_request(_body_rules(control.config.webhook.max_body_bytes), request)
+        except InputRefused as exc:
             outcomes.labels("malformed").inc()
             span.set_attribute("warden.outcome", "malformed")
-            return body
+            return _error(exc.status, str(exc))
         try:
             events = parse_payload(body, Bounds(alerts=control.config.webhook.max_alerts))
         except PayloadError as exc:
@@ -167,13 +156,10 @@ async def set_override(request: Request) -> JSONResponse:
     if denied is not None:
         return denied
     control = runtime.controller()
-    body = await _read_json_body(request, 64 * 1024)
-    if isinstance(body, JSONResponse):
-        return body
     try:
-        data = load_json(body)
-    except BadRequest as exc:
-        return _error(400, str(exc))
+        data = await read_json(_body_rules(OVERRIDE_MAX_BODY_BYTES), request)
+    except InputRefused as exc:
+        return _error(exc.status, str(exc))
     if not isinstance(data, dict):
         return _error(400, "body: expected an object")
     params = data.get("params", {})

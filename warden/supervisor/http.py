@@ -31,13 +31,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
 from exporter.supervisor_state import SupervisorState
-from warden.common.jsonbody import BadRequest, content_length
+from warden.common.http_input import BodyRules, InputRefused
 from warden.common.tokens import bearer_matches
 from warden.supervisor.metrics import render
 
 log = logging.getLogger("warden.supervisor")
 STAND_IN_RETRY_AFTER_S = 60
 MAX_BODY_BYTES = 64 << 10  # the actions take no body; a small one is read and ignored
+BODY_RULES = BodyRules(MAX_BODY_BYTES)
 
 
 class SupervisorControl(Protocol):
@@ -85,14 +86,10 @@ def _handler(control: SupervisorControl, stand_in: bool) -> type[BaseHTTPRequest
                 self._send(400, {"error": "Transfer-Encoding is not accepted; send no body"})
                 return False
             try:
-                length = content_length(self.headers.get("Content-Length")) or 0
-            except BadRequest as exc:
+                length = BODY_RULES.check_head(None, self.headers.get("Content-Length")) or 0
+            except InputRefused as exc:
                 self.close_connection = True
-                self._send(400, {"error": str(exc)})
-                return False
-            if length > MAX_BODY_BYTES:
-                self.close_connection = True
-                self._send(413, {"error": f"body too large (limit {MAX_BODY_BYTES} bytes)"})
+                self._send(exc.status, {"error": str(exc)})
                 return False
             if length:
                 self.rfile.read(length)

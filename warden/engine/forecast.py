@@ -1,0 +1,91 @@
+"""The KV forecast's inputs for one request: the prompt's length in tokens and the cache's state.
+
+The prompt is counted the way ``len(tokenizer.encode(prompt))`` counts it: a long one (over
+``INLINE_TOKENIZE_CHARS``) on a worker thread, so it cannot stall every stream and /health; a
+short one on the event loop, where counting takes less than the hop to a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from typing import Any
+
+from exporter import vllm_compat
+from exporter.step_monitor import process_monitor
+from warden.control import token_limits
+from warden.control.admission import KvState
+from warden.control.controller import Controller
+
+log = logging.getLogger("warden.control")
+# Prompts longer than this are not tokenized for the forecast (vLLM refuses them anyway).
+MAX_FORECAST_PROMPT_CHARS = 1 << 20
+# Prompts up to this long are tokenized on the event loop: a thread hop costs more than they.
+INLINE_TOKENIZE_CHARS = 2048
+
+
+def prompt_text(route: str, body: dict[str, Any]) -> str | list[int] | None:
+    """The prompt the forecast counts: a completion's, or a chat's message contents."""
+    if route == token_limits.INVOCATIONS:
+        chat = isinstance(body.get("messages"), list)
+        route = "/v1/chat/completions" if chat else "/v1/completions"
+    if route == "/v1/completions":
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            return prompt
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            return prompt
+        return None
+    messages = body.get("messages") if route == "/v1/chat/completions" else None
+    if isinstance(messages, list):
+        parts = [m.get("content") for m in messages if isinstance(m, dict)]
+        return "\n".join(p for p in parts if isinstance(p, str))
+    return None
+
+
+def count_tokens(tokenizer: Any, prompt: str) -> int:
+    """What ``len(tokenizer.encode(prompt))`` counts. A Hugging Face fast tokenizer's Rust
+    backend is asked directly when no truncation or padding is left set on it (a call of
+    vLLM's may leave one, which ``encode`` would reset first): the same tokens, without the
+    batch path (a thread-pool hop per prompt) and its Python wrapping."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and backend.truncation is None and backend.padding is None:
+        return len(backend.encode(prompt).ids)
+    return len(tokenizer.encode(prompt))
+
+
+class Forecast:
+    def __init__(self, control: Controller) -> None:
+        self.control = control
+        self._tokenizer: Any = None
+
+    async def prompt_tokens(self, route: str, body: dict[str, Any]) -> int | None:
+        prompt = prompt_text(route, body)
+        if prompt is None or len(prompt) > MAX_FORECAST_PROMPT_CHARS:
+            return None
+        if isinstance(prompt, list):
+            return len(prompt)
+        client = self.control.engine_client
+        if client is None:
+            return None
+        try:
+            if self._tokenizer is None:
+                tokenizer = client.get_tokenizer()  # sync in vLLM 0.32, async in older ones
+                if inspect.isawaitable(tokenizer):
+                    tokenizer = await tokenizer
+                self._tokenizer = tokenizer
+            if len(prompt) <= INLINE_TOKENIZE_CHARS:
+                return count_tokens(self._tokenizer, prompt)
+            # Off the event loop: a long prompt must not stall every stream and /health.
+            return await asyncio.to_thread(count_tokens, self._tokenizer, prompt)
+        except Exception:
+            log.debug("warden: prompt not tokenized; forecast skipped", exc_info=True)
+            return None
+
+    def kv_state(self) -> KvState | None:
+        geometry = vllm_compat.kv_geometry(self.control.engine_client)
+        monitor = process_monitor()
+        if geometry is None or monitor is None:
+            return None
+        return KvState(geometry[0], geometry[1], monitor.snapshot.kv_cache_usage)
