@@ -741,11 +741,11 @@ def test_working_exempt_routes_are_bounded_and_closed_under_reject_all() -> None
         assert not routes.bounded_exempt(scope(path)), path
     assert not routes.bounded_exempt(scope("/tokenize", method="GET"))
     control = controller_at()
-    assert admit_exempt(control.policy(), control.cause_of).admit
+    assert admit_exempt(control.policy()).admit
     control.set_manual("stop", ActionRequest("stop_admission"), 60)
-    assert admit_exempt(control.policy(), control.cause_of).admit  # still open: no generation
+    assert admit_exempt(control.policy()).admit  # still open: no generation
     control.set_manual("all", ActionRequest("reject_all"), 60)
-    refused = admit_exempt(control.policy(), control.cause_of)
+    refused = admit_exempt(control.policy())
     assert not refused.admit and refused.status == 503 and refused.signal == "manual"
 
 

@@ -14,7 +14,6 @@ and its ``value``, so a false intervention is visible in the answer and in ``/wa
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,13 +135,10 @@ def admit(
     return Decision(True)
 
 
-def admit_exempt(
-    policy: EffectivePolicy, _cause_of: Callable[[str], Cause] | None = None
-) -> Decision:
+def admit_exempt(policy: EffectivePolicy) -> Decision:
     """Routes exempt from admission that still do work (tokenizing, counting, rendering) are
     refused only under ``reject_all``: they generate nothing, so stopping admission or shedding
-    leaves them open, but an engine told to refuse everything refuses them too. (The second
-    argument is ignored: the cause is the policy's. It stays for callers that still pass one.)"""
+    leaves them open, but an engine told to refuse everything refuses them too."""
     refuse = REGISTRY.by_name["reject_all"].refuse
     assert refuse is not None
     found = refuse(policy.view(), 0, lambda _fraction: True)

@@ -396,11 +396,6 @@ class Controller:
         decision = self.admit(facts, policy, gate)
         return self.limit(facts, policy, kv) if decision.admit else decision
 
-    def cause_of(self, action: str) -> Cause:
-        """The policy's cause for ``action``. Decisions carry their cause; this stays only for
-        callers that still pass it along (``admission.admit_exempt`` ignores it)."""
-        return self.policy().cause(action)
-
     def record_rejection(self, decision: Decision | str) -> None:
         """Count a refusal; keep it with its cause; close any crossing still waiting for its
         first refusal."""

@@ -101,7 +101,7 @@ class AdmissionStage:
         """An exempt route that still works on the body (tokenize, count, render) is closed
         only under ``reject_all`` (not counted as a request: admission does not decide it)."""
         control = self.control
-        decision = admit_exempt(control.policy(), control.cause_of)
+        decision = admit_exempt(control.policy())
         if not decision.admit:
             await self.refuse(scope, receive, send, decision)
             return False
