@@ -231,7 +231,7 @@ def attach_forecast(control: Any) -> None:
     from types import SimpleNamespace
 
     from transformers import AutoTokenizer
-    from warden.cli.tinymodel import build_tiny_model
+    from warden.common.tinymodel import build_tiny_model
 
     import exporter.step_monitor as step_monitor
 
