@@ -231,9 +231,9 @@ def attach_forecast(control: Any) -> None:
     from types import SimpleNamespace
 
     from transformers import AutoTokenizer
-    from warden.common.tinymodel import build_tiny_model
 
     import exporter.step_monitor as step_monitor
+    from warden.common.tinymodel import build_tiny_model
 
     folder = tempfile.mkdtemp(prefix="warden-mw-bench-model-")
     tokenizer = AutoTokenizer.from_pretrained(str(build_tiny_model(Path(folder) / "tiny")))
