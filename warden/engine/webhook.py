@@ -19,13 +19,12 @@ from fastapi.responses import JSONResponse
 from exporter import vllm_compat
 from exporter.catalog import WATERMARK_LEVELS
 from exporter.settings import SettingsError, load_settings
-from exporter.step_monitor import process_monitor
 from warden.common import tokens
 from warden.common.http_input import BodyRules, InputRefused, read_json, read_request
 from warden.control import telemetry
 from warden.control.actions import ActionError, parse_action
 from warden.control.alertmanager import Bounds, PayloadError, parse_payload
-from warden.control.controller import EVICTED
+from warden.control.controller import EVICTED, Controller
 from warden.engine import routes, runtime
 from warden.engine.identity import first_look, resolve
 
@@ -56,7 +55,7 @@ class _Guard:
     insecure = False
 
     @classmethod
-    def check(cls, request: Request) -> JSONResponse | None:
+    def check(cls, request: Request, control: Controller) -> JSONResponse | None:
         if not cls.loaded:
             try:
                 settings = load_settings()
@@ -66,9 +65,7 @@ class _Guard:
                 cls.problem = str(exc)
             cls.loaded = True
         if cls.token is None:
-            if cls.problem is None and (
-                cls.insecure or runtime.controller().config.webhook.allow_insecure
-            ):
+            if cls.problem is None and (cls.insecure or control.config.webhook.allow_insecure):
                 return None
             reason = cls.problem or (
                 f"no token configured: set {tokens.TOKEN_FILE_ENV} or {tokens.TOKEN_ENV} "
@@ -87,10 +84,10 @@ def _body_rules(limit: int) -> BodyRules:
 
 @router.post("/warden/alertmanager")
 async def alertmanager_webhook(request: Request) -> JSONResponse:
-    control = runtime.controller()
+    control = runtime.of(request).control
     outcomes = control.notifications
     with telemetry.tracer().start_as_current_span("warden.webhook") as span:
-        denied = _Guard.check(request)
+        denied = _Guard.check(request, control)
         if denied is not None:
             outcome = "disabled" if denied.status_code == 403 else "unauthorized"
             outcomes.labels(outcome).inc()
@@ -146,16 +143,16 @@ async def alertmanager_webhook(request: Request) -> JSONResponse:
 
 
 @router.get("/warden/degrade")
-async def list_overrides() -> JSONResponse:
-    return JSONResponse({"leases": runtime.controller().state_json()["leases"]})
+async def list_overrides(request: Request) -> JSONResponse:
+    return JSONResponse({"leases": runtime.of(request).control.state_json()["leases"]})
 
 
 @router.post("/warden/degrade")
 async def set_override(request: Request) -> JSONResponse:
-    denied = _Guard.check(request)
+    control = runtime.of(request).control
+    denied = _Guard.check(request, control)
     if denied is not None:
         return denied
-    control = runtime.controller()
     try:
         data = await read_json(_body_rules(OVERRIDE_MAX_BODY_BYTES), request)
     except InputRefused as exc:
@@ -189,14 +186,14 @@ async def set_override(request: Request) -> JSONResponse:
 
 @router.delete("/warden/degrade")
 async def clear_override(request: Request) -> JSONResponse:
-    denied = _Guard.check(request)
+    control = runtime.of(request).control
+    denied = _Guard.check(request, control)
     if denied is not None:
         return denied
     key = request.query_params.get("key")
     everything = request.query_params.get("all", "").lower() in ("1", "true", "yes")
     if key is None and not everything:
         return _error(400, "name a lease with ?key=KEY, or clear every manual lease with ?all=1")
-    control = runtime.controller()
     cleared = control.clear_manual(None if everything else key)
     return JSONResponse({"cleared": cleared, **control.state_json()})
 
@@ -208,14 +205,15 @@ async def admission_routes(request: Request) -> JSONResponse:
 
 
 @router.get("/warden/state")
-async def warden_state() -> JSONResponse:
-    control = runtime.controller()
+async def warden_state(request: Request) -> JSONResponse:
+    rt = runtime.of(request)
+    control = rt.control
     state: dict[str, Any] = control.state_json()
     geometry = vllm_compat.kv_geometry(control.engine_client)
     state["kv_cache"] = (
         {"total_blocks": geometry[0], "block_size": geometry[1]} if geometry else None
     )
-    monitor = process_monitor()
+    monitor = rt.monitor
     if monitor is not None:
         snap = monitor.snapshot
         state.update(
