@@ -321,7 +321,6 @@ def webhook_client(installed: EngineRuntime, monkeypatch: pytest.MonkeyPatch) ->
     """The webhook route on its own app, guarded by a token from the environment."""
     monkeypatch.setenv("WARDEN_WEBHOOK_TOKEN", TOKEN)
     monkeypatch.delenv("WARDEN_WEBHOOK_TOKEN_FILE", raising=False)
-    monkeypatch.setattr(webhook._Guard, "loaded", False)  # read the token again
     monkeypatch.setenv("WARDEN_INSTANCE", "engine:8000")  # the instance the alerts name
     engine_identity.reset()
     app = FastAPI()

@@ -12,6 +12,7 @@ from argparse import Namespace
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
@@ -20,6 +21,7 @@ from exporter import catalog
 from exporter.metrics import WardenMetrics
 from exporter.settings import WardenSettings
 from exporter.step_monitor import StepMonitor
+from warden.common import tokens
 from warden.control.actions import ActionRequest
 from warden.engine import runtime
 from warden.engine.endpoints import WardenEndpoints
@@ -68,3 +70,26 @@ def test_two_runtimes_do_not_share_a_controller() -> None:
 
 def test_the_process_runtime_is_built_once() -> None:
     assert runtime.process_runtime() is runtime.process_runtime()
+
+
+def test_each_runtime_reads_its_own_webhook_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guard belongs to the runtime: a token set before a runtime's first guarded request
+    is the one it checks, and a runtime with no token refuses (403) and changes nothing."""
+    for name in (tokens.TOKEN_FILE_ENV, tokens.TOKEN_ENV, tokens.INSECURE_ENV):
+        monkeypatch.delenv(name, raising=False)
+    lease = {"key": "maintenance", "action": "stop_admission", "ttl_s": 60}
+    closed = EngineRuntime.build()
+    assert served(closed, None).post("/warden/degrade", json=lease).status_code == 403
+    assert not closed.control.policy().stop_admission
+    monkeypatch.setenv(tokens.TOKEN_ENV, "first-runtime-token")
+    first = served(EngineRuntime.build(), None)
+    monkeypatch.setenv(tokens.TOKEN_ENV, "second-runtime-token")
+    second_rt = EngineRuntime.build()
+    second = served(second_rt, None)
+    bearer = {"Authorization": "Bearer second-runtime-token"}
+    assert second.post("/warden/degrade", json=lease, headers=bearer).status_code == 200
+    assert second_rt.control.policy().stop_admission
+    # The first runtime reads its token at its first guarded request: the environment's now.
+    assert first.post("/warden/degrade", json=lease, headers=bearer).status_code == 200
+    wrong = {"Authorization": "Bearer first-runtime-token"}
+    assert second.post("/warden/degrade", json=lease, headers=wrong).status_code == 401

@@ -138,7 +138,6 @@ def webhook_app(
     monkeypatch.setenv("WARDEN_WEBHOOK_TOKEN", TOKEN)
     for name in ("WARDEN_WEBHOOK_TOKEN_FILE", "WARDEN_INSTANCE", "WARDEN_NAMESPACE"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(webhook._Guard, "loaded", False)
     engine_identity.reset()
     app = FastAPI()
     runtime.install(app, EngineRuntime(controller, WardenMetrics(CollectorRegistry())))

@@ -61,7 +61,6 @@ def engine_url(
     monkeypatch.setenv("WARDEN_WEBHOOK_TOKEN", TOKEN)
     monkeypatch.delenv("WARDEN_WEBHOOK_TOKEN_FILE", raising=False)
     monkeypatch.setenv("WARDEN_INSTANCE", INSTANCE)
-    monkeypatch.setattr(webhook._Guard, "loaded", False)
     engine_identity.reset()
     app = FastAPI()
     runtime.install(app, EngineRuntime(control, WardenMetrics(registry)))

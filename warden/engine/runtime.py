@@ -1,7 +1,8 @@
 """One API server's engine runtime: what warden's adapters share, built once and passed in.
 
 ``EngineRuntime`` holds the controller, warden's metrics, the way to the exporter's step
-monitor, and the link to the engine the endpoint plugin attaches. Everything in
+monitor, the webhook's guard (its token), and the link to the engine the endpoint plugin
+attaches. Everything in
 ``warden.engine`` receives it (a constructor argument, or ``request.app.state`` for routes)
 rather than reaching for a process-wide object, so a test builds its own with
 ``EngineRuntime.build`` (a private registry, an injected clock, a fake monitor or engine).
@@ -27,6 +28,7 @@ from exporter.metrics import WardenMetrics, process_metrics
 from exporter.step_monitor import StepMonitor, process_monitor
 from warden.control.config import ControlConfig, load_config
 from warden.control.controller import Controller
+from warden.engine.webhook_guard import WebhookGuard
 
 STATE_KEY = "warden_runtime"
 
@@ -41,6 +43,7 @@ class EngineRuntime:
     metrics: WardenMetrics
     # A source, not a value: vLLM's stat logger creates the monitor after the app is built.
     monitor_source: Callable[[], StepMonitor | None] = field(default=_no_monitor)
+    guard: WebhookGuard = field(default_factory=WebhookGuard)
 
     @property
     def monitor(self) -> StepMonitor | None:

@@ -18,13 +18,11 @@ from fastapi.responses import JSONResponse
 
 from exporter import vllm_compat
 from exporter.catalog import WATERMARK_LEVELS
-from exporter.settings import SettingsError, load_settings
-from warden.common import tokens
 from warden.common.http_input import BodyRules, InputRefused, read_json, read_request
 from warden.control import telemetry
 from warden.control.actions import ActionError, parse_action
 from warden.control.alertmanager import Bounds, PayloadError, parse_payload
-from warden.control.controller import EVICTED, Controller
+from warden.control.controller import EVICTED
 from warden.engine import routes, runtime
 from warden.engine.identity import first_look, resolve
 
@@ -45,36 +43,12 @@ def _error(status: int, message: str, **headers: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status, headers=headers or None)
 
 
-class _Guard:
-    """The token (or insecure mode), read once at first use."""
-
-    token: str | None = None
-    loaded = False
-    problem: str | None = None
-
-    insecure = False
-
-    @classmethod
-    def check(cls, request: Request, control: Controller) -> JSONResponse | None:
-        if not cls.loaded:
-            try:
-                settings = load_settings()
-                cls.token = tokens.load_token(settings)
-                cls.insecure = settings.webhook_insecure
-            except (tokens.TokenError, SettingsError) as exc:
-                cls.problem = str(exc)
-            cls.loaded = True
-        if cls.token is None:
-            if cls.problem is None and (cls.insecure or control.config.webhook.allow_insecure):
-                return None
-            reason = cls.problem or (
-                f"no token configured: set {tokens.TOKEN_FILE_ENV} or {tokens.TOKEN_ENV} "
-                f"(or {tokens.INSECURE_ENV}=1 to run without one)"
-            )
-            return _error(403, f"warden webhook disabled: {reason}")
-        if not tokens.bearer_matches(request.headers.get("authorization"), cls.token):
-            return _error(401, "missing or wrong bearer token", **{"WWW-Authenticate": "Bearer"})
+def _denied(request: Request, rt: runtime.EngineRuntime) -> JSONResponse | None:
+    """The runtime's guard's answer to a request that would change the policy."""
+    refusal = rt.guard.check(request.headers.get("authorization"), rt.control.config.webhook)
+    if refusal is None:
         return None
+    return _error(refusal.status, refusal.message, **refusal.headers)
 
 
 def _body_rules(limit: int) -> BodyRules:
@@ -84,10 +58,11 @@ def _body_rules(limit: int) -> BodyRules:
 
 @router.post("/warden/alertmanager")
 async def alertmanager_webhook(request: Request) -> JSONResponse:
-    control = runtime.of(request).control
+    rt = runtime.of(request)
+    control = rt.control
     outcomes = control.notifications
     with telemetry.tracer().start_as_current_span("warden.webhook") as span:
-        denied = _Guard.check(request, control)
+        denied = _denied(request, rt)
         if denied is not None:
             outcome = "disabled" if denied.status_code == 403 else "unauthorized"
             outcomes.labels(outcome).inc()
@@ -149,8 +124,9 @@ async def list_overrides(request: Request) -> JSONResponse:
 
 @router.post("/warden/degrade")
 async def set_override(request: Request) -> JSONResponse:
-    control = runtime.of(request).control
-    denied = _Guard.check(request, control)
+    rt = runtime.of(request)
+    control = rt.control
+    denied = _denied(request, rt)
     if denied is not None:
         return denied
     try:
@@ -186,8 +162,9 @@ async def set_override(request: Request) -> JSONResponse:
 
 @router.delete("/warden/degrade")
 async def clear_override(request: Request) -> JSONResponse:
-    control = runtime.of(request).control
-    denied = _Guard.check(request, control)
+    rt = runtime.of(request)
+    control = rt.control
+    denied = _denied(request, rt)
     if denied is not None:
         return denied
     key = request.query_params.get("key")
