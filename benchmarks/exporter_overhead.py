@@ -434,7 +434,7 @@ def micro(model: str, vocab: int, batch: int) -> dict[str, Any]:
     board = SignalBoard.create_for_process_tree()
     try:
         logger = WardenStatLogger(None)
-        control = runtime.controller()
+        control = runtime.process_runtime().control
         assert logger.monitor is not None
         logger.monitor.add_listener(Reflex(control.config.reflex, control))
         out["warden_stat_logger_record_us"] = best_us(

@@ -32,6 +32,7 @@ from warden.control.controller import Controller
 from warden.control.reflex import Reflex
 from warden.engine import identity as engine_identity
 from warden.engine import middleware, runtime, webhook
+from warden.engine.runtime import EngineRuntime
 
 # The test clock: after every alert in these tests starts (their times are believed).
 NOW = 1_795_269_600.0  # 2026-11-21T14:00:00Z
@@ -265,11 +266,9 @@ def test_no_request_in_flight_opens_no_preempt_span(
 
 
 @pytest.fixture
-def installed(controller: Controller, monkeypatch: pytest.MonkeyPatch) -> Controller:
-    """``controller`` as the process's controller, its metrics as the process metrics."""
-    monkeypatch.setattr(runtime, "_controller", controller)
-    monkeypatch.setattr(middleware, "process_metrics", lambda: WardenMetrics(CollectorRegistry()))
-    return controller
+def installed(controller: Controller) -> EngineRuntime:
+    """A runtime around ``controller``, with metrics of its own."""
+    return EngineRuntime(controller, WardenMetrics(CollectorRegistry()))
 
 
 class Engine:
@@ -295,21 +294,21 @@ def post_completion(app: Any, body: dict[str, Any]) -> tuple[int, bytes]:
 
 
 def test_a_refused_request_opens_a_reject_span(
-    installed: Controller, spans: InMemorySpanExporter
+    installed: EngineRuntime, spans: InMemorySpanExporter
 ) -> None:
-    installed.set_manual("drain", ActionRequest("stop_admission"), 60.0)
+    installed.control.set_manual("drain", ActionRequest("stop_admission"), 60.0)
     spans.clear()
     engine = Engine((200, b"{}"))
-    status, _ = post_completion(middleware.WardenMiddleware(engine), {"prompt": "hi"})
+    status, _ = post_completion(middleware.WardenMiddleware(engine, installed), {"prompt": "hi"})
     assert status == 503 and engine.calls == 0
     has(only(spans, "warden.reject"), reason="stop_admission", status=503)
 
 
 def test_a_retried_request_opens_a_retry_span(
-    installed: Controller, spans: InMemorySpanExporter
+    installed: EngineRuntime, spans: InMemorySpanExporter
 ) -> None:
     engine = Engine((500, b'{"error": "CUDA out of memory"}'), (200, b'{"choices": []}'))
-    status, _ = post_completion(middleware.WardenMiddleware(engine), {"prompt": "hi"})
+    status, _ = post_completion(middleware.WardenMiddleware(engine, installed), {"prompt": "hi"})
     assert status == 200 and engine.calls == 2
     has(only(spans, "warden.retry"), reason="engine_oom", attempt=2)
 
@@ -318,14 +317,14 @@ def test_a_retried_request_opens_a_retry_span(
 
 
 @pytest.fixture
-def webhook_client(installed: Controller, monkeypatch: pytest.MonkeyPatch) -> TestClient:
+def webhook_client(installed: EngineRuntime, monkeypatch: pytest.MonkeyPatch) -> TestClient:
     """The webhook route on its own app, guarded by a token from the environment."""
     monkeypatch.setenv("WARDEN_WEBHOOK_TOKEN", TOKEN)
     monkeypatch.delenv("WARDEN_WEBHOOK_TOKEN_FILE", raising=False)
-    monkeypatch.setattr(webhook._Guard, "loaded", False)  # read the token again
     monkeypatch.setenv("WARDEN_INSTANCE", "engine:8000")  # the instance the alerts name
     engine_identity.reset()
     app = FastAPI()
+    runtime.install(app, installed)
     app.include_router(webhook.router)
     return TestClient(app)
 

@@ -17,37 +17,37 @@ from warden.control.actions import ActionRequest
 from warden.control.config import ControlConfig
 from warden.control.controller import Controller
 from warden.control.leases import DRAIN_LEASE_KEY
-from warden.engine import middleware, runtime
+from warden.engine import middleware
+from warden.engine.runtime import EngineRuntime
 
 
 @pytest.fixture
-def controller(monkeypatch: pytest.MonkeyPatch) -> Controller:
-    installed = Controller(ControlConfig(), WardenMetrics(CollectorRegistry()))
-    monkeypatch.setattr(runtime, "_controller", installed)
-    monkeypatch.setattr(middleware, "process_metrics", lambda: WardenMetrics(CollectorRegistry()))
-    return installed
+def rt() -> EngineRuntime:
+    control = Controller(ControlConfig(), WardenMetrics(CollectorRegistry()))
+    return EngineRuntime(control, WardenMetrics(CollectorRegistry()))
 
 
 async def never_called(scope: dict, receive: Any, send: Any) -> None:
     raise AssertionError("a refused request reached the engine")
 
 
-def refusal_headers() -> dict[bytes, bytes]:
-    sent = post_json(middleware.WardenMiddleware(never_called), {"prompt": "hi", "max_tokens": 2})
+def refusal_headers(rt: EngineRuntime) -> dict[bytes, bytes]:
+    door = middleware.WardenMiddleware(never_called, rt)
+    sent = post_json(door, {"prompt": "hi", "max_tokens": 2})
     start = next(m for m in sent if m["type"] == "http.response.start")
     assert start["status"] == 503
     return dict(start["headers"])
 
 
-def test_a_drain_refusal_closes_the_connection(controller: Controller) -> None:
-    controller.set_manual(DRAIN_LEASE_KEY, ActionRequest("stop_admission"), 60.0)
-    headers = refusal_headers()
+def test_a_drain_refusal_closes_the_connection(rt: EngineRuntime) -> None:
+    rt.control.set_manual(DRAIN_LEASE_KEY, ActionRequest("stop_admission"), 60.0)
+    headers = refusal_headers(rt)
     assert headers.get(b"connection") == b"close"
     assert headers.get(b"retry-after")
 
 
-def test_another_manual_refusal_keeps_the_connection(controller: Controller) -> None:
-    controller.set_manual("maintenance", ActionRequest("stop_admission"), 60.0)
-    headers = refusal_headers()
+def test_another_manual_refusal_keeps_the_connection(rt: EngineRuntime) -> None:
+    rt.control.set_manual("maintenance", ActionRequest("stop_admission"), 60.0)
+    headers = refusal_headers(rt)
     assert b"connection" not in headers
     assert headers.get(b"retry-after")

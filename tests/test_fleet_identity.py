@@ -26,6 +26,7 @@ from warden.control.controller import Controller
 from warden.control.identity import EngineIdentity
 from warden.engine import identity as engine_identity
 from warden.engine import runtime, webhook
+from warden.engine.runtime import EngineRuntime
 
 # The test clock: after every alert in these tests starts (their times are believed).
 NOW = 1_795_269_600.0  # 2026-11-21T14:00:00Z
@@ -134,13 +135,12 @@ def test_in_a_mixed_notification_only_this_engines_alert_takes_a_lease(
 def webhook_app(
     controller: Controller, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[tuple[FastAPI, Controller]]:
-    monkeypatch.setattr(runtime, "_controller", controller)
     monkeypatch.setenv("WARDEN_WEBHOOK_TOKEN", TOKEN)
     for name in ("WARDEN_WEBHOOK_TOKEN_FILE", "WARDEN_INSTANCE", "WARDEN_NAMESPACE"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(webhook._Guard, "loaded", False)
     engine_identity.reset()
     app = FastAPI()
+    runtime.install(app, EngineRuntime(controller, WardenMetrics(CollectorRegistry())))
     app.include_router(webhook.router)
     yield app, controller
     engine_identity.reset()

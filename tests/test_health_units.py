@@ -10,11 +10,14 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
 from exporter import catalog
+from exporter.metrics import WardenMetrics
 from exporter.supervisor_state import STATE_ENV_VAR, SupervisorState
-from warden.engine import health
+from warden.engine import health, runtime
+from warden.engine.runtime import EngineRuntime
 
 
 def test_quantile_interpolates_like_histogram_quantile() -> None:
@@ -85,12 +88,23 @@ def test_error_rate_check_needs_enough_requests_and_a_high_rate() -> None:
     source.now += 30
     source.families = _families({"success": 1, "server_error": 4}, [("+Inf", 0.0)])
     windows.sample()
-    assert health.check_error_rate(windows).ok, "5 requests are too few to judge"
+    metrics = WardenMetrics(CollectorRegistry())
+    assert health.check_error_rate(windows, metrics).ok, "5 requests are too few to judge"
     source.now += 10
     source.families = _families({"success": 2, "server_error": 20, "rejected": 50}, [("+Inf", 0.0)])
     windows.sample()
-    check = health.check_error_rate(windows)
+    check = health.check_error_rate(windows, metrics)
     assert not check.ok and "20/22 server errors" in check.detail
+
+
+def test_error_rate_check_reads_the_circuit_breaker_of_its_own_metrics() -> None:
+    source = FakeSource()
+    windows = health.MetricWindows(source.read, clock=source.clock)
+    metrics = WardenMetrics(CollectorRegistry())
+    assert health.check_error_rate(windows, metrics).ok
+    metrics.get(catalog.CIRCUIT_BREAKER_STATE).set(catalog.CIRCUIT_STATES.index("open"))
+    check = health.check_error_rate(windows, metrics)
+    assert not check.ok and "circuit breaker open" in check.detail
 
 
 def test_supervisor_checks_read_the_circuit_and_drain_flags() -> None:
@@ -133,6 +147,7 @@ def client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClie
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
     app = FastAPI()
     app.include_router(health.router)
+    runtime.install(app, EngineRuntime.build())
     app.state.engine_client = FakeEngineClient()
     with TestClient(app) as test_client:
         yield test_client

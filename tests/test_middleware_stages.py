@@ -22,9 +22,10 @@ from warden.control.actions import parse_action
 from warden.control.admission import RequestFacts
 from warden.control.config import ControlConfig
 from warden.control.controller import Controller
-from warden.engine import middleware, runtime
+from warden.engine import middleware
 from warden.engine.forecast import count_tokens
 from warden.engine.retry_stage import spliced
+from warden.engine.runtime import EngineRuntime
 
 
 def receiving(*messages: dict[str, Any]) -> Any:
@@ -155,11 +156,10 @@ def test_the_half_open_share_is_counted_by_the_breakers_one_gate(
     the controller made (here, ``decide``) and a request at the front door draw on one credit,
     so with half the requests let through, the two alternate; a refusal names its signal."""
     control = Controller(ControlConfig(), WardenMetrics(CollectorRegistry()))
-    monkeypatch.setattr(runtime, "_controller", control)
-    monkeypatch.setattr(middleware, "process_metrics", lambda: WardenMetrics(CollectorRegistry()))
+    rt = EngineRuntime(control, WardenMetrics(CollectorRegistry()))
     half_open = parse_action("circuit_breaker", {"circuit": "half_open", "admit_fraction": 0.5})
     control.set_manual("breaker", half_open, 60.0)
-    app = middleware.WardenMiddleware(engine_ok)
+    app = middleware.WardenMiddleware(engine_ok, rt)
 
     def status_at_the_door() -> tuple[int, dict[str, Any]]:
         sent = post_json(app, {"prompt": "hi", "max_tokens": 2})

@@ -14,11 +14,12 @@ import threading
 import time
 import types
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, CollectorRegistry
 from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate
 from vllm.v1.sample.logits_processor.interface import MoveDirectionality
@@ -32,6 +33,7 @@ from exporter import catalog
 from exporter.logits import NonFiniteLogitsProcessor
 from exporter.logits_select import V1_PROCESSOR, V2_PROCESSOR
 from exporter.logits_v2 import NonFiniteLogitsProcessorV2
+from exporter.metrics import WardenMetrics
 from exporter.nonfinite import NonFiniteDetector, RowOwner, _Pending, fault_kind
 from exporter.signals import SignalBoard
 from warden.engine import flag_wait
@@ -358,11 +360,19 @@ def test_v2_processor_maps_speculative_rows_through_the_expanded_mapping(
 # --- the middleware's bounded wait -------------------------------------------------------------
 
 
+def waits(registry: CollectorRegistry | None = None) -> Any:
+    """The wait histogram on a registry of its own."""
+    return WardenMetrics(registry or CollectorRegistry()).get(catalog.NONFINITE_FLAG_WAIT)
+
+
 def test_flag_wait_returns_at_once_when_every_step_is_resolved(board: SignalBoard) -> None:
+    registry = CollectorRegistry()
+    waited = waits(registry)
     board.publish_progress(0, 7, 7)
-    assert asyncio.run(flag_wait.nonfinite_flag(board, "warden-none", 5.0)) is None
+    assert asyncio.run(flag_wait.nonfinite_flag(board, "warden-none", 5.0, waited)) is None
     board.flag_request("warden-bad", "nan")
-    assert asyncio.run(flag_wait.nonfinite_flag(board, "warden-bad", 5.0)) == "nan"
+    assert asyncio.run(flag_wait.nonfinite_flag(board, "warden-bad", 5.0, waited)) == "nan"
+    assert registry.get_sample_value(f"{catalog.NONFINITE_FLAG_WAIT.name}_count") == 2
 
 
 def test_flag_wait_holds_the_response_until_the_pending_step_is_resolved(
@@ -382,7 +392,7 @@ def test_flag_wait_holds_the_response_until_the_pending_step_is_resolved(
     thread.start()
 
     async def ask() -> str | None:
-        task = asyncio.create_task(flag_wait.nonfinite_flag(board, "warden-late", 60.0))
+        task = asyncio.create_task(flag_wait.nonfinite_flag(board, "warden-late", 60.0, waits()))
         await asyncio.sleep(0.05)
         assert not task.done()  # still waiting for step 8
         released.set()
@@ -395,7 +405,7 @@ def test_flag_wait_holds_the_response_until_the_pending_step_is_resolved(
 def test_flag_wait_is_bounded_when_flags_never_come(board: SignalBoard) -> None:
     board.publish_progress(0, 9, 3)  # a device that stopped answering
     started = time.monotonic()
-    assert asyncio.run(flag_wait.nonfinite_flag(board, "warden-stuck", 0.05)) is None
+    assert asyncio.run(flag_wait.nonfinite_flag(board, "warden-stuck", 0.05, waits())) is None
     assert time.monotonic() - started >= 0.05
 
 

@@ -855,11 +855,10 @@ def test_the_webhook_applies_this_engines_own_alerts_before_any_lookup(
     from warden.engine import runtime, webhook
 
     control = Controller(ControlConfig(), WardenMetrics(CollectorRegistry()))
-    monkeypatch.setattr(runtime, "_controller", control)
     monkeypatch.setenv("WARDEN_WEBHOOK_TOKEN", "own-first-token")
     monkeypatch.delenv("WARDEN_WEBHOOK_TOKEN_FILE", raising=False)
-    monkeypatch.setattr(webhook._Guard, "loaded", False)
     app = FastAPI()
+    runtime.install(app, runtime.EngineRuntime(control, WardenMetrics(CollectorRegistry())))
     app.include_router(webhook.router)
     with serving(app) as url:
         port = url.rsplit(":", 1)[1]

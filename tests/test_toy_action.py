@@ -34,6 +34,7 @@ from warden.control.controller import Controller
 from warden.control.reflex import Reflex
 from warden.engine import identity as engine_identity
 from warden.engine import runtime, webhook
+from warden.engine.runtime import EngineRuntime
 
 TOKEN = "toy-action-token"
 INSTANCE = "engine:8000"
@@ -57,13 +58,12 @@ def engine_url(
     """The engine's real webhook routes, served over TCP, with a controller of their own."""
     registry = CollectorRegistry()
     control = controller(registry)
-    monkeypatch.setattr(runtime, "_controller", control)
     monkeypatch.setenv("WARDEN_WEBHOOK_TOKEN", TOKEN)
     monkeypatch.delenv("WARDEN_WEBHOOK_TOKEN_FILE", raising=False)
     monkeypatch.setenv("WARDEN_INSTANCE", INSTANCE)
-    monkeypatch.setattr(webhook._Guard, "loaded", False)
     engine_identity.reset()
     app = FastAPI()
+    runtime.install(app, EngineRuntime(control, WardenMetrics(registry)))
     app.include_router(webhook.router)
     with serving(app) as url:
         yield url, control, registry

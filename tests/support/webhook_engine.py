@@ -20,8 +20,9 @@ from warden.engine import runtime, webhook
 
 
 def build_app() -> FastAPI:
-    runtime.controller()  # build it now: its gauges are on /metrics from the first scrape
     app = FastAPI()
+    # This process's runtime, built now: its gauges are on /metrics from the first scrape.
+    runtime.install(app, runtime.process_runtime())
     app.include_router(webhook.router)
     app.mount("/metrics", make_asgi_app())
     return app

@@ -20,7 +20,6 @@ from warden.common.http_input import BodyRules, InputRefused
 from warden.common.jsonbody import BadRequest, load_json
 from warden.control import token_limits
 from warden.control.admission import RequestFacts, token_ceiling
-from warden.control.controller import Controller
 from warden.control.token_limits import Limit, Unreadable
 from warden.engine.admission_stage import AdmissionStage, Admitted
 from warden.engine.asgi import (
@@ -36,6 +35,7 @@ from warden.engine.asgi import (
 )
 from warden.engine.forecast import Forecast
 from warden.engine.retry_stage import RETRIED_ROUTES, RetryStage
+from warden.engine.runtime import EngineRuntime
 
 log = logging.getLogger("warden.control")
 CONTENT_LENGTH = b"content-length"
@@ -45,18 +45,18 @@ class BodyStage:
     def __init__(
         self,
         app: App,
-        control: Controller,
+        rt: EngineRuntime,
         answers: Answers,
         door: AdmissionStage,
         retry: RetryStage,
     ) -> None:
         self.app = app
-        self.control = control
+        self.control = control = rt.control
         self.answers = answers
         self.door = door
         self.retry = retry
         self.rules = BodyRules(control.config.admission.max_body_bytes)
-        self.forecast = Forecast(control)
+        self.forecast = Forecast(rt)
 
     def check_head(self, headers: dict[bytes, str]) -> None:
         """``InputRefused`` from the declared length alone (before a byte is read)."""

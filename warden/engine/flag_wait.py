@@ -19,8 +19,8 @@ import asyncio
 import functools
 import time
 
-from exporter import catalog
-from exporter.metrics import process_metrics
+from prometheus_client import Histogram
+
 from exporter.settings import load_settings
 from exporter.signals import SignalBoard
 
@@ -39,8 +39,11 @@ def settled(board: SignalBoard, applied: list[int]) -> bool:
     return all(resolved >= target for (_, resolved), target in zip(progress, applied, strict=True))
 
 
-async def nonfinite_flag(board: SignalBoard | None, rid: str, max_wait_s: float) -> str | None:
-    """'nan' or 'inf' when ``rid`` was flagged by the end of its last step, else None."""
+async def nonfinite_flag(
+    board: SignalBoard | None, rid: str, max_wait_s: float, waits: Histogram
+) -> str | None:
+    """'nan' or 'inf' when ``rid`` was flagged by the end of its last step, else None; the
+    time waited is observed on ``waits`` (the ``NONFINITE_FLAG_WAIT`` histogram)."""
     if board is None:
         return None
     started = time.monotonic()
@@ -53,5 +56,5 @@ async def nonfinite_flag(board: SignalBoard | None, rid: str, max_wait_s: float)
         if kind is not None or done or time.monotonic() >= deadline:
             break
         await asyncio.sleep(POLL_S)
-    process_metrics().get(catalog.NONFINITE_FLAG_WAIT).observe(time.monotonic() - started)
+    waits.observe(time.monotonic() - started)
     return kind

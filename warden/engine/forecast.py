@@ -13,10 +13,9 @@ import logging
 from typing import Any
 
 from exporter import vllm_compat
-from exporter.step_monitor import process_monitor
 from warden.control import token_limits
 from warden.control.admission import KvState
-from warden.control.controller import Controller
+from warden.engine.runtime import EngineRuntime
 
 log = logging.getLogger("warden.control")
 # Prompts longer than this are not tokenized for the forecast (vLLM refuses them anyway).
@@ -56,8 +55,8 @@ def count_tokens(tokenizer: Any, prompt: str) -> int:
 
 
 class Forecast:
-    def __init__(self, control: Controller) -> None:
-        self.control = control
+    def __init__(self, rt: EngineRuntime) -> None:
+        self.runtime = rt
         self._tokenizer: Any = None
 
     async def prompt_tokens(self, route: str, body: dict[str, Any]) -> int | None:
@@ -66,7 +65,7 @@ class Forecast:
             return None
         if isinstance(prompt, list):
             return len(prompt)
-        client = self.control.engine_client
+        client = self.runtime.engine_client
         if client is None:
             return None
         try:
@@ -84,8 +83,8 @@ class Forecast:
             return None
 
     def kv_state(self) -> KvState | None:
-        geometry = vllm_compat.kv_geometry(self.control.engine_client)
-        monitor = process_monitor()
+        geometry = vllm_compat.kv_geometry(self.runtime.engine_client)
+        monitor = self.runtime.monitor
         if geometry is None or monitor is None:
             return None
         return KvState(geometry[0], geometry[1], monitor.snapshot.kv_cache_usage)

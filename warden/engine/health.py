@@ -30,11 +30,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from exporter import catalog
-from exporter.metrics import process_metrics
+from exporter.metrics import WardenMetrics
 from exporter.settings import SettingsError, load_settings
-from exporter.step_monitor import process_monitor
+from exporter.step_monitor import StepMonitor
 from exporter.supervisor_state import SupervisorState, read_state_from_env
 from warden.common import tokens
+from warden.engine import runtime
 
 router = APIRouter()
 log = logging.getLogger("warden.health")
@@ -203,9 +204,9 @@ class Check:
     detail: str = ""
 
 
-def _gauge_value(spec: catalog.MetricSpec) -> float:
+def _gauge_value(metrics: WardenMetrics, spec: catalog.MetricSpec) -> float:
     """This process's value of a warden gauge (0 when nobody has set it)."""
-    for family in process_metrics().get(spec).collect():
+    for family in metrics.get(spec).collect():
         for s in family.samples:
             return float(s.value)
     return 0.0
@@ -230,11 +231,10 @@ async def check_engine(engine_client: Any) -> Check:
     return Check("engine", True)
 
 
-def check_stalled() -> Check:
-    monitor = process_monitor()
+def check_stalled(monitor: StepMonitor | None, metrics: WardenMetrics) -> Check:
     if monitor is None:
         return Check("stalled", True, "no step monitor yet")
-    if _gauge_value(catalog.ENGINE_STALLED) >= 1:
+    if _gauge_value(metrics, catalog.ENGINE_STALLED) >= 1:
         snap = monitor.snapshot
         age = time.time() - snap.timestamp if snap.timestamp else float("inf")
         why = f"; {monitor.stall_reason}" if monitor.stall_reason else ""
@@ -246,8 +246,7 @@ def check_stalled() -> Check:
     return Check("stalled", True)
 
 
-def check_memory() -> Check:
-    monitor = process_monitor()
+def check_memory(monitor: StepMonitor | None) -> Check:
     if monitor is None:
         return Check("memory", True, "no step monitor yet")
     level = monitor.snapshot.watermark
@@ -255,10 +254,10 @@ def check_memory() -> Check:
     return Check("memory", level < OOM_IMMINENT, f"watermark {name}")
 
 
-def check_error_rate(windows: MetricWindows) -> Check:
+def check_error_rate(windows: MetricWindows, metrics: WardenMetrics) -> Check:
     """Server errors over the last minute below the limit, and warden's admission circuit
     breaker (issue 5's policy, published as a catalog gauge) not open."""
-    if _gauge_value(catalog.CIRCUIT_BREAKER_STATE) >= catalog.CIRCUIT_STATES.index("open"):
+    if _gauge_value(metrics, catalog.CIRCUIT_BREAKER_STATE) >= catalog.CIRCUIT_STATES.index("open"):
         return Check("error_rate", False, "admission circuit breaker open")
     settings = load_settings()
     max_rate, min_requests = settings.ready_max_error_rate, settings.ready_min_requests
@@ -309,20 +308,20 @@ def check_supervisor(state: SupervisorState | None) -> list[Check]:
     ]
 
 
-async def readiness(engine_client: Any) -> list[Check]:
+async def readiness(rt: runtime.EngineRuntime, engine_client: Any) -> list[Check]:
     windows = metric_windows()
     engine = await check_engine(engine_client)
     if not windows.latest() or not engine.ok:
         # A dead engine core may have counted its last error a moment ago: read it now.
         with contextlib.suppress(Exception):
             await asyncio.to_thread(windows.sample)
-    metrics = process_metrics()
+    metrics, monitor = rt.metrics, rt.monitor
     metrics.get(catalog.ENGINE_HEALTHY).set(1 if engine.ok else 0)
     checks = [
         engine,
-        check_stalled(),
-        check_memory(),
-        check_error_rate(windows),
+        check_stalled(monitor, metrics),
+        check_memory(monitor),
+        check_error_rate(windows, metrics),
         check_driver_errors(windows),
         check_webhook_token(),
         *check_supervisor(read_state_from_env()),
@@ -343,7 +342,7 @@ async def live() -> JSONResponse:
 
 @router.get("/warden/ready")
 async def ready(request: Request) -> JSONResponse:
-    checks = await readiness(_engine_client(request))
+    checks = await readiness(runtime.of(request), _engine_client(request))
     failing = [c.name for c in checks if not c.ok]
     body = {
         "ready": not failing,
@@ -390,12 +389,13 @@ def window_view(w: WindowDelta, state: SupervisorState | None, now: float) -> di
 
 @router.get("/warden/health")
 async def health(request: Request) -> JSONResponse:
+    rt = runtime.of(request)
     engine_client = _engine_client(request)
-    checks = await readiness(engine_client)
+    checks = await readiness(rt, engine_client)
     windows = metric_windows()
     await asyncio.to_thread(windows.sample)
     state = read_state_from_env()
-    monitor = process_monitor()
+    monitor = rt.monitor
     snap = monitor.snapshot if monitor is not None else None
     now = time.time()
     body: dict[str, Any] = {

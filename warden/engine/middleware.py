@@ -25,7 +25,6 @@ from __future__ import annotations
 from typing import Any
 
 from exporter import catalog
-from exporter.metrics import process_metrics
 from exporter.settings import load_settings
 from warden.common.http_input import InputRefused
 from warden.control import token_limits
@@ -37,15 +36,24 @@ from warden.engine.retry_stage import RetryStage
 
 
 class WardenMiddleware:
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, rt: runtime.EngineRuntime | None = None) -> None:
+        """vLLM passes ``app`` alone: the process's runtime is built now (composition root),
+        so an invalid config stops the server at start. Tests pass a runtime of their own."""
         self.app = app
-        # Builds the controller now: an invalid config stops the server at start.
-        self.control = runtime.controller()
-        self.answers = Answers(process_metrics().get(catalog.REQUESTS))
+        self.runtime = rt if rt is not None else runtime.process_runtime()
+        self.control = self.runtime.control
+        metrics = self.runtime.metrics
+        self.answers = Answers(metrics.get(catalog.REQUESTS))
         self.door = AdmissionStage(app, self.control, self.answers)
         # The board's path read once: parsing the settings costs about a millisecond.
-        self.retry = RetryStage(app, self.control, self.answers, load_settings().signal_board)
-        self.body = BodyStage(app, self.control, self.answers, self.door, self.retry)
+        self.retry = RetryStage(
+            app,
+            self.control,
+            self.answers,
+            load_settings().signal_board,
+            metrics.get(catalog.NONFINITE_FLAG_WAIT),
+        )
+        self.body = BodyStage(app, self.runtime, self.answers, self.door, self.retry)
         self._headers = frozenset((*self.door.header_names(), CONTENT_LENGTH))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -21,6 +21,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import Histogram
+
 from exporter import vllm_compat
 from exporter.request_args import ATTEMPT_ARG, RID_ARG
 from exporter.signals import SignalBoard
@@ -68,10 +70,18 @@ def spliced(raw: bytes, body: dict[str, Any], field: str, value: dict[str, Any])
 
 
 class RetryStage:
-    def __init__(self, app: App, control: Controller, answers: Answers, board: Path | None):
+    def __init__(
+        self,
+        app: App,
+        control: Controller,
+        answers: Answers,
+        board: Path | None,
+        flag_waits: Histogram,
+    ) -> None:
         self.app = app
         self.control = control
         self.answers = answers
+        self.flag_waits = flag_waits  # the histogram of waits for a step's non-finite flag
         self._board: SignalBoard | None = None
         self._board_path = board
 
@@ -149,7 +159,7 @@ class RetryStage:
     async def _failure(self, status: int, body: bytes, rid: str) -> str | None:
         # A success may still carry a poisoned last token: wait (boundedly) for its flag.
         wait_s = flag_wait.configured_wait_s() if status < 400 else 0.0
-        flag = await flag_wait.nonfinite_flag(self.board, rid, wait_s)
+        flag = await flag_wait.nonfinite_flag(self.board, rid, wait_s, self.flag_waits)
         if flag == "masked":
             return ALL_TOKENS_MASKED
         return classify_failure(status, body, self.control.was_preempted(rid), flag is not None)

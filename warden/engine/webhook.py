@@ -18,9 +18,6 @@ from fastapi.responses import JSONResponse
 
 from exporter import vllm_compat
 from exporter.catalog import WATERMARK_LEVELS
-from exporter.settings import SettingsError, load_settings
-from exporter.step_monitor import process_monitor
-from warden.common import tokens
 from warden.common.http_input import BodyRules, InputRefused, read_json, read_request
 from warden.control import telemetry
 from warden.control.actions import ActionError, parse_action
@@ -46,38 +43,12 @@ def _error(status: int, message: str, **headers: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status, headers=headers or None)
 
 
-class _Guard:
-    """The token (or insecure mode), read once at first use."""
-
-    token: str | None = None
-    loaded = False
-    problem: str | None = None
-
-    insecure = False
-
-    @classmethod
-    def check(cls, request: Request) -> JSONResponse | None:
-        if not cls.loaded:
-            try:
-                settings = load_settings()
-                cls.token = tokens.load_token(settings)
-                cls.insecure = settings.webhook_insecure
-            except (tokens.TokenError, SettingsError) as exc:
-                cls.problem = str(exc)
-            cls.loaded = True
-        if cls.token is None:
-            if cls.problem is None and (
-                cls.insecure or runtime.controller().config.webhook.allow_insecure
-            ):
-                return None
-            reason = cls.problem or (
-                f"no token configured: set {tokens.TOKEN_FILE_ENV} or {tokens.TOKEN_ENV} "
-                f"(or {tokens.INSECURE_ENV}=1 to run without one)"
-            )
-            return _error(403, f"warden webhook disabled: {reason}")
-        if not tokens.bearer_matches(request.headers.get("authorization"), cls.token):
-            return _error(401, "missing or wrong bearer token", **{"WWW-Authenticate": "Bearer"})
+def _denied(request: Request, rt: runtime.EngineRuntime) -> JSONResponse | None:
+    """The runtime's guard's answer to a request that would change the policy."""
+    refusal = rt.guard.check(request.headers.get("authorization"), rt.control.config.webhook)
+    if refusal is None:
         return None
+    return _error(refusal.status, refusal.message, **refusal.headers)
 
 
 def _body_rules(limit: int) -> BodyRules:
@@ -87,10 +58,11 @@ def _body_rules(limit: int) -> BodyRules:
 
 @router.post("/warden/alertmanager")
 async def alertmanager_webhook(request: Request) -> JSONResponse:
-    control = runtime.controller()
+    rt = runtime.of(request)
+    control = rt.control
     outcomes = control.notifications
     with telemetry.tracer().start_as_current_span("warden.webhook") as span:
-        denied = _Guard.check(request)
+        denied = _denied(request, rt)
         if denied is not None:
             outcome = "disabled" if denied.status_code == 403 else "unauthorized"
             outcomes.labels(outcome).inc()
@@ -146,16 +118,17 @@ async def alertmanager_webhook(request: Request) -> JSONResponse:
 
 
 @router.get("/warden/degrade")
-async def list_overrides() -> JSONResponse:
-    return JSONResponse({"leases": runtime.controller().state_json()["leases"]})
+async def list_overrides(request: Request) -> JSONResponse:
+    return JSONResponse({"leases": runtime.of(request).control.state_json()["leases"]})
 
 
 @router.post("/warden/degrade")
 async def set_override(request: Request) -> JSONResponse:
-    denied = _Guard.check(request)
+    rt = runtime.of(request)
+    control = rt.control
+    denied = _denied(request, rt)
     if denied is not None:
         return denied
-    control = runtime.controller()
     try:
         data = await read_json(_body_rules(OVERRIDE_MAX_BODY_BYTES), request)
     except InputRefused as exc:
@@ -189,14 +162,15 @@ async def set_override(request: Request) -> JSONResponse:
 
 @router.delete("/warden/degrade")
 async def clear_override(request: Request) -> JSONResponse:
-    denied = _Guard.check(request)
+    rt = runtime.of(request)
+    control = rt.control
+    denied = _denied(request, rt)
     if denied is not None:
         return denied
     key = request.query_params.get("key")
     everything = request.query_params.get("all", "").lower() in ("1", "true", "yes")
     if key is None and not everything:
         return _error(400, "name a lease with ?key=KEY, or clear every manual lease with ?all=1")
-    control = runtime.controller()
     cleared = control.clear_manual(None if everything else key)
     return JSONResponse({"cleared": cleared, **control.state_json()})
 
@@ -208,14 +182,15 @@ async def admission_routes(request: Request) -> JSONResponse:
 
 
 @router.get("/warden/state")
-async def warden_state() -> JSONResponse:
-    control = runtime.controller()
+async def warden_state(request: Request) -> JSONResponse:
+    rt = runtime.of(request)
+    control = rt.control
     state: dict[str, Any] = control.state_json()
     geometry = vllm_compat.kv_geometry(control.engine_client)
     state["kv_cache"] = (
         {"total_blocks": geometry[0], "block_size": geometry[1]} if geometry else None
     )
-    monitor = process_monitor()
+    monitor = rt.monitor
     if monitor is not None:
         snap = monitor.snapshot
         state.update(
