@@ -21,11 +21,12 @@ from dashboards.panels import (
     timeseries,
     value_names,
 )
-from dashboards.queries import aggregate, increase, quantile, selector
+from dashboards.queries import aggregate, increase, quantile, rate, selector
 from exporter.catalog import (
     CIRCUIT_BREAKER_STATE,
     CIRCUIT_STATES,
     COLLECTOR_ERRORS,
+    ENGINE_CPU_WAIT,
     ENGINE_EAGER_MODE,
     ENGINE_ERRORS,
     ENGINE_HANG_THRESHOLD,
@@ -157,7 +158,15 @@ def liveness_row() -> Row:
         ENGINE_STALLED.unit,
         mappings=STALL_NAMES,
     )
-    return Row(6, [(12, ready), (12, stalls)])
+    cpu_wait = timeseries(
+        "Engine CPU wait",
+        "Per engine, the share of time its processes were ready to run but waited for a CPU "
+        "(another process on its cores, a CPU limit). Steps slow down by this share, and the "
+        "stall check does not count it against a step. Normal: near 0.",
+        [target(rate(ENGINE_CPU_WAIT, ["instance"]), "{{instance}}")],
+        "percentunit",
+    )
+    return Row(6, [(8, ready), (8, stalls), (8, cpu_wait)])
 
 
 def errors_row() -> Row:

@@ -378,6 +378,14 @@ ENGINE_HANG_THRESHOLD = _w(
     unit="s",
     multiprocess_mode="max",
 )
+ENGINE_CPU_WAIT = _w(
+    "warden_engine_cpu_wait_seconds_total",
+    "counter",
+    "Seconds the engine's processes were ready to run but waited for a CPU (the largest wait "
+    "among them at each reading): a starved engine is slow, not hung, and the stall check "
+    "takes this wait off a step's age. Normal: near 0; climbing means CPU contention.",
+    unit="s",
+)
 COLLECTOR_ERRORS = _w(
     "warden_collector_errors_total",
     "counter",

@@ -10,3 +10,4 @@ INJECT_ARG = "warden_inject"  # test switch only: "nan" or "inf" poisons this re
 INJECT_ATTEMPTS_ARG = "warden_inject_attempts"  # poison this many attempts (default 1)
 RAISE_ARG = "warden_raise"  # test switch only: "oom" | "cuda_driver" | "other" raises in the step
 HANG_ARG = "warden_hang"  # test switch only: the engine step that finds this request never ends
+BUSY_ARG = "warden_busy_s"  # test switch only: each step with this request computes this long

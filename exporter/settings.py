@@ -136,7 +136,9 @@ class WardenSettings(BaseSettings):
     test_failing_collector: bool = Field(False, description="add a collector that raises")
     test_step_delay_s: float = Field(0.0, ge=0, le=120, description="sleep in busy steps")
     test_engine_error: bool = Field(False, description="marked requests raise in the worker")
-    test_hang_step: bool = Field(False, description="a step with a marked request never ends")
+    test_hang_step: bool = Field(
+        False, description="a step with a marked request never ends, or computes a set time"
+    )
     test_memory_creep: bool = Field(
         False, description="the engine core grows its memory at the rate `warden chaos creep` sets"
     )

@@ -20,6 +20,11 @@ compilation, warm-up). A saturated engine ends steps all the time, and a long pr
 bounded by the batch's token budget: neither runs ten times its longest for ten seconds. The
 threshold in force is exported as ``warden_engine_hang_threshold_seconds``. Without heartbeats
 (no signal board) the plain rule holds: no step for the timeout with requests waiting.
+
+A step is measured against the threshold by the time it had a CPU: the seconds its engine
+processes waited for one (``exporter.cpu_wait``: a noisy neighbour, two engines on one core)
+are taken off its age. A starved step is slow, not hung, and a restart would free no CPU; the
+wait is exported as ``warden_engine_cpu_wait_seconds_total`` for the operator to see.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from exporter import catalog
+from exporter.cpu_wait import StepCpuWait
 from exporter.heartbeat import Beat, read_beats
 from exporter.metrics import WardenMetrics
 from exporter.settings import WardenSettings, env_name
@@ -76,9 +82,10 @@ def judge(
     beats: Sequence[Beat] | None,
     timeout_s: float,
     hang_s: float,
+    cpu_wait_s: float = 0.0,
 ) -> Verdict:
     """Stalled or not, and why (``beats`` None: no heartbeats to consult; ``hang_s``: the
-    hang threshold in force)."""
+    hang threshold in force; ``cpu_wait_s``: how long the running step waited for a CPU)."""
     if pending == 0:
         return Verdict(False, "no request waiting")
     quiet_s = now - last_progress
@@ -103,9 +110,12 @@ def judge(
         return Verdict(True, f"{head}; no engine step is running")
     # The step's own age, and no more than the API process has waited for it.
     step_s = min(now - min(running), quiet_s)
-    if step_s > hang_s:
+    waited = f", {cpu_wait_s:.0f}s of it waiting for a CPU" if cpu_wait_s >= 1 else ""
+    if step_s - cpu_wait_s > hang_s:
         limit = f"hang threshold {hang_s:.1f}s"
-        return Verdict(True, f"{head}; one step has run for {step_s:.0f}s ({limit})")
+        return Verdict(True, f"{head}; one step has run for {step_s:.0f}s{waited} ({limit})")
+    if step_s > hang_s:
+        return Verdict(False, f"one step starved of CPU, running for {step_s:.0f}s{waited}", True)
     return Verdict(False, f"one long step, running for {step_s:.0f}s; engine processes alive", True)
 
 
@@ -120,6 +130,7 @@ class StallCollector:
         limits: HangLimits | None = None,
         heartbeats: Path | None = None,
         clock: Callable[[], float] = time.time,
+        cpu_wait: StepCpuWait | None = None,
     ) -> None:
         self.monitor = monitor
         self.timeout_s = timeout_s
@@ -129,6 +140,8 @@ class StallCollector:
         self._gauge = metrics.get(catalog.ENGINE_STALLED)
         self._gauge.set(0)
         self._threshold = metrics.get(catalog.ENGINE_HANG_THRESHOLD)
+        self._cpu_wait_total = metrics.get(catalog.ENGINE_CPU_WAIT)
+        self.cpu_wait = cpu_wait or StepCpuWait()
         self.hang_s = self.limits.threshold(None)
         self._threshold.set(self.hang_s)
         self._last_idle = clock()
@@ -145,7 +158,8 @@ class StallCollector:
         beats = read_beats(self.heartbeats, now) if self.heartbeats is not None else None
         self.hang_s = self.limits.threshold(beats)
         self._threshold.set(self.hang_s)
-        verdict = judge(now, pending, last_progress, beats, self.timeout_s, self.hang_s)
+        cpu_wait_s = self._step_cpu_wait(beats)
+        verdict = judge(now, pending, last_progress, beats, self.timeout_s, self.hang_s, cpu_wait_s)
         if verdict.stalled and not self.stalled:
             log.warning("warden: engine stalled: %s", verdict.reason)
         elif self.stalled and not verdict.stalled:
@@ -161,6 +175,15 @@ class StallCollector:
         self.verdict = verdict
         self.monitor.stall_reason = verdict.reason
         self._gauge.set(1 if self.stalled else 0)
+
+    def _step_cpu_wait(self, beats: Sequence[Beat] | None) -> float:
+        """The running step's CPU wait, and the engine's wait added to its counter."""
+        living = [b for b in beats or () if b.alive]
+        running = [b.step_since for b in living if b.step_since is not None]
+        before = self.cpu_wait.total_s
+        step_wait_s = self.cpu_wait.update(min(running, default=None), [b.pid for b in living])
+        self._cpu_wait_total.inc(self.cpu_wait.total_s - before)
+        return step_wait_s
 
 
 class WatermarkPeakCollector:

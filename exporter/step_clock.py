@@ -14,7 +14,9 @@ include compilation and warm-up, which never come back at that length.
 
 Test switch ``WARDEN_TEST_HANG_STEP`` (off unless set; the container refuses it with a real
 model): a step that finds a request carrying ``vllm_xargs: {"warden_hang": true}`` in the
-scheduler never ends, as a hung kernel would, while every thread of the process stays alive.
+scheduler never ends, as a hung kernel would, while every thread of the process stays alive;
+one that finds ``{"warden_busy_s": S}`` first computes for S seconds of its own CPU time, as a
+long kernel would, so that a test can starve it of CPU and see a slow step, not a hang.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from types import ModuleType
 from typing import Any
 
 from exporter import import_hooks
-from exporter.request_args import HANG_ARG
+from exporter.request_args import BUSY_ARG, HANG_ARG
 from exporter.settings import load_settings
 
 log = logging.getLogger("warden.exporter")
@@ -107,6 +109,8 @@ def patch(core_module: ModuleType, clock: Callable[[], float] = time.time) -> bo
         try:
             if hang and _hang_requested(self):
                 _hang_forever()
+            if hang:
+                _compute_for(_busy_requested(self))
             result: bool = original(self)
             return result
         finally:
@@ -117,15 +121,32 @@ def patch(core_module: ModuleType, clock: Callable[[], float] = time.time) -> bo
     return True
 
 
-def _hang_requested(engine_core: Any) -> bool:
-    """Test switch only: a request in the scheduler carries ``warden_hang``."""
+def _marks(engine_core: Any) -> list[dict[str, Any]]:
+    """Test switch only: the ``vllm_xargs`` of every request in the scheduler."""
     requests = getattr(getattr(engine_core, "scheduler", None), "requests", None) or {}
+    marks = []
     for request in list(requests.values()):
         params = getattr(request, "sampling_params", None)
-        extra = getattr(params, "extra_args", None) or {}
-        if extra.get(HANG_ARG):
-            return True
-    return False
+        marks.append(getattr(params, "extra_args", None) or {})
+    return marks
+
+
+def _hang_requested(engine_core: Any) -> bool:
+    """Test switch only: a request in the scheduler carries ``warden_hang``."""
+    return any(extra.get(HANG_ARG) for extra in _marks(engine_core))
+
+
+def _busy_requested(engine_core: Any) -> float:
+    """Test switch only: the longest ``warden_busy_s`` of the requests in the scheduler."""
+    seconds = [extra.get(BUSY_ARG) for extra in _marks(engine_core)]
+    return max((float(s) for s in seconds if isinstance(s, int | float)), default=0.0)
+
+
+def _compute_for(seconds: float) -> None:
+    """Spin until this thread has had ``seconds`` of CPU: slower, not longer, when starved."""
+    until = time.thread_time() + seconds
+    while time.thread_time() < until:
+        pass
 
 
 def _hang_forever() -> None:

@@ -23,9 +23,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from exporter import catalog, heartbeat, step_clock
+from exporter.cpu_wait import StepCpuWait, run_delay_s
 from exporter.heartbeat import Beat, Heartbeat, main_thread_in_step, read_beats
 from exporter.metrics import WardenMetrics
-from exporter.request_args import HANG_ARG
+from exporter.request_args import BUSY_ARG, HANG_ARG
 from exporter.settings import WardenSettings
 from exporter.stall import HangLimits, StallCollector, judge
 from exporter.step_clock import StepClock
@@ -94,6 +95,88 @@ def test_a_step_beyond_the_learned_threshold_is_a_hang(
     verdict = judge(NOW, 2, NOW - quiet, beats, TIMEOUT, LEARNED)
     assert verdict.stalled is stalled
     assert says in verdict.reason
+
+
+@pytest.mark.parametrize(
+    ("step_for", "cpu_wait", "stalled", "says"),
+    [
+        # Twice the threshold by the clock, but most of it waiting for a CPU: starved, slow.
+        (25, 20, False, "one step starved of CPU, running for 25s, 20s of it waiting for a CPU"),
+        # The same age with a short wait: it had the CPU and made no progress: hung.
+        (25, 5, True, "one step has run for 25s, 5s of it waiting for a CPU (hang threshold"),
+        # No wait at all: the threshold alone decides, as before.
+        (25, 0, True, "one step has run for 25s (hang threshold"),
+    ],
+)
+def test_the_time_a_step_waited_for_a_cpu_is_not_held_against_it(
+    step_for: float, cpu_wait: float, stalled: bool, says: str
+) -> None:
+    beats = [beat(11, step_for=step_for), beat(12)]
+    verdict = judge(NOW, 2, NOW - step_for, beats, TIMEOUT, LEARNED, cpu_wait)
+    assert verdict.stalled is stalled
+    assert says in verdict.reason
+
+
+def test_the_cpu_wait_of_a_step_is_the_largest_among_its_processes_and_restarts_per_step() -> None:
+    delays = {11: 1.0, 12: 5.0}
+    wait = StepCpuWait(read=lambda pid: delays.get(pid))
+    assert wait.update(100.0, [11, 12, 13]) == 0.0  # first sight: nothing to compare with
+    delays.update({11: 4.0, 12: 6.0})  # 3 s and 1 s more: the step was held back 3 s
+    assert wait.update(100.0, [11, 12, 13]) == 3.0
+    delays.update({11: 6.0, 12: 10.0})
+    assert wait.update(100.0, [11, 12]) == 7.0
+    delays.update({11: 7.0, 12: 10.0})
+    assert wait.update(130.0, [11, 12]) == 0.0  # a new step starts at 0
+    delays.update({11: 7.5})
+    assert wait.update(None, [11, 12]) == 0.0  # between steps
+    assert wait.total_s == 3.0 + 4.0 + 1.0 + 0.5  # the counter keeps every reading's wait
+
+
+def test_the_cpu_wait_is_read_from_the_kernels_schedstat(tmp_path: Path) -> None:
+    assert (run_delay_s(os.getpid()) or 0.0) >= 0.0
+    (tmp_path / "42").mkdir()
+    (tmp_path / "42" / "schedstat").write_text("123456789 2500000000 77\n")
+    assert run_delay_s(42, tmp_path) == 2.5
+    assert run_delay_s(43, tmp_path) is None  # gone, or no schedstat: nothing discounted
+    (tmp_path / "42" / "schedstat").write_text("garbage\n")
+    assert run_delay_s(42, tmp_path) is None
+
+
+def test_collector_discounts_a_starved_step_and_counts_the_wait(tmp_path: Path) -> None:
+    registry = CollectorRegistry()
+    metrics = WardenMetrics(registry)
+    clock = [NOW]
+    delays = {os.getpid(): 0.0}
+    monitor = StepMonitor(WardenSettings(), metrics, None, clock=lambda: clock[0])
+    limits = HangLimits(max_step_s=MAX_STEP)
+    stall = StallCollector(
+        monitor,
+        metrics,
+        TIMEOUT,
+        limits,
+        tmp_path,
+        clock=lambda: clock[0],
+        cpu_wait=StepCpuWait(read=lambda pid: delays.get(pid)),
+    )
+    monitor.on_step(running=1, waiting=2, kv_usage=0.1)
+    pid_file = tmp_path / (str(os.getpid()))
+    started = clock[0] + 1
+    for _ in range(12):  # 12 readings 40 s apart, the step waiting 38 s of every 40
+        clock[0] += 40
+        delays[os.getpid()] += 38
+        pid_file.write_text(f"step {started:.3f}")
+        os.utime(pid_file, (clock[0] - 0.5, clock[0] - 0.5))
+        stall.collect()
+        assert not stall.stalled, stall.verdict
+    assert "starved of CPU" in stall.verdict.reason
+    assert registry.get_sample_value(catalog.ENGINE_CPU_WAIT.name) == 11 * 38
+    # The CPU is back and the step still does not end: hung, once its working time is past.
+    for _ in range(10):
+        clock[0] += 40
+        pid_file.write_text(f"step {started:.3f}")
+        os.utime(pid_file, (clock[0] - 0.5, clock[0] - 0.5))
+        stall.collect()
+    assert stall.stalled and "hang threshold 300.0s" in stall.verdict.reason
 
 
 def learned(longest: float, steps: int = 100) -> Beat:
@@ -320,6 +403,23 @@ def test_the_hang_switch_blocks_only_a_step_with_a_marked_request(
     clock = step_clock.process_clock()
     assert stepping.is_alive() and clock is not None and clock.started is not None
     assert calls == ["step"]  # the hung step never reached vLLM's
+
+
+def test_the_busy_switch_computes_for_the_cpu_time_a_marked_request_asks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("WARDEN_TEST_HANG_STEP", "1")
+    requests: dict[str, object] = {"a": _request(**{BUSY_ARG: "junk"})}
+    module, calls = _stand_in_core(requests)
+    assert step_clock.patch(module)
+    core = module.EngineCoreProc()
+    before = time.thread_time()
+    assert core._process_engine_step()  # a value that is not a number: an ordinary step
+    assert time.thread_time() - before < 0.1
+    requests["b"] = _request(**{BUSY_ARG: 0.3})
+    before = time.thread_time()
+    assert core._process_engine_step() and calls == ["step", "step"]
+    assert time.thread_time() - before >= 0.3  # CPU time, not a sleep
 
 
 def test_without_the_switch_a_marked_request_steps_normally(
