@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import psutil
@@ -16,6 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from exporter import catalog
 from exporter.host_memory import (
+    EngineFootprint,
     HostLimit,
     HostMemoryCollector,
     HostMemoryPlanner,
@@ -99,6 +102,54 @@ def test_unique_bytes_count_this_process_tree_once() -> None:
     uss = unique_bytes(processes)
     rss = sum(p.memory_info().rss for p in processes)
     assert 0 < uss <= rss, "unique memory: shared pages are not counted per process"
+
+
+GROWER = """
+import sys
+held = []
+for line in sys.stdin:
+    held.append(b"\\x01" * (int(line) << 20))  # touched: resident, anonymous
+    print("ok", flush=True)
+"""
+
+
+def test_the_footprint_is_read_exactly_only_when_the_cheap_count_moved_or_it_is_time() -> None:
+    """A child that grows on demand: small growth is tracked by the cheap count, a drift past
+    the threshold or the period reads the exact USS again, and a child that exits is no error."""
+    now = [0.0]
+    footprint = EngineFootprint(os.getpid(), lambda: now[0], exact_every_s=30, drift_bytes=32 << 20)
+    child = subprocess.Popen(
+        [sys.executable, "-c", GROWER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdin is not None and child.stdout is not None
+
+    def grow(mib: int) -> None:
+        child.stdin.write(f"{mib}\n")  # type: ignore[union-attr]
+        child.stdin.flush()  # type: ignore[union-attr]
+        assert child.stdout.readline() == "ok\n"  # type: ignore[union-attr]
+
+    try:
+        grow(1)
+        first = footprint.read()
+        assert footprint.exact_reads == 1
+        grow(12)  # under the drift: estimated, not read exactly
+        now[0] = 5
+        estimated = footprint.read()
+        assert footprint.exact_reads == 1
+        assert abs(estimated - first - (12 << 20)) < (4 << 20), (estimated - first) >> 20
+        grow(48)  # past the drift: read exactly
+        now[0] = 10
+        exact = footprint.read()
+        assert footprint.exact_reads == 2
+        assert abs(exact - first - (60 << 20)) < (8 << 20), (exact - first) >> 20
+        now[0] = 45  # the period: exactly again, nothing grew
+        assert abs(footprint.read() - exact) < (4 << 20) and footprint.exact_reads == 3
+    finally:
+        child.kill()
+        child.wait()
+    now[0] = 50
+    assert footprint.read() < exact - (40 << 20)  # the child is gone: listed again, no error
+    assert footprint.exact_reads == 4
 
 
 def test_risk_is_zero_within_the_settled_footprint_whatever_the_machine() -> None:

@@ -10,6 +10,12 @@ session's ``plain_engine`` (``tests/support/shared_engine.py``) are one unit, so
 starts once, on one worker (``ModuleScheduling``; xdist's own ``loadgroup`` marks do not reach
 the node ids under pytest 9).
 
+Why the load-calibrated modules are one unit: the closed loop's scenario measures the engine's
+capacity and then offers a multiple of it, and the benchmark smoke runs saturate engines of
+their own. Run side by side, each changes the other's machine between its calibration and its
+measurement (a capacity measured under the other's load, then offered to a machine that got
+faster, is no overload), so they run one after the other, on one worker.
+
 Why engine modules first: they are the long units. Queued first, the two workers split them,
 and the short modules fill in at the end, so neither worker is left with a long tail alone.
 
@@ -39,10 +45,22 @@ def module_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
+# Modules that calibrate load to this machine's speed, or that saturate it: one work unit.
+LOAD_CALIBRATED = "load-calibrated"
+LOAD_CALIBRATED_MODULES = frozenset(
+    {
+        "tests/test_closed_loop_e2e.py",
+        "tests/test_benchmarks_smoke.py",
+    }
+)
+
+
 def work_unit(nodeid: str) -> str:
-    """The unit a test runs in: its module, or the plain engine's unit."""
+    """The unit a test runs in: its module, the plain engine's unit or the load-calibrated."""
     module = module_of(nodeid)
-    return PLAIN_ENGINE if module in PLAIN_ENGINE_MODULES else module
+    if module in PLAIN_ENGINE_MODULES:
+        return PLAIN_ENGINE
+    return LOAD_CALIBRATED if module in LOAD_CALIBRATED_MODULES else module
 
 
 def starts_an_engine(item: pytest.Item) -> bool:
