@@ -106,3 +106,24 @@ def test_a_defect_is_one_line_with_the_traceback_kept(
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("warden demo: FAILED: unexpected ZeroDivisionError: division by zero")
     assert "ZeroDivisionError" in (tmp_path / "demo-error.txt").read_text()
+
+
+def test_a_second_demo_in_the_same_folder_forgets_the_first_runs_state(tmp_path: Path) -> None:
+    """The supervisor's restart history, Prometheus's and Alertmanager's data and the pages of
+    an earlier run made a second `warden demo` in the same folder fail its checks; the model
+    and vLLM's cache stay (slow to make again)."""
+    for name in demo.DEMO_RUN_STATE:
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if "." in path.name:
+            path.write_text("from the first run")
+        else:
+            (path / "inner").mkdir(parents=True)
+    kept = [tmp_path / "tiny-model" / "config.json", tmp_path / "engine" / "vllm-cache" / "x"]
+    for path in kept:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("kept")
+    demo.forget_previous_run(tmp_path)
+    assert not any((tmp_path / name).exists() for name in demo.DEMO_RUN_STATE)
+    assert all(path.exists() for path in kept)
+    demo.forget_previous_run(tmp_path / "never-used")  # nothing there: nothing to do

@@ -59,6 +59,20 @@ def test_pager_records_each_notification_and_prints_it(tmp_path: Path) -> None:
     assert printed[0].startswith("PAGE FIRING WardenEngineDown [critical] e:1")
 
 
+def test_a_pager_started_again_on_the_same_file_sees_only_its_own_pages(tmp_path: Path) -> None:
+    """`warden demo` run twice in one folder: the second run's checks must not find the first
+    run's pages (they stay in the file, for people)."""
+    pages_path = tmp_path / "pages.jsonl"
+    with PagerServer(pages_path, port=0, on_page=lambda _: None) as first:
+        assert httpx.post(first.url, json=FIRING).status_code == 200
+        assert len(first.pages()) == 1
+    with PagerServer(pages_path, port=0, on_page=lambda _: None) as second:
+        assert second.pages() == []
+        assert httpx.post(second.url, json=FIRING).status_code == 200
+        assert len(second.pages()) == 1
+    assert len(read_pages(pages_path)) == 2
+
+
 def test_pager_refuses_what_is_not_an_alertmanager_payload(tmp_path: Path) -> None:
     with PagerServer(tmp_path / "pages.jsonl", port=0, on_page=lambda _: None) as pager:
         assert httpx.post(pager.url, content=b"not json").status_code == 400

@@ -9,6 +9,7 @@ dashboards drawn from the run's own Prometheus.
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import traceback
 from pathlib import Path
@@ -17,6 +18,7 @@ import yaml
 
 from alerts.alertmanager import RouteTiming
 from alerts.rules import CREEP, TRAFFIC
+from exporter.supervisor_state import STATE_FILE
 from warden.cli.creep_scenario import STEPS as CREEP_STEPS
 from warden.cli.creep_scenario import CreepResult, CreepScenario
 from warden.cli.scenario import (
@@ -60,6 +62,31 @@ DEMO_ENGINE_ARGS = tiny_engine_args(
 )
 
 
+# What one demo run leaves in its folder that the next run must not read as its own: the
+# supervisor's restart history (its memory guard acts earlier on a creep it has seen before),
+# Prometheus's and Alertmanager's data (series, notification log, silences), the pages, the
+# pictures and the logs. The tiny model and vLLM's cache are kept: only slow to make again.
+DEMO_RUN_STATE = (
+    f"engine/{STATE_FILE}",
+    "prometheus/data",
+    "alertmanager/data",
+    "pages.jsonl",
+    "dashboards",
+    "logs",
+    "demo-error.txt",
+)
+
+
+def forget_previous_run(workdir: Path) -> None:
+    """Each `warden demo` is one run of the show, whatever ran in the folder before."""
+    for name in DEMO_RUN_STATE:
+        path = workdir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
 def demo_settings(workdir: Path, **overrides: object) -> StackSettings:
     """The demo's stack: fast intervals and the control config the scenario's overload breaks
     (written to ``workdir/warden.yaml``, handed to the engine as WARDEN_CONFIG)."""
@@ -82,6 +109,7 @@ def run_demo(args: argparse.Namespace) -> int:
     """Run the demo; any failure is one line on stderr (what, why, where the logs are) and a
     non-zero exit, with everything the demo started stopped by the stack's ``with``."""
     workdir = Path(args.workdir)
+    forget_previous_run(workdir)
     settings = demo_settings(workdir, engine_port=args.port)
     logs = workdir / "logs"
     try:

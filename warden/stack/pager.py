@@ -126,6 +126,9 @@ class PagerServer:
         on_page: Callable[[Page], None] = print_page,
     ) -> None:
         self.log = PageLog(pages_path)
+        # The file keeps every run's pages (appended); this server's are those since it started:
+        # a second `warden demo` in the same folder must not find the first one's pages.
+        self.started_at = time.time()
         self.host = host
         self._server = ThreadingHTTPServer((host, port), _handler(self.log, on_page))
         self._server.daemon_threads = True
@@ -144,7 +147,8 @@ class PagerServer:
         return self.log.path
 
     def pages(self) -> list[Page]:
-        return self.log.read()
+        """The pages this server received (the file may hold earlier runs' before them)."""
+        return [p for p in self.log.read() if float(p.get("received_at", 0)) >= self.started_at]
 
     def start(self) -> PagerServer:
         self._thread = threading.Thread(
