@@ -2,9 +2,9 @@
 
 Open loop, Poisson arrivals, mixed prompt and output lengths (``--dataset-name random`` with a
 range ratio), at multiples of the capacity measured on plain vLLM first (``--points``, default
-0.5,1,2,3,4). The same engine arguments for both; one engine up at a time, in interleaved
-pairs (``--pairs``, order alternating: plain warden, warden plain, ...), each engine serving
-every point in turn. Per point and side it reports:
+0.5,1,2,3,4). The same engine arguments for all; one engine up at a time, in interleaved
+rounds (``--pairs``: plain and each warden configuration, the order reversed every round),
+each engine serving every point in turn. Per point and side it reports:
 
 - engine output tokens/s: the delta of ``vllm:generation_tokens_total`` over the run (what the
   engine produced, not what clients received);
@@ -16,13 +16,15 @@ every point in turn. Per point and side it reports:
 
 Warden's figures are given as warden/plain with the spread over the pairs. The SLO is set from
 the engine, not by hand: twice plain vLLM's p99 end-to-end latency at 0.5x (``--slo-factor``),
-printed; ``--slo-s`` overrides it. ``--with-slo`` runs warden with
-``admission.saturation.latency_slo_s`` set to it (default: warden's default config, no SLO).
-The client does not retry: a refused request counts as refused, as a client that ignores
-Retry-After sees it. ``--png`` draws the curves.
+printed; ``--slo-s`` overrides it. Warden runs in each configuration of ``--configs``: its
+``default`` config (no admission limit: it must be invisible) and ``slo``, with
+``admission.saturation.latency_slo_s`` set to the SLO; every configuration is compared with
+the same plain runs. vLLM's client does not retry: a refused request counts as refused, as a
+client that ignores Retry-After sees it. At ``--honour-points`` warden with the SLO also
+serves clients that honour Retry-After (benchmarks/honouring_client.py): a Retry-After is right
+when the refused requests are admitted on their return. ``--png`` draws the curves.
 
-    .venv/bin/python -m benchmarks.overload --pairs 3 --duration 30 --png overload.png
-    .venv/bin/python -m benchmarks.overload --with-slo --pairs 3 --png overload-slo.png
+    .venv/bin/python -m benchmarks.overload --pairs 3 --duration 20 --png overload.png
 """
 
 from __future__ import annotations
@@ -60,6 +62,12 @@ from exporter import catalog
 ENGINE_ARGS = ("--max-model-len", "256", "--max-num-seqs", "8", "--num-gpu-blocks-override", "48")
 # warden_requests_total's outcome for a 503/429 refusal.
 REJECTED = "rejected"
+# Warden's configurations, by name: its defaults, and the SLO set from the engine.
+CONFIGS: dict[str, Callable[[float], dict[str, Any]]] = {
+    "default": lambda slo_s: {},
+    "slo": lambda slo_s: {"admission": {"saturation": {"latency_slo_s": round(slo_s, 3)}}},
+}
+WARDEN_SIDES = {"default": "warden", "slo": "warden_slo"}
 # How often a client that honours Retry-After comes back before giving up.
 MAX_RETURNS = 5
 assert REJECTED in catalog.REQUEST_OUTCOMES
@@ -173,20 +181,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )  # fmt: skip
         slo_s = args.slo_s or args.slo_factor * float(half["p99_e2el_ms"]) / 1000
         log(f"capacity {capacity:.2f} requests/s; SLO {slo_s:.2f} s")
-        results.update(capacity_per_s=capacity, slo_s=slo_s, with_slo=args.with_slo)
-        config = root / "warden.yaml"
-        control: dict[str, Any] = {}
-        if args.with_slo:
-            control = {"admission": {"saturation": {"latency_slo_s": round(slo_s, 3)}}}
-        config.write_text(yaml.safe_dump(control))
+        results.update(capacity_per_s=capacity, slo_s=slo_s, configs=args.configs)
+        configs = {}
+        for name in args.configs:
+            configs[name] = root / f"warden-{name}.yaml"
+            configs[name].write_text(yaml.safe_dump(CONFIGS[name](slo_s)))
+        sides = ["plain", *(WARDEN_SIDES[name] for name in args.configs)]
         for pair in range(args.pairs):
-            order = ("plain", "warden") if pair % 2 == 0 else ("warden", "plain")
-            sides: dict[str, list[dict[str, Any]]] = {}
-            for side in order:
-                env = {"WARDEN_CONFIG": str(config)} if side == "warden" else {}
+            measured: dict[str, list[dict[str, Any]]] = {}
+            for side in sides if pair % 2 == 0 else reversed(sides):
+                config = next((c for n, c in configs.items() if WARDEN_SIDES[n] == side), None)
+                env = {"WARDEN_CONFIG": str(config)} if config else {}
+                variant = VARIANTS["warden" if config else "plain"]
                 run_dir = root / f"pair{pair}-{side}"
-                with make_engine(VARIANTS[side], model, run_dir, ENGINE_ARGS, env) as engine:
-                    sides[side] = [
+                with make_engine(variant, model, run_dir, ENGINE_ARGS, env) as engine:
+                    measured[side] = [
                         measure(
                             engine,
                             capacity * point,
@@ -201,8 +210,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         )  # fmt: skip
                         for point in points
                     ]
-                    if side == "warden":
-                        sides["warden_honouring"] = [
+                    if side == WARDEN_SIDES["slo"]:
+                        measured[f"{side}_honouring"] = [
                             measure(
                                 engine,
                                 capacity * point,
@@ -217,7 +226,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             for point in honour_points
                         ]
                 log(f"pair {pair + 1} {side} done")
-            results["pairs"].append(sides)
+            results["pairs"].append(measured)
         return results
     finally:
         cleanup(root, temporary)
@@ -245,10 +254,10 @@ RATIOS = (
 )
 
 
-def _ratio(pairs: list[dict[str, Any]], index: int, key: str) -> str:
+def _ratio(pairs: list[dict[str, Any]], index: int, key: str, side: str = "warden") -> str:
     values = []
     for sides in pairs:
-        w, p = sides["warden"][index][key], sides["plain"][index][key]
+        w, p = sides[side][index][key], sides["plain"][index][key]
         if w is not None and p:
             values.append(w / p)
     if not values:
@@ -257,17 +266,31 @@ def _ratio(pairs: list[dict[str, Any]], index: int, key: str) -> str:
 
 
 def report(results: dict[str, Any]) -> str:
-    pairs = results["pairs"]
+    """One table per warden configuration, against the same plain runs."""
+    capacity = results["capacity_per_s"]
+    text = (
+        f"capacity {capacity:.2f} requests/s (plain, batch full), SLO {results['slo_s']:.2f} s "
+        f"(2x plain's p99 at 0.5x), {len(results['pairs'])} pairs; ratios: median (min-max)"
+    )
+    for name in results["configs"]:
+        text += "\n\n" + report_config(results, name)
+        if name == "slo" and results.get("honour_points"):
+            text += "\n\n" + report_honouring(results)
+    return text
+
+
+def report_config(results: dict[str, Any], name: str) -> str:
+    pairs, side = results["pairs"], WARDEN_SIDES[name]
     capacity = results["capacity_per_s"]
     rows = []
     for index, point in enumerate(results["points"]):
-        warden = [sides["warden"][index] for sides in pairs]
+        warden = [sides[side][index] for sides in pairs]
         shares = [w["within_slo_share"] for w in warden if w["within_slo_share"] is not None]
-        goodputs = [w["goodput_per_s"] / capacity for w in warden if w["goodput_per_s"]]
+        goodputs = [(w["goodput_per_s"] or 0.0) / capacity for w in warden]
         rows.append(
             [
                 f"{point:g}x",
-                *(_ratio(pairs, index, key) for key, _ in RATIOS),
+                *(_ratio(pairs, index, key, side) for key, _ in RATIOS),
                 f"{min(shares):.3f}" if shares else "-",
                 f"{min(goodputs):.2f}" if goodputs else "-",
                 sum(w["refused"] for w in warden),
@@ -284,16 +307,12 @@ def report(results: dict[str, Any]) -> str:
         "warden lost",
         "plain lost",
     ]
-    head = (
-        f"capacity {capacity:.2f} requests/s (plain, batch full), SLO "
-        f"{results['slo_s']:.2f} s (2x plain's p99 at 0.5x), warden "
-        + ("with the SLO set" if results["with_slo"] else "default config")
-        + f", {len(pairs)} pairs; ratios: median (min-max)"
+    head = "warden " + (
+        "with the SLO set (admission.saturation.latency_slo_s)"
+        if name == "slo"
+        else "default config"
     )
-    text = head + "\n" + table(headers, rows)
-    if results.get("honour_points"):
-        text += "\n\n" + report_honouring(results)
-    return text
+    return head + "\n" + table(headers, rows)
 
 
 def report_honouring(results: dict[str, Any]) -> str:
@@ -302,7 +321,7 @@ def report_honouring(results: dict[str, Any]) -> str:
     pairs = results["pairs"]
     rows = []
     for index, point in enumerate(results["honour_points"]):
-        runs = [sides["warden_honouring"][index] for sides in pairs]
+        runs = [sides[WARDEN_SIDES["slo"] + "_honouring"][index] for sides in pairs]
         honoured = [r["honouring"] for r in runs]
         returned = sum(h["returned"] for h in honoured)
         first = sum(h["admitted_on_first_return"] for h in honoured)
@@ -347,6 +366,13 @@ def report_honouring(results: dict[str, Any]) -> str:
     return head + "\n" + table(headers, rows)
 
 
+SIDE_COLOURS = (
+    ("plain", "tab:gray", "plain vLLM"),
+    ("warden", "tab:green", "warden, default config"),
+    ("warden_slo", "tab:blue", "warden, SLO set"),
+)
+
+
 def draw(results: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -354,22 +380,25 @@ def draw(results: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     points = results["points"]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4))
     for ax, (key, label) in zip(
         axes,
         (
             ("engine_tokens_per_s", "engine output tokens/s"),
             ("goodput_per_s", "goodput (requests/s within the SLO)"),
+            ("within_slo_share", "share of admitted requests within the SLO"),
             ("api_cpu_ms_per_request", "API server CPU ms per request"),
         ),
         strict=True,
     ):
-        for side, color in (("plain", "tab:gray"), ("warden", "tab:green")):
+        for side, color, name in SIDE_COLOURS:
+            if side not in results["pairs"][0]:
+                continue
             values = [
                 [sides[side][i][key] or 0.0 for sides in results["pairs"]]
                 for i in range(len(points))
             ]
-            ax.plot(points, [statistics.median(v) for v in values], "o-", color=color, label=side)
+            ax.plot(points, [statistics.median(v) for v in values], "o-", color=color, label=name)
             ax.fill_between(
                 points, [min(v) for v in values], [max(v) for v in values], color=color, alpha=0.2
             )
@@ -393,12 +422,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--slo-factor", type=float, default=2.0)
     parser.add_argument("--slo-s", type=float, help="the SLO in seconds (overrides the factor)")
-    parser.add_argument("--with-slo", action="store_true", help="warden with the SLO set")
+    parser.add_argument(
+        "--configs",
+        default="default,slo",
+        help="warden configurations to run against plain: default, slo (the SLO set)",
+    )
     parser.add_argument("--model", help="model dir (default: build the tiny model)")
     parser.add_argument("--workdir", help="keep engine logs and results here")
     parser.add_argument("--out", help="write the JSON result here")
     parser.add_argument("--png", help="draw the curves here")
     args = parser.parse_args(argv)
+    args.configs = [name for name in args.configs.split(",") if name]
+    unknown = sorted(set(args.configs) - set(CONFIGS))
+    if unknown or not args.configs:
+        parser.error(f"--configs: one or more of {', '.join(CONFIGS)} (not {unknown})")
     # Requests for a point: its rate times the duration (at least 8).
     args.prompts = lambda rate: max(8, round(rate * args.duration))
     results = run(args)

@@ -67,21 +67,30 @@ SATURATED_MAX_TOKENS = 256  # long generations: requests stay in the engine, not
 SATURATED_CLIENTS = MAX_NUM_SEQS + 2  # a queue behind the full batch
 DEFAULTS = load_settings({})
 GRACE_S = SupervisorConfig().stall_grace_s
-# The starved step: it needs this much CPU time, far less than any hang threshold, and is held
-# back past the threshold by a busy process on its core while the engine core runs at nice 19.
-STARVED_STEP_CPU_S = 3.0
+# The starved step is held back past the hang threshold by a busy process on its core.
 STARVED_PAST_THRESHOLD_S = 5.0
 # A real-time busy loop on one core: it runs ahead of every ordinary thread there, which the
-# kernel still lets have 5% of the core (sched_rt_runtime_us); it ends itself after a minute.
+# kernel still lets have 5% of the core (sched_rt_runtime_us); it ends itself after argv[2] s.
 BURN = """
 import os, sys, time
 os.sched_setaffinity(0, {int(sys.argv[1])})
 os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
 print("burning", flush=True)
-end = time.monotonic() + 60
+end = time.monotonic() + float(sys.argv[2])
 while time.monotonic() < end:
     pass
 """
+# The share of its core the starved thread still gets (5%), doubled for margin.
+STARVED_SHARE = 0.1
+
+
+def starved_step_cpu_s(window_s: float) -> float:
+    """CPU time a step needs to be still running after ``window_s`` on the starved core: more
+    than the starved share of the window (the learned threshold is 10 s on an idle machine and
+    was 77 s on a loaded one), and at least 3 s, far less than any hang threshold."""
+    return max(3.0, STARVED_SHARE * window_s)
+
+
 # How late a restart may come after its threshold and grace: beats and probes run once a
 # second, and both may be starved by the engine on two shared cores for a few seconds.
 SLACK_S = 10.0
@@ -275,7 +284,7 @@ def test_a_step_starved_of_cpu_past_the_hang_threshold_is_slow_not_hung(
     container: Container,
 ) -> None:
     """The engine core's main thread, pinned to one core beside a real-time busy loop, computes
-    a step that needs ``STARVED_STEP_CPU_S`` of CPU (test switch) and gets about 5% of the core:
+    a step that needs ``starved_step_cpu_s`` of CPU (test switch) and gets about 5% of the core:
     the step runs past the hang threshold by the clock while the engine does all the work it is
     given, as on a host where another process holds the engine's core. The kernel counts the
     wait; no stall verdict, no restart, and the wait is on
@@ -287,8 +296,12 @@ def test_a_step_starved_of_cpu_past_the_hang_threshold_is_slow_not_hung(
     cpu = max(affinity)  # vLLM's CPU workers bind to the first cores
     waited_before = sample(metrics(container), catalog.ENGINE_CPU_WAIT.name)
     verdicts: list[str] = []  # '' or why stalled
+    window_s = threshold + STARVED_PAST_THRESHOLD_S
+    step_cpu_s = starved_step_cpu_s(window_s)
     burner = subprocess.Popen(
-        [sys.executable, "-c", BURN, str(cpu)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [sys.executable, "-c", BURN, str(cpu), str(window_s + 60)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     try:
         if burner.stdout is None or burner.stdout.readline() != b"burning\n":
@@ -296,10 +309,8 @@ def test_a_step_starved_of_cpu_past_the_hang_threshold_is_slow_not_hung(
         os.sched_setaffinity(core, {cpu})  # the main thread only: Linux threads have their own
         with ThreadPoolExecutor(1) as pool:
             sent = time.monotonic()
-            step = pool.submit(
-                complete, container, max_tokens=1, vllm_xargs={BUSY_ARG: STARVED_STEP_CPU_S}
-            )
-            while time.monotonic() - sent < threshold + STARVED_PAST_THRESHOLD_S:
+            step = pool.submit(complete, container, max_tokens=1, vllm_xargs={BUSY_ARG: step_cpu_s})
+            while time.monotonic() - sent < window_s:
                 with contextlib.suppress(httpx.HTTPError):
                     verdicts.append(stall_verdict(container))
                 time.sleep(0.5)
@@ -315,7 +326,7 @@ def test_a_step_starved_of_cpu_past_the_hang_threshold_is_slow_not_hung(
         burner.wait()
     waited = sample(metrics(container), catalog.ENGINE_CPU_WAIT.name) - waited_before
     print(
-        f"\nmeasured: a step of {STARVED_STEP_CPU_S:.1f}s CPU starved for {starved_for:.1f}s "
+        f"\nmeasured: a step of {step_cpu_s:.1f}s CPU starved for {starved_for:.1f}s "
         f"(hang threshold {threshold:.1f}s): done {took:.1f}s after it was sent, CPU wait "
         f"counted {waited:.1f}s, {len(verdicts)} stall readings"
     )

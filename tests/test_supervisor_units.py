@@ -24,19 +24,21 @@ from warden.common.metrics_text import family_names, parse_samples, sum_samples
 from warden.common.tokens import TokenError, bearer_matches, load_token
 from warden.supervisor import cpu_memory, first_start
 from warden.supervisor.config import SupervisorConfig
-from warden.supervisor.engine import PROBE_TIMEOUT_S
+from warden.supervisor.engine import PROBE_TIMEOUT_S, Probe
 from warden.supervisor.fault_tolerance import fault_tolerance_enabled
 from warden.supervisor.metrics import render
 from warden.supervisor.policy import (
     CRASH,
     EXIT,
     RESTART_REASONS,
+    STALLED,
     UNHEALTHY,
     Backoff,
     RestartWindow,
     classify_exit,
     describe_returncode,
 )
+from warden.supervisor.probes import ProbeTimers, evaluate
 
 
 def test_first_restart_is_immediate_then_doubles_to_the_cap() -> None:
@@ -388,3 +390,34 @@ def test_absurd_supervisor_settings_are_refused_with_the_flag_named(
     assert f"argument {flag}: {error}" in capsys.readouterr().err
     accepted = SupervisorConfig.from_args(parser.parse_args(["--supervisor-port", "-1"]))
     assert accepted.control_port is None and accepted.unresponsive_grace_s == 45.0
+
+
+class _SlowProbeEngine:
+    """Answers /warden/ready with a stall verdict, taking ``delay_s`` of the fake clock."""
+
+    def __init__(self, clock: list[float], delay_s: float) -> None:
+        self.clock, self.delay_s = clock, delay_s
+
+    def get(self, path: str) -> Probe:
+        assert path == "/warden/ready"
+        self.clock[0] += self.delay_s
+        checks = {"stalled": {"ok": False, "detail": "no engine step ended for 3s"}}
+        return Probe(503, {"checks": checks})
+
+
+def test_the_stall_grace_is_timed_from_the_probes_answer_not_from_before_it_was_sent() -> None:
+    """A busy API server answers late; timing the grace from before the probe would restart
+    an engine before its grace had passed (CI saw a restart 0.06 s early)."""
+    config = SupervisorConfig(stall_grace_s=1.0)
+    clock = [100.0]
+    engine = _SlowProbeEngine(clock, delay_s=0.3)
+    timers = ProbeTimers()
+    seen = []
+    failure = None
+    while failure is None:
+        failure = evaluate(engine, timers, lambda: clock[0], config)  # type: ignore[arg-type]
+        seen.append(clock[0])
+        clock[0] += 0.5  # the supervisor's poll
+    assert timers.stalled == seen[0] == 100.3
+    assert failure.reason == STALLED
+    assert failure.at - seen[0] >= config.stall_grace_s

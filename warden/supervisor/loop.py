@@ -474,7 +474,7 @@ class Supervisor:
                 if not recovered:
                     return Failure(UNHEALTHY, f"fault tolerance: {detail}", self.clock())
                 return None
-        return evaluate(engine, timers, now, self.config)
+        return evaluate(engine, timers, self.clock, self.config)
 
     def _recover_in_place(self, engine: EngineProcess) -> tuple[bool, str]:
         """vLLM fault tolerance: a retry instruction, under the same restart circuit."""

@@ -12,6 +12,7 @@ the same ``/warden/state`` answer the memory guard reads its risks from.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,10 +54,18 @@ def failing_checks(probe: Probe, engine: EngineProcess) -> dict[str, str]:
 
 
 def evaluate(
-    engine: EngineProcess, timers: ProbeTimers, now: float, config: SupervisorConfig
+    engine: EngineProcess,
+    timers: ProbeTimers,
+    clock: Callable[[], float],
+    config: SupervisorConfig,
 ) -> Failure | None:
-    """Probe ``/warden/ready`` once; a Failure when a bad condition has outlasted its grace."""
+    """Probe ``/warden/ready`` once; a Failure when a bad condition has outlasted its grace.
+
+    Graces are timed from the answer, not from before the probe was sent: a busy API server
+    answers late, and a time read before the probe would cut each grace short by that delay
+    (a stalled engine was restarted 0.06 s before its timeout and grace had passed)."""
     probe = engine.get("/warden/ready")
+    now = clock()
     if not probe.answered:
         timers.silent = timers.silent or now
         silent_for = now - timers.silent
