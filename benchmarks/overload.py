@@ -242,8 +242,32 @@ def _ignoring(
 def _honouring(
     base_url: str, model: str, rate: float, prompts: int, slo_s: float
 ) -> Callable[[], dict[str, Any]]:
-    """Clients that wait each refusal's Retry-After and come back (benchmarks/honouring_client)."""
-    return lambda: run_honouring(base_url, model, rate, prompts, slo_s, max_returns=MAX_RETURNS)
+    """Clients that wait each refusal's Retry-After and come back (benchmarks/honouring_client),
+    on an engine with nothing left of the previous point (see ``settle``)."""
+
+    def run() -> dict[str, Any]:
+        settle(base_url)
+        return run_honouring(base_url, model, rate, prompts, slo_s, max_returns=MAX_RETURNS)
+
+    return run
+
+
+def settle(base_url: str, timeout_s: float = 90.0) -> None:
+    """Wait until the engine has answered everything and holds no place for a refused request.
+
+    The previous point's clients ignored their Retry-After: the return slots booked for them
+    (up to ``retry_after_max_s`` ahead) would still push every refusal of the next run back,
+    and the honouring clients' figures would measure the previous run, not their own."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = httpx.get(f"{base_url}/warden/state", timeout=30).json()
+        in_flight = state.get("saturation", {}).get("in_flight", {})
+        if not in_flight.get("places_held") and not in_flight.get("engine"):
+            return
+        time.sleep(1.0)
+    log(f"engine not settled after {timeout_s:.0f}s: {in_flight}")
 
 
 RATIOS = (
