@@ -170,6 +170,23 @@ def stall_verdict(handle: Container) -> str:
     return str(checks.get("stalled", {}).get("detail") or "stalled")
 
 
+VERDICT, RESTART = "verdict", "restart"
+
+
+def wait_for_stall(handle: Container, generation: int, timeout: float = 60) -> str:
+    """VERDICT once the stall gauge says stalled, or RESTART once the supervisor has already
+    restarted the engine for it. The verdict is visible only for the supervisor's grace (3 s)
+    before the restart; a test process starved of CPU on a loaded machine can miss that whole
+    window (CI did), and the restart's record still says when and why."""
+
+    def seen() -> str | None:
+        if handle.state().generation > generation:
+            return RESTART
+        return VERDICT if stalled(handle) else None
+
+    return str(wait_for(handle, "the stall verdict or the restart it caused", seen, timeout))
+
+
 def learned_threshold(handle: Container) -> float | None:
     """The hang threshold once learned (below the upper bound), else None."""
     value = sample(metrics(handle), catalog.ENGINE_HANG_THRESHOLD.name)
@@ -204,15 +221,21 @@ def test_a_hang_inside_a_step_is_detected_in_seconds_and_restarted(container: Co
         with contextlib.suppress(httpx.HTTPError):
             complete(container, vllm_xargs={HANG_ARG: True})
 
+    generation = container.state().generation
     thread = threading.Thread(target=hang, daemon=True)
     thread.start()
-    wait_for(container, "the stall verdict", lambda: stalled(container), 60)
+    seen = wait_for_stall(container, generation)
     detected = time.time() - sent[0]
-    assert not container.kubelet("readinessProbe"), "a hung engine leaves the Service"
-    assert container.kubelet("livenessProbe"), "the kubelet leaves the restart to the supervisor"
+    if seen == VERDICT:
+        assert not container.kubelet("readinessProbe"), "a hung engine leaves the Service"
+        assert container.kubelet("livenessProbe"), (
+            "the kubelet leaves the restart to the supervisor"
+        )
     wait_serving(container, 2)
     restart = container.state().restarts[-1]
     assert restart.reason == "stalled" and "hang threshold" in restart.detail, restart
+    if seen == RESTART:  # the verdict came the supervisor's grace before its decision
+        detected = restart.failed_at - GRACE_S - sent[0]
     print(
         f"\nmeasured: in-step hang: threshold {threshold:.1f}s, stall verdict {detected:.1f}s "
         f"after the request, restart decided {restart.failed_at - sent[0]:.1f}s, "
@@ -361,16 +384,18 @@ def test_a_stopped_engine_core_is_restarted_as_stalled_within_the_bound(
     # A stopped process stops beating: stalled once its beat is older than the threshold
     # (or the stall timeout), then the supervisor's grace.
     limit = min(threshold, DEFAULTS.stall_timeout_s)
+    generation = container.state().generation
     core = container.engine_core()
     stopped_at = time.time()
     os.kill(core, signal.SIGSTOP)
     try:
         with ThreadPoolExecutor(2) as pool:
             pending = [pool.submit(complete, container) for _ in range(2)]
-            wait_for(container, "the stall verdict", lambda: stalled(container), 60)
+            seen = wait_for_stall(container, generation)
             detected = time.time() - stopped_at
-            assert not container.kubelet("readinessProbe")
-            assert container.kubelet("livenessProbe")
+            if seen == VERDICT:
+                assert not container.kubelet("readinessProbe")
+                assert container.kubelet("livenessProbe")
             wait_serving(container, 4)
             for future in pending:
                 with contextlib.suppress(httpx.HTTPError):
@@ -380,6 +405,8 @@ def test_a_stopped_engine_core_is_restarted_as_stalled_within_the_bound(
             os.kill(core, signal.SIGCONT)
     restart = container.state().restarts[-1]
     took = restart.failed_at - stopped_at
+    if seen == RESTART:  # the verdict came the supervisor's grace before its decision
+        detected = took - GRACE_S
     print(
         f"\nmeasured: SIGSTOP: threshold {threshold:.1f}s, stall verdict {detected:.1f}s, "
         f"restart decided {took:.1f}s after the stop, serving again {restart.duration_s:.1f}s "
