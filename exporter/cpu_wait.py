@@ -8,8 +8,9 @@ run queue (``/proc/<pid>/schedstat``, second field, nanoseconds). A thread block
 kernel or a collective is not runnable, and one spinning on a free core does not wait, so
 that time grows only while the engine is held back by CPU contention.
 
-The reading is the main thread of each engine process: the thread that runs the step in the
-engine core and the model in a worker. One small file per process, read on the API process's
+The reading is the main thread of each engine process inside the step: the thread that runs
+the step in the engine core and the model in a worker (a worker between steps spins waiting for
+work, and its wait is not the step's). One small file per process, read on the API process's
 collector thread once a collection, never on the step path. Where the file is missing (a
 kernel without schedstat, another PID namespace), nothing is discounted.
 """

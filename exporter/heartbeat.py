@@ -49,12 +49,30 @@ def heartbeat_dir(signal_board: Path | str) -> Path:
     return Path(f"{signal_board}.heartbeats")
 
 
+# Frames of a worker process running its part of a step (the model, then sampling), called
+# from the worker's busy loop once per step. Between steps a worker waits for the next one, and
+# vLLM's message queue spins for a while doing so: that waiting is not a step, and its CPU
+# wait must not be taken off a hung step's age (exporter.stall).
+WORKER_STEP_FRAMES = frozenset(
+    {
+        ("execute_model", "vllm.v1.worker.worker_base"),
+        ("execute_model", "vllm.v1.worker.gpu_worker"),
+        ("sample_tokens", "vllm.v1.worker.gpu_worker"),
+    }
+)
+
+
+def _is_step_frame(name: str, module: object) -> bool:
+    engine_step = name in STEP_FUNCTIONS and module == STEP_MODULE
+    return engine_step or (name, module) in WORKER_STEP_FRAMES
+
+
 def main_thread_in_step() -> bool:
-    """Whether this process's main thread is inside an engine step right now."""
+    """Whether this process's main thread is inside an engine step right now: the engine
+    core's step, or a worker's part of one."""
     frame = sys._current_frames().get(threading.main_thread().ident or -1)
     while frame is not None:
-        code = frame.f_code
-        if code.co_name in STEP_FUNCTIONS and frame.f_globals.get("__name__") == STEP_MODULE:
+        if _is_step_frame(frame.f_code.co_name, frame.f_globals.get("__name__")):
             return True
         frame = frame.f_back
     return False

@@ -177,11 +177,15 @@ class StallCollector:
         self._gauge.set(1 if self.stalled else 0)
 
     def _step_cpu_wait(self, beats: Sequence[Beat] | None) -> float:
-        """The running step's CPU wait, and the engine's wait added to its counter."""
+        """The running step's CPU wait, and the engine's wait added to its counter. Only the
+        processes inside the step count: a worker waiting for the next step spins in vLLM's
+        message queue, and on a busy machine its wait for a CPU grew while the engine core was
+        hung, which delayed the hang's verdict by seconds (CI saw 6 s)."""
         living = [b for b in beats or () if b.alive]
-        running = [b.step_since for b in living if b.step_since is not None]
+        in_step = [b for b in living if b.step_since is not None]
+        running = [b.step_since for b in in_step if b.step_since is not None]
         before = self.cpu_wait.total_s
-        step_wait_s = self.cpu_wait.update(min(running, default=None), [b.pid for b in living])
+        step_wait_s = self.cpu_wait.update(min(running, default=None), [b.pid for b in in_step])
         self._cpu_wait_total.inc(self.cpu_wait.total_s - before)
         return step_wait_s
 

@@ -179,6 +179,67 @@ def test_collector_discounts_a_starved_step_and_counts_the_wait(tmp_path: Path) 
     assert stall.stalled and "hang threshold 300.0s" in stall.verdict.reason
 
 
+def test_a_hung_step_is_not_discounted_by_a_worker_spinning_between_steps(tmp_path: Path) -> None:
+    """The engine core is hung in a step (blocked: no wait of its own); its worker waits for
+    the next step, spinning in vLLM's message queue, and on a busy machine waits for a CPU.
+    That wait is not the step's: the hang is judged at its threshold, not seconds later."""
+    registry = CollectorRegistry()
+    metrics = WardenMetrics(registry)
+    clock = [NOW]
+    core, worker = os.getpid(), os.getppid()
+    delays = {core: 0.0, worker: 0.0}
+    monitor = StepMonitor(WardenSettings(), metrics, None, clock=lambda: clock[0])
+    stall = StallCollector(
+        monitor,
+        metrics,
+        TIMEOUT,
+        HangLimits(max_step_s=MAX_STEP),
+        tmp_path,
+        clock=lambda: clock[0],
+        cpu_wait=StepCpuWait(read=lambda pid: delays.get(pid)),
+    )
+    monitor.on_step(running=1, waiting=0, kv_usage=0.1)
+    started = clock[0] + 1
+    verdicts = []
+    for _ in range(int(MAX_STEP / 40) + 3):
+        clock[0] += 40
+        delays[worker] += 30  # waiting for a CPU while it waits for work
+        for pid, text in ((core, f"step {started:.3f}"), (worker, "idle")):
+            (tmp_path / str(pid)).write_text(text)
+            os.utime(tmp_path / str(pid), (clock[0] - 0.5, clock[0] - 0.5))
+        stall.collect()
+        verdicts.append(stall.stalled)
+    assert verdicts[-1] and f"hang threshold {MAX_STEP:.1f}s" in stall.verdict.reason
+    assert "waiting for a CPU" not in stall.verdict.reason
+    first = verdicts.index(True)
+    assert 40 * (first + 1) - 1 <= MAX_STEP + 40  # at the threshold, not 30 s of 40 later
+    # Only a step's wait is counted: the worker was waiting for work, not for the step.
+    assert (registry.get_sample_value(catalog.ENGINE_CPU_WAIT.name) or 0) == 0
+
+
+def test_a_worker_running_its_part_of_a_step_is_in_the_step() -> None:
+    """A worker process's model run and sampling are its part of the step (seen on its main
+    thread's stack); vLLM's worker defines them where the heartbeat looks."""
+    from vllm.v1.worker import gpu_worker, worker_base
+
+    for name, module in heartbeat.WORKER_STEP_FRAMES:
+        owner = {worker_base.__name__: worker_base.WorkerWrapperBase}.get(module, gpu_worker.Worker)
+        assert module in (worker_base.__name__, gpu_worker.__name__)
+        assert hasattr(owner, name), (name, module)
+    seen: list[bool] = []
+
+    def look() -> None:
+        thread = threading.Thread(target=lambda: seen.append(main_thread_in_step()))
+        thread.start()
+        thread.join()
+
+    namespace = {"__name__": "vllm.v1.worker.worker_base", "look": look}
+    exec("def execute_model():\n    look()\n", namespace)  # noqa: S102 - vLLM's frame
+    namespace["execute_model"]()
+    look()
+    assert seen == [True, False]
+
+
 def learned(longest: float, steps: int = 100) -> Beat:
     return Beat(11, 0.5, None, True, longest, steps)
 
