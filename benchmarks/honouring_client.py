@@ -22,6 +22,8 @@ from typing import Any
 
 import aiohttp
 
+from benchmarks.common import quantile
+
 REFUSAL_STATUSES = (429, 503)
 # Lengths and spread of the benchmark's requests (benchmarks/overload.py, bench_serve).
 INPUT_LEN, OUTPUT_LEN, RANGE_RATIO = 64, 96, 0.5
@@ -174,13 +176,13 @@ def summarize(records: Sequence[RequestRecord], duration_s: float, slo_s: float)
     returned = [r for r in refused if r.returns]
     admitted_first_return = sum(1 for r in returned if r.refusals == 1 and r.outcome == "completed")
     waits = [r.waited_s / r.returns for r in returned]
-    failures = [r for r in records if r.outcome not in ("completed",)]
+    failures = [r for r in records if r.outcome != "completed"]
     return {
         "completed": len(completed),
         "failed": len(failures),
         "duration": duration_s,
         "request_goodput": within / duration_s if duration_s > 0 else None,
-        "p99_e2el_ms": 1000 * _percentile(latencies, 0.99) if latencies else None,
+        "p99_e2el_ms": 1000 * quantile(latencies, 0.99) if latencies else None,
         "refused_requests": len(refused),
         "refusals": sum(r.refusals for r in records),
         "returned": len(returned),
@@ -196,7 +198,3 @@ def summarize(records: Sequence[RequestRecord], duration_s: float, slo_s: float)
         "median_retry_after_s": statistics.median(waits) if waits else None,
         "failure_examples": sorted({r.detail for r in failures if r.detail})[:5],
     }
-
-
-def _percentile(ordered: Sequence[float], q: float) -> float:
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]

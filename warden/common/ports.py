@@ -45,14 +45,12 @@ def slice_index(slices: int, environ: dict[str, str] | None = None, pid: int | N
     return number % slices
 
 
-def port_slice(
-    ephemeral_low: int, index_of: int | None = None, environ: dict[str, str] | None = None
-) -> range | None:
+def port_slice(ephemeral_low: int, environ: dict[str, str] | None = None) -> range | None:
     """This process's ports below the ephemeral range; None when that range leaves no room."""
     slices = (ephemeral_low - FIRST_PORT) // SLICE_PORTS
     if slices < 1:
         return None
-    index = slice_index(slices, environ) if index_of is None else index_of % slices
+    index = slice_index(slices, environ)
     start = FIRST_PORT + index * SLICE_PORTS
     return range(start, start + SLICE_PORTS)
 
