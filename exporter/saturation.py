@@ -136,6 +136,9 @@ class SaturationMeter:
         # the oldest is the reference the rate is measured from.
         self._done: deque[tuple[float, int, float]] = deque(maxlen=keep + 1)
         self._preempted: deque[tuple[float, int]] = deque()
+        # What the recent completions add up to, kept until one finishes or is preempted:
+        # most steps finish nothing, and this runs on every step.
+        self._summary: _Completions | None = None
 
     def observe(
         self,
@@ -152,24 +155,49 @@ class SaturationMeter:
             self._done.append((self._busy, tokens, served))
         if preempted:
             self._preempted.append((self._busy, preempted))
-        done = list(self._done)
-        if len(done) < self.min_finished:
+        if finished or preempted or self._summary is None:
+            self._summary = self._summarize()
+        summary = self._summary
+        if summary.count < self.min_finished:
             return SaturationState(running, waiting)
         # The rate counts completions after the reference point, over the busy time since.
+        span = max(self._busy - summary.reference, 1e-3)
+        return SaturationState(
+            running,
+            waiting,
+            drain_rate=summary.count / span,
+            service_s=summary.service_s,
+            tokens_per_request=summary.tokens_per_request,
+            preemptions_per_s=summary.preemptions / span,
+            recompute_ratio=summary.preemptions / summary.count,
+        )
+
+    def _summarize(self) -> _Completions:
+        done = list(self._done)
+        if len(done) < self.min_finished:
+            return _Completions(len(done))
         if len(done) > self.keep:
             reference, counted = done[0][0], done[1:]
         else:
             reference, counted = 0.0, done
-        span = max(self._busy - reference, 1e-3)
         while self._preempted and self._preempted[0][0] < reference:
             self._preempted.popleft()
-        preemptions = sum(n for _at, n in self._preempted)
-        return SaturationState(
-            running,
-            waiting,
-            drain_rate=len(counted) / span,
+        return _Completions(
+            count=len(counted),
+            reference=reference,
             service_s=_quantile([served for _at, _tokens, served in counted], SERVICE_QUANTILE),
             tokens_per_request=sum(tokens for _at, tokens, _s in counted) / len(counted),
-            preemptions_per_s=preemptions / span,
-            recompute_ratio=preemptions / len(counted),
+            preemptions=sum(n for _at, n in self._preempted),
         )
+
+
+@dataclass(frozen=True)
+class _Completions:
+    """The recent completions the meter measures from: how many, the busy-clock reading the
+    drain rate counts from, their service quantile and mean size, the preemptions since."""
+
+    count: int
+    reference: float = 0.0
+    service_s: float | None = None
+    tokens_per_request: float | None = None
+    preemptions: int = 0

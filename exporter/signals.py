@@ -12,6 +12,10 @@ a response out, so a poisoned request is retried or failed instead of returned a
 A fourth region holds the host memory risk of the engine's processes (exporter/host_memory.py):
 one slot, written by the API process's collector thread, read with the device slots.
 
+A write counter (the last region) changes with every memory-risk write, so a reader that
+remembers what it read, and until when it stays fresh, need not read the slots again on every
+step: ``MemorySignals``.
+
 A third region says how far the logits flags are resolved: per engine slot, the number of logits
 steps checked (``applied``) and how many of them have their flags read on the host
 (``resolved``). On a GPU the flags reach the host a little after the step (no sync on the step
@@ -49,7 +53,9 @@ _PROGRESS = struct.Struct("<QQ")  # applied, resolved
 HOST_OFFSET = PROGRESS_OFFSET + _PROGRESS.size * MAX_RANKS
 HOST_SOURCE = "host"  # the host slot's watermark source (catalog.MEMORY_RISK_SOURCES)
 _HOST = struct.Struct("<dd")  # risk, unix time of the sample
-SIZE = HOST_OFFSET + _HOST.size
+WRITES_OFFSET = HOST_OFFSET + _HOST.size
+_WRITES = struct.Struct("<Q")  # memory-risk writes so far (device slots and host)
+SIZE = WRITES_OFFSET + _WRITES.size
 
 
 class SignalBoard:
@@ -64,6 +70,7 @@ class SignalBoard:
                 os.pwrite(fd, _RING_HEADER.pack(0), RING_OFFSET)
                 os.pwrite(fd, bytes(_PROGRESS.size * MAX_RANKS), PROGRESS_OFFSET)
                 os.pwrite(fd, _HOST.pack(math.nan, math.nan), HOST_OFFSET)
+                os.pwrite(fd, _WRITES.pack(0), WRITES_OFFSET)
             self._map = mmap.mmap(fd, SIZE)
         finally:
             os.close(fd)
@@ -82,29 +89,54 @@ class SignalBoard:
         """This rank's risks (NaN: not measured here) as of ``timestamp``."""
         if 0 <= rank < MAX_RANKS:
             _SLOT.pack_into(self._map, rank * _SLOT.size, device, allocator, timestamp)
+            self._count_write()
 
     def write_host(self, risk: float, timestamp: float) -> None:
         """The host memory risk of the engine's processes (NaN: not measured)."""
         _HOST.pack_into(self._map, HOST_OFFSET, risk, timestamp)
+        self._count_write()
+
+    def _count_write(self) -> None:
+        # After the data: a reader that sees the new count reads the new values. Two writers
+        # racing may count one write where there were two; the count still changes.
+        (count,) = _WRITES.unpack_from(self._map, WRITES_OFFSET)
+        _WRITES.pack_into(self._map, WRITES_OFFSET, count + 1)
+
+    def writes(self) -> int:
+        """Memory-risk writes so far: unchanged means every slot holds what it held."""
+        return int(_WRITES.unpack_from(self._map, WRITES_OFFSET)[0])
 
     def read_max(
         self, max_age_s: float, now: float, host_max_age_s: float | None = None
     ) -> dict[str, float]:
         """Worst value of each signal over the ranks whose sample is fresh enough, and the host
         risk if its sample is (``host_max_age_s``, default ``max_age_s``)."""
+        return self.read_max_until(max_age_s, now, host_max_age_s)[0]
+
+    def read_max_until(
+        self, max_age_s: float, now: float, host_max_age_s: float | None = None
+    ) -> tuple[dict[str, float], float]:
+        """``read_max`` and the time until which it holds with no new write: when the first
+        sample it counted grows too old."""
         worst: dict[str, float] = {}
+        until = math.inf
         host, stamp = _HOST.unpack_from(self._map, HOST_OFFSET)
         host_age = max_age_s if host_max_age_s is None else host_max_age_s
         if not math.isnan(host) and not math.isnan(stamp) and now - stamp <= host_age:
             worst[HOST_SOURCE] = host
+            until = stamp + host_age
         for rank in range(MAX_RANKS):
             *values, stamp = _SLOT.unpack_from(self._map, rank * _SLOT.size)
             if math.isnan(stamp) or now - stamp > max_age_s:
                 continue
+            counted = False
             for name, value in zip(FIELDS, values, strict=False):
                 if not math.isnan(value):
                     worst[name] = max(worst.get(name, 0.0), value)
-        return worst
+                    counted = True
+            if counted:
+                until = min(until, stamp + max_age_s)
+        return worst, until
 
     def flag_request(self, request_id: str, kind: str) -> None:
         """Record that ``request_id`` produced non-finite logits (``kind`` nan or inf), or had
@@ -142,3 +174,27 @@ class SignalBoard:
     def unlink(self) -> None:
         with contextlib.suppress(OSError):
             os.unlink(self.path)
+
+
+class MemorySignals:
+    """The board's memory risks as of each step, read again only when a writer wrote or a
+    sample it counted grew too old: the answer is ``read_max``'s at every call, and a step in
+    between costs one counter load instead of a read of every slot."""
+
+    def __init__(self, board: SignalBoard) -> None:
+        self.board = board
+        self._key: tuple[int, float, float | None] | None = None  # writes, ages read with
+        self._read_at = math.inf
+        self._until = -math.inf
+        self._signals: dict[str, float] = {}
+
+    def read(
+        self, max_age_s: float, now: float, host_max_age_s: float | None = None
+    ) -> dict[str, float]:
+        """``read_max(max_age_s, now, host_max_age_s)``; do not change the dict returned."""
+        key = (self.board.writes(), max_age_s, host_max_age_s)
+        # A clock that went back could make an old sample fresh again: read it.
+        if key != self._key or now > self._until or now < self._read_at:
+            self._signals, self._until = self.board.read_max_until(max_age_s, now, host_max_age_s)
+            self._key, self._read_at = key, now
+        return self._signals

@@ -191,7 +191,7 @@ class StallCollector:
 
 
 class WatermarkPeakCollector:
-    """Lets the peak level decay on schedule when no step comes to update it (idle engine)."""
+    """Lets the peak level decay on schedule: a step raises it only when the level changes."""
 
     name = "watermark_peak"
 

@@ -19,7 +19,7 @@ from exporter import catalog
 from exporter.metrics import WardenMetrics
 from exporter.saturation import SaturationMeter, SaturationState
 from exporter.settings import WardenSettings
-from exporter.signals import SignalBoard
+from exporter.signals import MemorySignals, SignalBoard
 from exporter.watermark import Watermark, WatermarkChange
 
 
@@ -41,6 +41,11 @@ class StepSnapshot:
 
 StepListener = Callable[[StepSnapshot], None]
 
+# The step gauges (last step, queue wait, drain rate, service time) are set at most this often:
+# engines step hundreds of times a second, Prometheus scrapes every few seconds, and each set
+# costs the API server's output loop CPU. Between steps ``refresh_memory`` sets the last values.
+PUBLISH_EVERY_S = 0.05
+
 
 class StepMonitor:
     def __init__(
@@ -52,6 +57,7 @@ class StepMonitor:
     ) -> None:
         self.config = config
         self.board = board
+        self._memory = MemorySignals(board) if board is not None else None
         self.clock = clock
         self.snapshot = StepSnapshot()
         self.watermark = Watermark(
@@ -66,6 +72,9 @@ class StepMonitor:
         self._drain_rate = metrics.get(catalog.DRAIN_RATE)
         self._service = metrics.get(catalog.SERVICE_TIME)
         self._queue_wait.set(0)
+        # What the saturation gauges were last set to: a step that changes none sets none.
+        self._published: tuple[float | None, float | None, float | None] = (0.0, None, None)
+        self._published_at = -1e18  # when the step gauges were last set
         self._last_step = metrics.get(catalog.ENGINE_LAST_STEP)
         metrics.get(catalog.SOURCE_AVAILABLE).labels("kv_cache").set(1)
         self._level.set(0)
@@ -107,8 +116,8 @@ class StepMonitor:
                 now, snap.running, snap.waiting, finished or [], preempted
             )
             self.snapshot = snap
-        self._last_step.set(now)
-        self._publish_saturation(snap.saturation)
+        if now - self._published_at >= PUBLISH_EVERY_S or now < self._published_at:
+            self._publish_step(snap)
         self._publish_watermark(change, now)
         return self._notify(snap)
 
@@ -120,6 +129,8 @@ class StepMonitor:
             snap = replace(self.snapshot)
             change = self._update_watermark(snap, now)
             self.snapshot = snap
+        if snap.timestamp > 0:
+            self._publish_step(snap)  # the last step's, which a recent publication may have missed
         self._publish_watermark(change, now)
         return self._notify(snap)
 
@@ -133,11 +144,14 @@ class StepMonitor:
         return change
 
     def _publish_watermark(self, change: WatermarkChange | None, now: float) -> None:
-        if change is not None:
-            self.watermark_changed_at = now
-            self.transitions.append((now, change.current, change.source, change.value))
-            self._level.set(change.current)
-            self._transitions.labels(change.entered).inc()
+        """A change of level, and the peak it may raise. The peak falls back only with time,
+        which the peak collector publishes between steps (exporter/stall.py)."""
+        if change is None:
+            return
+        self.watermark_changed_at = now
+        self.transitions.append((now, change.current, change.source, change.value))
+        self._level.set(change.current)
+        self._transitions.labels(change.entered).inc()
         self.publish_peak(now)
 
     def _notify(self, snap: StepSnapshot) -> StepSnapshot:
@@ -150,20 +164,31 @@ class StepMonitor:
 
     def memory_signals(self, now: float) -> dict[str, float]:
         """The freshest memory risk of each source, worst over the device ranks, and the host's."""
-        if self.board is None:
+        if self._memory is None:
             return {}
-        return self.board.read_max(
+        return self._memory.read(
             5 * self.config.collector_interval_s, now, 5 * self.config.host_memory_interval_s
         )
 
+    def _publish_step(self, snap: StepSnapshot) -> None:
+        self._published_at = snap.timestamp
+        self._last_step.set(snap.timestamp)
+        self._publish_saturation(snap.saturation)
+
     def _publish_saturation(self, state: SaturationState) -> None:
-        wait = state.queue_wait_s
-        if wait is not None:
-            self._queue_wait.set(wait)
-        if state.drain_rate is not None:
-            self._drain_rate.set(state.drain_rate)
-        if state.service_s is not None:
-            self._service.set(state.service_s)
+        """The saturation gauges, each set only when its value changed (None keeps the last)."""
+        published = (state.queue_wait_s, state.drain_rate, state.service_s)
+        if published == self._published:
+            return
+        for gauge, value, last in zip(
+            (self._queue_wait, self._drain_rate, self._service),
+            published,
+            self._published,
+            strict=True,
+        ):
+            if value is not None and value != last:
+                gauge.set(value)
+        self._published = published
 
     def peak_level(self, now: float) -> int:
         """Highest level held at any moment of the last peak window. Prometheus scrapes every

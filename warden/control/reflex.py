@@ -60,6 +60,14 @@ class Reflex:
         name = WATERMARK_LEVELS[level]
         return getattr(self.settings, name, None) if level > 0 else None
 
+    def _quiet(self, snap: StepSnapshot) -> bool:
+        """Nothing to hold, release or enter at this step (most steps): the full pass would
+        change nothing, and it runs on every step in the API server's output loop."""
+        if snap.watermark or self.level or self._held or self.queue_index >= 0:
+            return False
+        levels = self.settings.queue_levels
+        return not levels or snap.waiting < levels[0].depth
+
     def _queue_index(self, depth: int) -> int:
         levels = self.settings.queue_levels
         index = self.queue_index
@@ -70,7 +78,7 @@ class Reflex:
         return index
 
     def __call__(self, snap: StepSnapshot) -> None:
-        if not self.settings.enabled:
+        if not self.settings.enabled or self._quiet(snap):
             return
         now = self.clock()
         wanted: dict[str, tuple[ActionRequest, Cause]] = {}

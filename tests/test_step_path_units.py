@@ -1,0 +1,105 @@
+"""The per-step path in the API server (stat logger -> StepMonitor -> listeners) runs hundreds of
+times a second in vLLM's output loop, so each stage does only the work a step changes: the
+memory board is read again only after a write or when a sample it counted grows stale, the
+saturation meter summarises its completions only when one finishes or is preempted, the step
+gauges are set at most every ``PUBLISH_EVERY_S`` (and the last step's values once the engine
+goes quiet). These tests hold each shortcut to the answer of the full computation."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from exporter import catalog
+from exporter.metrics import WardenMetrics
+from exporter.saturation import SaturationMeter, predicted_wait
+from exporter.settings import WardenSettings
+from exporter.signals import MemorySignals, SignalBoard
+from exporter.step_monitor import PUBLISH_EVERY_S, StepMonitor
+
+
+class CountingBoard(SignalBoard):
+    reads = 0
+
+    def read_max_until(
+        self, max_age_s: float, now: float, host_max_age_s: float | None = None
+    ) -> tuple[dict[str, float], float]:
+        self.reads += 1
+        return super().read_max_until(max_age_s, now, host_max_age_s)
+
+
+def test_memory_signals_answer_as_a_full_read_and_read_only_after_a_write_or_expiry(
+    tmp_path,
+) -> None:
+    board = CountingBoard(str(tmp_path / "board"), create=True)
+    signals = MemorySignals(board)
+    board.write(0, 0.5, 0.2, timestamp=100.0)
+    board.write_host(0.3, timestamp=101.0)
+    assert signals.read(5, 102.0, 10) == {"device": 0.5, "allocator": 0.2, "host": 0.3}
+    reads = board.reads
+    for now in (102.5, 103.0, 104.9, 105.0):  # the device sample is fresh until 105.0
+        assert signals.read(5, now, 10) == board.read_max(5, now, 10)
+    assert board.reads == reads + 4, "the four reference reads, and no other"
+    # A write is seen at the very next read.
+    board.write(1, 0.9, math.nan, timestamp=105.0)
+    assert signals.read(5, 105.0, 10) == {"device": 0.9, "allocator": 0.2, "host": 0.3}
+    # Rank 0's sample grows stale just past 105.0, rank 1's at 110.0, the host's at 111.0.
+    assert signals.read(5, 105.01, 10) == {"device": 0.9, "host": 0.3}
+    assert signals.read(5, 110.5, 10) == {"host": 0.3}
+    assert signals.read(5, 111.5, 10) == {}
+    # A clock that went back reads again rather than trusting what it read later.
+    assert signals.read(5, 104.0, 10) == board.read_max(5, 104.0, 10) != {}
+
+
+def test_the_meters_kept_summary_is_the_full_computation_at_every_step() -> None:
+    rng = random.Random(7)
+    kept, recomputed = SaturationMeter(keep=8), SaturationMeter(keep=8)
+    now = 0.0
+    for _ in range(2000):
+        now += rng.choice([0.001, 0.01, 0.3])
+        running, waiting = rng.randint(0, 8), rng.choice([0, 0, 0, 3, 12])
+        finished = [
+            (rng.randint(10, 400), 0.0, rng.uniform(0.1, 5.0))
+            for _ in range(rng.choice([0, 0, 0, 0, 1, 3]))
+        ]
+        preempted = rng.choice([0] * 20 + [1, 2])
+        recomputed._summary = None  # forces the summary to be made again from scratch
+        expected = recomputed.observe(now, running, waiting, finished, preempted)
+        assert kept.observe(now, running, waiting, finished, preempted) == expected
+
+
+def step_gauges(registry: CollectorRegistry) -> tuple[float | None, float | None]:
+    return (
+        registry.get_sample_value(catalog.ENGINE_LAST_STEP.name),
+        registry.get_sample_value(catalog.QUEUE_WAIT_PREDICTED.name),
+    )
+
+
+def test_step_gauges_are_set_at_most_every_publish_interval_and_the_last_step_when_quiet() -> None:
+    registry = CollectorRegistry()
+    now = [1000.0]
+    monitor = StepMonitor(WardenSettings(), WardenMetrics(registry), None, clock=lambda: now[0])
+    for _ in range(5):  # a measured drain rate
+        now[0] += 0.25
+        monitor.on_step(running=8, waiting=0, kv_usage=0.5, finished=[(96, 0.0, 2.0)])
+    assert step_gauges(registry)[0] == now[0]
+    published_at = now[0]
+    sets = 0
+    last = step_gauges(registry)
+    for waiting in range(1, 200):  # steps 1 ms apart, the queue growing
+        now[0] += 0.001
+        snap = monitor.on_step(running=8, waiting=waiting, kv_usage=0.9)
+        if step_gauges(registry) != last:
+            sets += 1
+            last = step_gauges(registry)
+            assert now[0] - published_at >= PUBLISH_EVERY_S - 1e-9
+            published_at = now[0]
+    assert 1 <= sets <= 0.2 / PUBLISH_EVERY_S
+    assert step_gauges(registry) != (snap.timestamp, predicted_wait(snap.saturation))
+    # The engine goes quiet: the tick between steps publishes the last step's values.
+    now[0] += 0.3
+    monitor.refresh_memory()
+    assert step_gauges(registry) == pytest.approx((snap.timestamp, predicted_wait(snap.saturation)))
