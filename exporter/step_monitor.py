@@ -45,6 +45,12 @@ StepListener = Callable[[StepSnapshot], None]
 # engines step hundreds of times a second, Prometheus scrapes every few seconds, and each set
 # costs the API server's output loop CPU. Between steps ``refresh_memory`` sets the last values.
 PUBLISH_EVERY_S = 0.05
+# A step that changes nothing the watermark, the saturation meter or the listeners read (the
+# same running and waiting counts, nothing finished or preempted, no new memory sample) only
+# moves the snapshot's time and KV usage, for at most this long after the last full step: the
+# time-driven changes (a watermark's hold, a reflex's release delay, a saturation hold) come at
+# most this late. Steady decoding is mostly such steps.
+REPEAT_STEP_S = 0.05
 
 
 class StepMonitor:
@@ -75,6 +81,7 @@ class StepMonitor:
         # What the saturation gauges were last set to: a step that changes none sets none.
         self._published: tuple[float | None, float | None, float | None] = (0.0, None, None)
         self._published_at = -1e18  # when the step gauges were last set
+        self._full_step_at = -1e18  # when a step was last fully processed
         self._last_step = metrics.get(catalog.ENGINE_LAST_STEP)
         metrics.get(catalog.SOURCE_AVAILABLE).labels("kv_cache").set(1)
         self._level.set(0)
@@ -103,6 +110,12 @@ class StepMonitor:
         requests it finished as (tokens, seconds queued, seconds served)."""
         now = self.clock()
         snap = self.snapshot
+        if self._repeats(snap, now, running, waiting, preempted, finished):
+            if kv_usage is not None:
+                snap.kv_cache_usage = kv_usage
+            snap.timestamp = now
+            return snap
+        self._full_step_at = now
         with self._lock:
             snap = StepSnapshot(
                 timestamp=now,
@@ -120,6 +133,26 @@ class StepMonitor:
             self._publish_step(snap)
         self._publish_watermark(change, now)
         return self._notify(snap)
+
+    def _repeats(
+        self,
+        snap: StepSnapshot,
+        now: float,
+        running: int | None,
+        waiting: int | None,
+        preempted: int,
+        finished: list[tuple[int, float, float]] | None,
+    ) -> bool:
+        """This step changes nothing but the time and the KV usage (``REPEAT_STEP_S``)."""
+        if finished or preempted or snap.preempted:
+            return False
+        if not 0 <= now - self._full_step_at < REPEAT_STEP_S:
+            return False
+        if (running is not None and running != snap.running) or (
+            waiting is not None and waiting != snap.waiting
+        ):
+            return False
+        return self._memory is None or self.memory_signals(now) is snap.signals
 
     def refresh_memory(self) -> StepSnapshot:
         """Between steps (an idle engine makes none): the watermark from the latest memory risks,

@@ -19,11 +19,11 @@ from exporter.metrics import WardenMetrics
 from tests.support.asgi import post_json
 from warden.common.http_input import BodyRules, InputRefused, read_json
 from warden.control.actions import parse_action
-from warden.control.admission import RequestFacts
+from warden.control.admission import KvState, RequestFacts
 from warden.control.config import ControlConfig
 from warden.control.controller import Controller
 from warden.engine import middleware
-from warden.engine.forecast import count_tokens
+from warden.engine.forecast import Forecast, count_tokens, token_bound
 from warden.engine.retry_stage import spliced
 from warden.engine.runtime import EngineRuntime
 
@@ -138,6 +138,38 @@ def test_the_forecast_counts_the_tokens_encode_counts(tiny_model: Path) -> None:
     tokenizer("memory memory memory", truncation=True, max_length=2)
     assert tokenizer.backend_tokenizer.truncation is not None
     assert count_tokens(tokenizer, "memory " * 300) == len(tokenizer.encode("memory " * 300)) > 2
+
+
+def test_the_forecast_counts_a_prompt_only_where_the_count_can_change_admission(
+    tiny_model: Path,
+) -> None:
+    """The bound is never below the count (unicode, a normalizer's expansions, special tokens
+    included); a prompt whose bound fits in the free blocks is not tokenized, one that may not
+    fit is counted."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
+    prompts = ["", "hi", "héllo wörld 😀 \n\n x", "memory " * 300, "\ufdfa" * 40, "㎒ ﬁ ½" * 30]
+    for prompt in prompts:
+        assert token_bound(prompt) >= count_tokens(tokenizer, prompt), prompt
+
+    class Client:
+        def get_tokenizer(self) -> Any:
+            return tokenizer
+
+    forecast = Forecast(SimpleNamespace(engine_client=Client()))  # type: ignore[arg-type]
+    body = {"prompt": "memory " * 300}
+    counted = count_tokens(tokenizer, body["prompt"])
+
+    def tokens(kv: KvState | None) -> int | None:
+        return asyncio.run(forecast.prompt_tokens("/v1/completions", body, kv, margin_blocks=1))
+
+    assert tokens(KvState(total_blocks=1000, block_size=32, usage=0.0)) is None
+    assert tokens(KvState(total_blocks=1000, block_size=32, usage=0.9)) == counted
+    assert tokens(KvState(total_blocks=10, block_size=32, usage=0.0)) == counted
+    assert tokens(None) == counted
 
 
 # --- the circuit breaker's half-open share: one gate --------------------------------------------

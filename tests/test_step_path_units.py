@@ -3,7 +3,8 @@ times a second in vLLM's output loop, so each stage does only the work a step ch
 memory board is read again only after a write or when a sample it counted grows stale, the
 saturation meter summarises its completions only when one finishes or is preempted, the step
 gauges are set at most every ``PUBLISH_EVERY_S`` (and the last step's values once the engine
-goes quiet). These tests hold each shortcut to the answer of the full computation."""
+goes quiet), and a step that changes nothing they read moves only the snapshot's time and KV
+usage (``REPEAT_STEP_S``). These tests hold each shortcut to the answer of the full computation."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from exporter.metrics import WardenMetrics
 from exporter.saturation import SaturationMeter, predicted_wait
 from exporter.settings import WardenSettings
 from exporter.signals import MemorySignals, SignalBoard
-from exporter.step_monitor import PUBLISH_EVERY_S, StepMonitor
+from exporter.step_monitor import PUBLISH_EVERY_S, REPEAT_STEP_S, StepMonitor, StepSnapshot
 
 
 class CountingBoard(SignalBoard):
@@ -103,3 +104,45 @@ def test_step_gauges_are_set_at_most_every_publish_interval_and_the_last_step_wh
     now[0] += 0.3
     monitor.refresh_memory()
     assert step_gauges(registry) == pytest.approx((snap.timestamp, predicted_wait(snap.saturation)))
+
+
+def test_a_step_that_changes_nothing_moves_only_time_and_kv_and_any_change_is_seen_at_once(
+    tmp_path,
+) -> None:
+    board = SignalBoard(str(tmp_path / "board"), create=True)
+    now = [1000.0]
+    monitor = StepMonitor(
+        WardenSettings(), WardenMetrics(CollectorRegistry()), board, clock=lambda: now[0]
+    )
+    seen: list[StepSnapshot] = []
+    monitor.add_listener(seen.append)
+
+    def step(running: int = 8, waiting: int = 2, **kw: object) -> None:
+        now[0] += 0.002
+        monitor.on_step(running, waiting, kw.pop("kv", 0.5), **kw)  # type: ignore[arg-type]
+
+    step()
+    assert len(seen) == 1
+    for kv in (0.51, 0.52, 0.53):  # steady decoding: the same batch, the cache filling
+        step(kv=kv)
+    assert len(seen) == 1, "steps that change nothing reach no listener"
+    assert monitor.snapshot.timestamp == now[0] and monitor.snapshot.kv_cache_usage == 0.53
+    # Each change is seen at the step it comes with.
+    for change, kwargs in (
+        ("waiting", {"waiting": 3}),
+        ("running", {"running": 7, "waiting": 3}),
+        ("finished", {"running": 7, "waiting": 3, "finished": [(50, 0.0, 1.0)]}),
+        ("preempted", {"running": 7, "waiting": 3, "preempted": 1}),
+        ("after a preemption", {"running": 7, "waiting": 3}),
+    ):
+        before = len(seen)
+        step(**kwargs)  # type: ignore[arg-type]
+        assert len(seen) == before + 1, change
+    board.write(0, 0.97, 0.1, now[0])  # a new device sample: the watermark within the step
+    step(running=7, waiting=3)
+    assert len(seen) == before + 2 and seen[-1].watermark > 0
+    # Time-driven changes (holds, release delays) come at most REPEAT_STEP_S late.
+    full_at = now[0]
+    while len(seen) == before + 2:
+        step(running=7, waiting=3)
+    assert now[0] - full_at <= REPEAT_STEP_S + 0.002

@@ -154,7 +154,8 @@ class BodyStage:
         if control.config.admission.forecast.enabled:
             kv = self.forecast.kv_state()
             if kv is not None:
-                prompt_tokens = await self.forecast.prompt_tokens(route, body)
+                margin = control.config.admission.forecast.safety_margin_blocks
+                prompt_tokens = await self.forecast.prompt_tokens(route, body, kv, margin)
                 facts = dataclasses.replace(facts, prompt_tokens=prompt_tokens)
         decision = control.limit(facts, policy, kv)
         if not decision.admit:

@@ -3,6 +3,12 @@
 The prompt is counted the way ``len(tokenizer.encode(prompt))`` counts it: a long one (over
 ``INLINE_TOKENIZE_CHARS``) on a worker thread, so it cannot stall every stream and /health; a
 short one on the event loop, where counting takes less than the hop to a thread.
+
+Counting is skipped where it cannot change the decision: when even ``token_bound`` (more tokens
+than the prompt can have) fits in the KV cache's free blocks, the prompt neither "never fits"
+nor lacks blocks, and admission decides as it would with the count. Tokenizing every prompt a
+second time (vLLM does it again) cost the API server about 4% of its CPU per request at 10
+requests/s on the tiny model (benchmarks/README.md, #28).
 """
 
 from __future__ import annotations
@@ -22,6 +28,17 @@ log = logging.getLogger("warden.control")
 MAX_FORECAST_PROMPT_CHARS = 1 << 20
 # Prompts up to this long are tokenized on the event loop: a thread hop costs more than they.
 INLINE_TOKENIZE_CHARS = 2048
+# Special tokens a tokenizer may add around a prompt (BOS, EOS, a dummy prefix), at most.
+SPECIAL_TOKENS_BOUND = 16
+
+
+def token_bound(prompt: str | list[int]) -> int:
+    """More tokens than ``prompt`` can encode to: a token holds at least one byte of the text
+    (byte-level BPE, SentencePiece with byte fallback, WordPiece), doubled for normalizers that
+    expand a character (NFKC), plus the special tokens."""
+    if isinstance(prompt, list):
+        return len(prompt)
+    return 2 * len(prompt.encode("utf-8", "surrogatepass")) + SPECIAL_TOKENS_BOUND
 
 
 def prompt_text(route: str, body: dict[str, Any]) -> str | list[int] | None:
@@ -59,12 +76,20 @@ class Forecast:
         self.runtime = rt
         self._tokenizer: Any = None
 
-    async def prompt_tokens(self, route: str, body: dict[str, Any]) -> int | None:
+    async def prompt_tokens(
+        self, route: str, body: dict[str, Any], kv: KvState | None = None, margin_blocks: int = 0
+    ) -> int | None:
+        """The prompt's tokens; None when not known, or (``kv`` given) when even its bound fits
+        in the free blocks, where the count cannot change admission's decision."""
         prompt = prompt_text(route, body)
         if prompt is None or len(prompt) > MAX_FORECAST_PROMPT_CHARS:
             return None
         if isinstance(prompt, list):
             return len(prompt)
+        if kv is not None and kv.blocks_for(token_bound(prompt) + 1) <= kv.free_blocks(
+            margin_blocks
+        ):
+            return None
         client = self.runtime.engine_client
         if client is None:
             return None
