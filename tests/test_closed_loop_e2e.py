@@ -4,12 +4,7 @@ scenario ``warden demo`` runs; nothing is faked. The overload is real and calibr
 scenario measures what this engine completes per second, then offers 4 times that against the
 demo's queue limit, so the refused share lands above the paging threshold on a fast machine and
 a slow one alike (warden/cli/scenario.py says why, and why overload and not memory drives the
-loop on a CPU engine).
-
-One difference from the demo: the traffic alerts hold 10 s at most before firing and after
-clearing, not 15 s. The holds are what a person watching the demo reads; the order of the
-steps, which is what this test asserts, is the same at any hold, and the shorter one takes
-10 s off the suite (pending to firing, and clearing to resolved)."""
+loop on a CPU engine). The stack is the demo's, holds and control config included."""
 
 from __future__ import annotations
 
@@ -17,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from alerts.rules import TRAFFIC
 from benchmarks.closed_loop import STEPS as BENCHMARK_STEPS
 from tests.support.engine import free_stack_ports
 from warden.cli.demo import demo_settings
@@ -26,16 +20,11 @@ from warden.stack.native import NativeStack
 
 pytestmark = pytest.mark.engine
 
-# The traffic alerts' hold cap here (the demo's is 15 s: warden/cli/demo.py).
-TEST_ALERT_HOLD_CAPS = {TRAFFIC.name: 10}
-
 
 def test_overload_to_page_to_resolution(tmp_path: Path) -> None:
     ports = free_stack_ports()
     printed: list[str] = []
-    settings = demo_settings(
-        tmp_path, with_grafana=False, alert_hold_caps=TEST_ALERT_HOLD_CAPS, **ports
-    )
+    settings = demo_settings(tmp_path, with_grafana=False, **ports)
     with NativeStack(settings, out=printed.append) as stack:
         stack.wait_for_query("up == 1", timeout_s=120)
         result = ClosedLoopScenario(stack, out=printed.append).run()

@@ -5,7 +5,7 @@ traffic, and a host memory creep injected into the engine core with ``warden cha
 The limit: this machine's cgroups cannot be relied on to exist or be writable in CI, so the
 engine declares it with ``WARDEN_HOST_MEMORY_HEADROOM_BYTES``: its settled host footprint plus
 1.2 GB (the host source reads it exactly as a cgroup's limit). The creep is set to reach it in
-about 80 s. One engine start serves both halves: first the engine settles and serves with no
+about 65 s. One engine start serves both halves: first the engine settles and serves with no
 creep, and warden must take no action at all; then the creep, and the steps must come in order
 (warden/cli/creep_scenario.py: the alert path and the engine path each in order; the fast
 time-to-OOM rule pages before the watermark reaches high). The creep and memory groups' alerts
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.engine
 
 SETTLE_S = 25
 HEADROOM_BYTES = 1_200_000_000
-REACH_LIMIT_S = 80.0
+REACH_LIMIT_S = 65.0
 QUIET_S = SETTLE_S + 35  # settling, then 35 s settled: longer than the fast alert's floor + for
 
 

@@ -59,6 +59,10 @@ SATURATION_ALERTS = tuple(
 )
 # Requests waiting beyond this many are refused (the demo's control config).
 DEMO_MAX_QUEUE_DEPTH = 4
+# How long the engine keeps reporting saturated once the queue is back under its limit (the
+# demo's control config; 20 s by default, enough for a 15 s scrape to see it). The demo scrapes
+# every second, so 5 s is seen all the same, and the resolution comes 15 s sooner.
+DEMO_SATURATION_HOLD_S = 5.0
 # The demo engine's batch (--max-num-seqs, warden/cli/demo.py): calibration keeps it full.
 DEMO_BATCH = 8
 # Offered load, as a multiple of the measured capacity: at most 1/4 can be served, so at least
@@ -541,11 +545,15 @@ class ClosedLoopScenario:
 
 
 def demo_control_config() -> dict[str, Any]:
-    """The control config the demo's engine runs with: the queue limit the overload breaks, and
-    loopback trusted to name a request's priority (the scenario's clients do)."""
+    """The control config the demo's engine runs with: the queue limit the overload breaks, the
+    saturation hold its 1 s scrapes allow, and loopback trusted to name a request's priority
+    (the scenario's clients do)."""
     return {
         "admission": {
-            "saturation": {"max_queue_depth": DEMO_MAX_QUEUE_DEPTH},
+            "saturation": {
+                "max_queue_depth": DEMO_MAX_QUEUE_DEPTH,
+                "hold_s": DEMO_SATURATION_HOLD_S,
+            },
             "priority": {"trusted_networks": ["127.0.0.1/32"]},
         }
     }
