@@ -37,11 +37,11 @@ from warden.stack.native import NativeStack, StackError, StackSettings
 # Fast loop for a demo: 1 s scrapes and rule evaluations, pages within seconds.
 DEMO_INTERVALS = Intervals("1s", "1s")
 DEMO_PAGER_TIMING = RouteTiming("1s", "5s", "4h")
-# The alerts the demo drives (the traffic group: WardenSaturated) hold 10 s at most before
+# The alerts the demo drives (the traffic group: WardenSaturated) hold 5 s at most before
 # firing and after clearing (as generated: minutes), so the whole loop, page and resolution
 # included, plays out in under two minutes. Other groups keep their generated holds: an
 # engine still starting must not page anyone.
-DEMO_ALERT_HOLD_CAPS = {TRAFFIC.name: 10, CREEP.name: 5}
+DEMO_ALERT_HOLD_CAPS = {TRAFFIC.name: 5, CREEP.name: 5}
 # The second act, memory creep: the engine core's host memory grows (test switch) until it would
 # reach a limit declared as its settled footprint plus DEMO_HEADROOM_BYTES, in DEMO_CREEP_S. The
 # memory plan settles within DEMO_SETTLE_S, long before the first act ends.
