@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -239,12 +240,19 @@ def test_a_hang_inside_a_step_is_detected_in_seconds_and_restarted(container: Co
     assert restart.reason == "stalled" and "hang threshold" in restart.detail, restart
     if seen == RESTART:  # the verdict came the supervisor's grace before its decision
         detected = restart.failed_at - GRACE_S - sent[0]
+    # The claim is timed from the hang itself: the restart's record names the hung step's age
+    # when the supervisor decided, its grace after the verdict. Timed from the request's
+    # sending it also holds the time a loaded machine takes to deliver the request and start
+    # the step (CI once saw 18 s that way), which is not the detector's.
+    step_age = re.search(r"one step has run for (\d+)s", restart.detail)
+    assert step_age is not None, restart.detail
+    age_at_verdict = int(step_age[1]) - GRACE_S
     print(
         f"\nmeasured: in-step hang: threshold {threshold:.1f}s, stall verdict {detected:.1f}s "
-        f"after the request, restart decided {restart.failed_at - sent[0]:.1f}s, "
-        f"serving again {restart.duration_s:.1f}s after that"
+        f"after the request, the step {age_at_verdict:.0f}s old at it, restart decided "
+        f"{restart.failed_at - sent[0]:.1f}s, serving again {restart.duration_s:.1f}s after that"
     )
-    assert detected < HANG_DETECTED_WITHIN_S, detected
+    assert age_at_verdict < HANG_DETECTED_WITHIN_S, restart.detail
     assert container.kubelet("readinessProbe") and complete(container).status_code == 200
 
 
