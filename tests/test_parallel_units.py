@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from tests.support.parallel import (
     LOAD_CALIBRATED_MODULES,
+    OMP_BIND_VARIABLE,
     PLAIN_ENGINE_MODULES,
     work_unit,
+    worker_core,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -28,3 +31,18 @@ def test_the_closed_loop_and_the_benchmark_runs_share_one_unit_and_others_keep_t
     assert work_unit("tests/test_stall_units.py::c") == "tests/test_stall_units.py"
     plain = {work_unit(f"{module}::t") for module in PLAIN_ENGINE_MODULES}
     assert len(plain) == 1 and plain.isdisjoint(units)
+
+
+def test_each_worker_binds_its_engines_to_a_core_of_its_own_round_robin() -> None:
+    assert [worker_core(f"gw{n}", [0, 1]) for n in range(4)] == [0, 1, 0, 1]
+    assert worker_core("gw1", [2, 5]) == 5
+    assert worker_core("gw0", [3]) == 3
+
+
+def test_an_xdist_worker_has_its_engines_core_in_the_environment_its_engines_inherit() -> None:
+    """Under ``scripts/test.sh`` (two workers) the engines this worker starts get its core."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        return  # a plain pytest run: vLLM's own binding, unchanged
+    cores = sorted(os.sched_getaffinity(0))
+    assert os.environ[OMP_BIND_VARIABLE] == str(worker_core(worker, cores))

@@ -19,11 +19,19 @@ faster, is no overload), so they run one after the other, on one worker.
 Why engine modules first: they are the long units. Queued first, the two workers split them,
 and the short modules fill in at the end, so neither worker is left with a long tail alone.
 
+Why each worker's engines run on a core of their own: vLLM's CPU build binds an engine's model
+worker to the first core (``VLLM_CPU_OMP_THREADS_BIND=auto`` picks core 0 on any machine this
+size, through ``GOMP_CPU_AFFINITY``, from the worker's ``import torch`` on). Two workers' engines
+then step, and start, on core 0 while core 1 serves only API servers and tests: an engine started
+beside a busy one took 105-124 s where it takes 45 s alone. Each worker's engines are bound to
+core ``N mod cores`` instead (``gwN``); the API servers and engine cores stay unbound.
+
 Without xdist (a plain ``pytest tests/test_x.py``) this plugin changes nothing.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -70,6 +78,24 @@ def starts_an_engine(item: pytest.Item) -> bool:
 def under_xdist(config: pytest.Config) -> bool:
     """A worker (xdist gives it ``workerinput``) or the controller of ``-n N``."""
     return hasattr(config, "workerinput") or bool(getattr(config.option, "numprocesses", None))
+
+
+# vLLM's switch for the cores its CPU model worker binds to (vllm/envs.py).
+OMP_BIND_VARIABLE = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+def worker_core(worker_id: str, cores: list[int]) -> int:
+    """The core a worker's engines are bound to: ``gwN`` gets the Nth core, round robin."""
+    return cores[int(worker_id.removeprefix("gw")) % len(cores)]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None or OMP_BIND_VARIABLE in os.environ:
+        return  # not an xdist worker, or the binding was chosen by whoever runs the suite
+    cores = sorted(os.sched_getaffinity(0))
+    # Set in this process's environment: every engine a test starts inherits it.
+    os.environ[OMP_BIND_VARIABLE] = str(worker_core(workerinput["workerid"], cores))
 
 
 # optionalhook: a machine without xdist (the GPU suite's) loads this plugin too.
