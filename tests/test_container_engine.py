@@ -45,6 +45,7 @@ from tests.support.container import (
     start_container,
     stop_container,
 )
+from tests.support.parallel import OMP_BIND_VARIABLE
 from warden.common.metrics_text import parse_samples, sample
 from warden.common.tinymodel import tiny_engine_args
 from warden.common.waiting import wait_until
@@ -60,7 +61,8 @@ VLLM_ARGS = " ".join(
     tiny_engine_args("--max-model-len", "2048", "--max-num-seqs", str(MAX_NUM_SEQS))
 )
 START_TIMEOUT_S = 600.0
-HANG_DETECTED_WITHIN_S = 15.0
+# A hung step is called stalled within this long after its age passes the learned threshold.
+HANG_DETECTED_PAST_THRESHOLD_S = 5.0
 SATURATED_S = 50.0
 LONG_PROMPT_TOKENS = 1200  # "the" is one token of the tiny tokenizer
 # Every busy step sleeps this long (test switch): the tiny model's steps take microseconds, so
@@ -93,6 +95,14 @@ def starved_step_cpu_s(window_s: float) -> float:
     than the starved share of the window (the learned threshold is 10 s on an idle machine and
     was 77 s on a loaded one), and at least 3 s, far less than any hang threshold."""
     return max(3.0, STARVED_SHARE * window_s)
+
+
+def burn_core(engine_core_affinity: set[int]) -> int:
+    """The core the busy loop holds: under xdist, the one this worker's engines are bound to
+    (tests/support/parallel.py), so the other worker's engines keep theirs; alone, the last
+    core (vLLM's CPU worker binds to the first)."""
+    bound = os.environ.get(OMP_BIND_VARIABLE, "")
+    return int(bound) if bound.isdigit() else max(engine_core_affinity)
 
 
 # How late a restart may come after its threshold and grace: beats and probes run once a
@@ -217,7 +227,10 @@ def test_every_probe_answers_on_a_serving_engine(container: Container) -> None:
 
 def test_a_hang_inside_a_step_is_detected_in_seconds_and_restarted(container: Container) -> None:
     threshold = warm_up(container)
-    assert threshold == DEFAULTS.stall_hang_floor_s  # the tiny model's steps are short
+    # The tiny model's steps are short: on an idle machine the threshold is the floor (10 s).
+    # A loaded machine's slowest step after warm-up can raise it (10x that step), and the
+    # verdict is timed from the threshold learned, not from the floor.
+    assert DEFAULTS.stall_hang_floor_s <= threshold < DEFAULTS.stall_max_step_s
     sent: list[float] = []
 
     def hang() -> None:
@@ -228,14 +241,14 @@ def test_a_hang_inside_a_step_is_detected_in_seconds_and_restarted(container: Co
     generation = container.state().generation
     thread = threading.Thread(target=hang, daemon=True)
     thread.start()
-    seen = wait_for_stall(container, generation)
+    seen = wait_for_stall(container, generation, timeout=threshold + 60)
     detected = time.time() - sent[0]
     if seen == VERDICT:
         assert not container.kubelet("readinessProbe"), "a hung engine leaves the Service"
         assert container.kubelet("livenessProbe"), (
             "the kubelet leaves the restart to the supervisor"
         )
-    wait_serving(container, 2)
+    wait_serving(container, generation + 1)
     restart = container.state().restarts[-1]
     assert restart.reason == "stalled" and "hang threshold" in restart.detail, restart
     if seen == RESTART:  # the verdict came the supervisor's grace before its decision
@@ -252,7 +265,7 @@ def test_a_hang_inside_a_step_is_detected_in_seconds_and_restarted(container: Co
         f"after the request, the step {age_at_verdict:.0f}s old at it, restart decided "
         f"{restart.failed_at - sent[0]:.1f}s, serving again {restart.duration_s:.1f}s after that"
     )
-    assert age_at_verdict < HANG_DETECTED_WITHIN_S, restart.detail
+    assert age_at_verdict < threshold + HANG_DETECTED_PAST_THRESHOLD_S, (threshold, restart.detail)
     assert container.kubelet("readinessProbe") and complete(container).status_code == 200
 
 
@@ -269,7 +282,7 @@ def test_a_step_starved_of_cpu_past_the_hang_threshold_is_slow_not_hung(
     generation = container.state().generation
     core = container.engine_core()
     affinity = os.sched_getaffinity(core)
-    cpu = max(affinity)  # vLLM's CPU workers bind to the first cores
+    cpu = burn_core(affinity)
     waited_before = sample(metrics(container), catalog.ENGINE_CPU_WAIT.name)
     verdicts: list[str] = []  # '' or why stalled
     window_s = threshold + STARVED_PAST_THRESHOLD_S
@@ -377,11 +390,12 @@ def test_a_saturated_engine_with_long_prompts_is_never_stalled(container: Contai
 
 
 def test_a_killed_engine_core_is_restarted_with_its_cause(container: Container) -> None:
+    generation = container.state().generation
     killed_at = time.time()
     os.kill(container.engine_core(), signal.SIGKILL)
     wait_for(container, "readiness to fail", lambda: not container.kubelet("readinessProbe"), 30)
     assert container.kubelet("livenessProbe")
-    wait_serving(container, 3)
+    wait_serving(container, generation + 1)
     restart = container.state().restarts[-1]
     assert restart.reason == "crash" and "EngineCore" in restart.detail, restart
     print(
@@ -411,7 +425,7 @@ def test_a_stopped_engine_core_is_restarted_as_stalled_within_the_bound(
             if seen == VERDICT:
                 assert not container.kubelet("readinessProbe")
                 assert container.kubelet("livenessProbe")
-            wait_serving(container, 4)
+            wait_serving(container, generation + 1)
             for future in pending:
                 with contextlib.suppress(httpx.HTTPError):
                     future.result()
