@@ -113,6 +113,33 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return ModuleScheduling(config, log)
 
 
+# Seconds each work unit took, by worker, in the order the worker ran them (the controller's
+# view: xdist sends it every test's report). Printed at the end, so a run's balance is visible.
+_UNIT_SECONDS = pytest.StashKey[dict[str, dict[str, float]]]()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    worker = getattr(getattr(report, "node", None), "gateway", None)
+    config = getattr(getattr(report, "node", None), "config", None)
+    if worker is None or config is None:
+        return  # not the controller of an xdist run
+    units = config.stash.setdefault(_UNIT_SECONDS, {}).setdefault(worker.id, {})
+    unit = work_unit(report.nodeid)
+    units[unit] = units.get(unit, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    by_worker = config.stash.get(_UNIT_SECONDS, {})
+    if not by_worker:
+        return
+    terminalreporter.section("seconds per work unit, by worker (in the order run)")
+    for worker, units in sorted(by_worker.items()):
+        terminalreporter.write_line(f"{worker}: {sum(units.values()):.0f} s in all")
+        for unit, seconds in units.items():
+            if seconds >= 10:
+                terminalreporter.write_line(f"  {seconds:6.0f}  {unit}")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     unlisted = sorted(
         {
