@@ -30,6 +30,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from tempfile import gettempdir
 from typing import Any
 
 import httpx
@@ -37,6 +39,7 @@ import psutil
 import pytest
 
 from exporter import catalog
+from exporter.heartbeat import heartbeat_dir
 from exporter.request_args import BUSY_ARG, HANG_ARG
 from exporter.settings import load_settings
 from tests.support.container import (
@@ -217,6 +220,27 @@ def warm_up(handle: Container) -> float:
 
 def restarts(handle: Container, reason: str) -> float:
     return metrics(handle).get(f'{catalog.ENGINE_RESTARTS.name}{{reason="{reason}"}}', 0.0)
+
+
+def _last_heartbeat(pid: int) -> float:
+    """When the engine process ``pid`` last beat: its heartbeat file's time, in the folder
+    beside its process tree's signal board (exporter/heartbeat.py, exporter/signals.py)."""
+    folders = (Path("/dev/shm"), Path(gettempdir()))
+    boards = [board for folder in folders for board in folder.glob("warden-signals-*")]
+    beats = [heartbeat_dir(board) / str(pid) for board in boards]
+    found = [beat for beat in beats if beat.is_file()]
+    assert len(found) == 1, (pid, found)
+    return found[0].stat().st_mtime
+
+
+def restart_numbers(handle: Container) -> tuple[dict[str, float], float, float]:
+    """The supervisor's restart numbers as the engine's own /metrics mirrors them: restarts
+    by reason, and the restart duration histogram's count and sum."""
+    samples = metrics(handle)
+    prefix = f'{catalog.ENGINE_RESTARTS.name}{{reason="'
+    by_reason = {k[len(prefix) : -2]: v for k, v in samples.items() if k.startswith(prefix)}
+    duration = catalog.ENGINE_RESTART_DURATION.name
+    return by_reason, samples.get(f"{duration}_count", 0.0), samples.get(f"{duration}_sum", 0.0)
 
 
 def test_every_probe_answers_on_a_serving_engine(container: Container) -> None:
@@ -404,6 +428,19 @@ def test_a_killed_engine_core_is_restarted_with_its_cause(container: Container) 
     )
     assert complete(container).status_code == 200
     assert container.kubelet("readinessProbe") and container.kubelet("livenessProbe")
+    # Every restart so far (the hang's, this crash), mirrored on the new engine's /metrics:
+    # the counts survive the engines they count.
+    events = container.state().restarts
+    crashes = sum(1 for event in events if event.reason == "crash")
+
+    def mirrored() -> bool:
+        by_reason, count, _ = restart_numbers(container)
+        return by_reason.get("crash") == crashes and count == len(events)
+
+    wait_for(container, "restart numbers on the engine's /metrics", mirrored, 30)
+    by_reason, _, total = restart_numbers(container)
+    assert by_reason.get("stalled") == 1, by_reason  # the hang's, before
+    assert total == pytest.approx(sum(event.duration_s or 0 for event in events))
 
 
 def test_a_stopped_engine_core_is_restarted_as_stalled_within_the_bound(
@@ -417,6 +454,9 @@ def test_a_stopped_engine_core_is_restarted_as_stalled_within_the_bound(
     core = container.engine_core()
     stopped_at = time.time()
     os.kill(core, signal.SIGSTOP)
+    # The stall is counted from the core's last heartbeat, which precedes the stop by up to
+    # a beat on an idle machine, and by more when the beating thread waits for a busy CPU.
+    last_beat_at = _last_heartbeat(core)
     try:
         with ThreadPoolExecutor(2) as pool:
             pending = [pool.submit(complete, container) for _ in range(2)]
@@ -443,6 +483,8 @@ def test_a_stopped_engine_core_is_restarted_as_stalled_within_the_bound(
     )
     assert restart.reason == "stalled", restart
     assert limit + GRACE_S - 1.0 <= took <= limit + GRACE_S + SLACK_S, took
+    # Never before the limit and the grace, counted from the last sign of life.
+    assert restart.failed_at - last_beat_at >= limit + GRACE_S, (last_beat_at, took)
     assert not psutil.pid_exists(core) or psutil.Process(core).status() == psutil.STATUS_ZOMBIE
     assert complete(container).status_code == 200
 

@@ -1,10 +1,10 @@
-"""A fleet for real (#12 item 3): three vLLM engines behind HAProxy, one Prometheus, one
+"""A fleet for real (#12 item 3): two vLLM engines behind HAProxy, one Prometheus, one
 Alertmanager whose only engine receiver is warden relay, and a pager.
 
 Pressure on engine B (requests queueing on it, sent straight to it) fires an alert in
 Prometheus from B's own metrics; Alertmanager calls the relay once; the relay hands the alert
 to B alone, which stops admitting. Through the balancer every request is still answered, by A
-and C (HAProxy retries B's 503 elsewhere). The fleet-wide alert pages once. When the pressure
+(HAProxy retries B's 503 there). The fleet-wide alert pages once. When the pressure
 ends, the resolved notification reaches B the same way and releases it.
 
 The pressure alert is this test's own rule (``WardenFleetTestPressure``, built with the same
@@ -58,7 +58,10 @@ TOKEN = "fleet-test-token-0123456789"
 JOB = "vllm-fleet"
 NAMESPACE = "fleet-test"
 CLUSTER = "fleet-test-cluster"  # a Prometheus external label: on alerts, not on series
-NAMES = ("a", "b", "c")
+# Two engines: B, which the pressure degrades, and A, which must stay untouched and answer for
+# both. A third engine proved nothing more and cost a start (about 35 s of CPU).
+NAMES = ("a", "b")
+OTHERS = ("a",)  # every engine but B
 # The mixin config the rules, the Alertmanager config and the relay share.
 CONFIG = MixinConfig(
     engine_selector=f'job="{JOB}"', thresholds=Thresholds(fleet_degraded_ratio=0.3)
@@ -143,7 +146,7 @@ class Fleet:
 
 @contextlib.contextmanager
 def engines(model: Path, work: Path, token_file: Path) -> Iterator[dict[str, EngineProcess]]:
-    """Three engines, started together (each ~25 s alone on two cores), each knowing its
+    """The engines, started together (each ~25 s alone on two cores), each knowing its
     identity as a Kubernetes pod would (downward API): instance, namespace, cluster."""
     started: dict[str, EngineProcess] = {}
     try:
@@ -285,7 +288,7 @@ def test_pressure_on_one_engine_degrades_it_alone_and_the_fleet_keeps_serving(
     fleet: Fleet,
 ) -> None:
     # Every engine serves through the balancer to begin with.
-    seen = {served for status, served in fleet.through_balancer(6) if status == 200}
+    seen = {served for status, served in fleet.through_balancer(4) if status == 200}
     assert seen == set(NAMES), f"round robin should reach every engine, got {seen}"
 
     with Pressure(fleet, "b") as pressure:
@@ -293,15 +296,17 @@ def test_pressure_on_one_engine_degrades_it_alone_and_the_fleet_keeps_serving(
         pressure.stop.set()  # what is queued on B drains while its lease holds
         lease = next(x for x in fleet.leases("b") if x.get("alertname") == PRESSURE)
         assert lease["action"] == "stop_admission"
-        for other in ("a", "c"):
+        for other in OTHERS:
             assert fleet.leases(other) == [], f"{other} was degraded too"
 
-        # While B refuses new work, the balancer's clients are all answered, by A and C.
+        # While B refuses new work, the balancer's clients are all answered, by A. Round robin
+        # sends every second request to B: four reach it twice, and all four are done well
+        # within the lease's hold (``keep_firing_for``) on a loaded machine.
         refused_before = fleet.metric("b", catalog.ADMISSION_REJECTIONS, reason="stop_admission")
-        answers = fleet.through_balancer(9)
+        answers = fleet.through_balancer(4)
         assert PRESSURE in lease_names(fleet, "b"), "B's lease ended during the check"
         assert all(status == 200 for status, _ in answers), answers
-        assert {served for _, served in answers} <= {"a", "c"}, answers
+        assert {served for _, served in answers} <= set(OTHERS), answers
         refused = fleet.metric("b", catalog.ADMISSION_REJECTIONS, reason="stop_admission")
         assert refused > refused_before, "the balancer never tried B: nothing was shown"
 
@@ -320,8 +325,8 @@ def test_pressure_on_one_engine_degrades_it_alone_and_the_fleet_keeps_serving(
     wait_until(lambda: fleet.fleet_pages("resolved"), 60, 0.5, "the fleet page's resolution")
     assert len(fleet.fleet_pages("firing")) == 1, "a fleet-wide problem paged more than once"
 
-    # Nothing was ever delivered to A or C; B got the firing and the resolved notification.
-    for other in ("a", "c"):
+    # Nothing was ever delivered to A; B got the firing and the resolved notification.
+    for other in OTHERS:
         assert fleet.metric(other, catalog.WEBHOOK_NOTIFICATIONS) == 0
     assert fleet.metric("b", catalog.WEBHOOK_NOTIFICATIONS, outcome="applied") >= 2
     assert fleet.metric("b", catalog.WEBHOOK_NOTIFICATIONS, outcome="not_for_this_engine") == 0

@@ -16,7 +16,8 @@ their own. Run side by side, each changes the other's machine between its calibr
 measurement (a capacity measured under the other's load, then offered to a machine that got
 faster, is no overload), so they run one after the other, on one worker.
 
-Why engine modules first: they are the long units. Queued first, the two workers split them,
+Why engine modules first: they are the long units (with the modules that run vLLM in child
+interpreters, ``VLLM_CHILD_MODULES``). Queued first, the two workers split them,
 and the short modules fill in at the end, so neither worker is left with a long tail alone.
 
 Why each worker's engines run on a core of their own: vLLM's CPU build binds an engine's model
@@ -71,7 +72,16 @@ def work_unit(nodeid: str) -> str:
     return LOAD_CALIBRATED if module in LOAD_CALIBRATED_MODULES else module
 
 
-def starts_an_engine(item: pytest.Item) -> bool:
+# Modules without an engine that still run vLLM in child interpreters, one import of vLLM
+# (about 8 s of CPU) per test: long units (100-290 s in CI), so they are queued with the
+# engine units instead of landing last, alone on one worker.
+VLLM_CHILD_MODULES = frozenset({"tests/test_vllm_hooks_units.py"})
+
+
+def runs_vllm(item: pytest.Item) -> bool:
+    """The test starts an engine, or runs vLLM in child interpreters: a long unit."""
+    if module_of(item.nodeid) in VLLM_CHILD_MODULES:
+        return True
     return item.get_closest_marker("engine") is not None
 
 
@@ -156,4 +166,4 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         )
     if under_xdist(config):
         # Engine units first, each unit's tests in their own order (a stable sort keeps it).
-        items.sort(key=lambda item: not starts_an_engine(item))
+        items.sort(key=lambda item: not runs_vllm(item))
