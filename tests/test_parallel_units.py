@@ -10,6 +10,7 @@ from tests.support.parallel import (
     OMP_BIND_VARIABLE,
     PLAIN_ENGINE_MODULES,
     VLLM_CHILD_MODULES,
+    runs_vllm,
     work_unit,
     worker_core,
 )
@@ -47,3 +48,20 @@ def test_an_xdist_worker_has_its_engines_core_in_the_environment_its_engines_inh
         return  # a plain pytest run: vLLM's own binding, unchanged
     cores = sorted(os.sched_getaffinity(0))
     assert os.environ[OMP_BIND_VARIABLE] == str(worker_core(worker, cores))
+
+
+class _Item:
+    """Just what ``runs_vllm`` reads of a pytest item."""
+
+    def __init__(self, nodeid: str, marker: str | None = None) -> None:
+        self.nodeid, self.marker = nodeid, marker
+
+    def get_closest_marker(self, name: str) -> object | None:
+        return object() if name == self.marker else None
+
+
+def test_engine_tests_and_vllm_child_modules_are_queued_as_long_units() -> None:
+    (child_module,) = VLLM_CHILD_MODULES
+    assert runs_vllm(_Item(f"{child_module}::test_x"))  # type: ignore[arg-type]
+    assert runs_vllm(_Item("tests/test_x.py::test_y", marker="engine"))  # type: ignore[arg-type]
+    assert not runs_vllm(_Item("tests/test_x.py::test_y"))  # type: ignore[arg-type]
