@@ -6,10 +6,15 @@ import os
 from pathlib import Path
 
 from tests.support.parallel import (
+    LOAD_CALIBRATED,
     LOAD_CALIBRATED_MODULES,
     OMP_BIND_VARIABLE,
+    PLAIN_ENGINE,
     PLAIN_ENGINE_MODULES,
+    UNIT_SECONDS,
+    UNLISTED_VLLM_UNIT_S,
     VLLM_CHILD_MODULES,
+    expected_seconds,
     runs_vllm,
     work_unit,
     worker_core,
@@ -22,6 +27,8 @@ def test_every_listed_module_exists() -> None:
     """A renamed module would silently leave its unit and run beside the others again."""
     for module in PLAIN_ENGINE_MODULES | LOAD_CALIBRATED_MODULES | VLLM_CHILD_MODULES:
         assert (REPO_ROOT / module).is_file(), module
+    for unit in set(UNIT_SECONDS) - {PLAIN_ENGINE, LOAD_CALIBRATED}:
+        assert (REPO_ROOT / unit).is_file(), unit
 
 
 def test_the_closed_loop_and_the_benchmark_runs_share_one_unit_and_others_keep_their_own() -> None:
@@ -65,3 +72,18 @@ def test_engine_tests_and_vllm_child_modules_are_queued_as_long_units() -> None:
     assert runs_vllm(_Item(f"{child_module}::test_x"))  # type: ignore[arg-type]
     assert runs_vllm(_Item("tests/test_x.py::test_y", marker="engine"))  # type: ignore[arg-type]
     assert not runs_vllm(_Item("tests/test_x.py::test_y"))  # type: ignore[arg-type]
+
+
+def test_units_are_queued_longest_first_and_unlisted_engine_units_before_short_ones() -> None:
+    items = [
+        _Item("tests/test_short_units.py::a"),
+        _Item("tests/test_new_engine.py::b", marker="engine"),
+        _Item("tests/test_stack_native.py::c", marker="engine"),
+        _Item("tests/test_closed_loop_e2e.py::d", marker="engine"),
+        _Item("tests/test_keepalive_engine.py::e", marker="engine"),
+        _Item("tests/test_container_engine.py::f", marker="engine"),
+    ]
+    order = sorted(items, key=lambda item: -expected_seconds(item))  # type: ignore[arg-type]
+    assert [item.nodeid[-1] for item in order] == ["d", "f", "e", "b", "c", "a"]
+    assert expected_seconds(items[1]) == UNLISTED_VLLM_UNIT_S  # type: ignore[arg-type]
+    assert expected_seconds(items[0]) == 0  # type: ignore[arg-type]

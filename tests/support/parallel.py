@@ -16,9 +16,11 @@ their own. Run side by side, each changes the other's machine between its calibr
 measurement (a capacity measured under the other's load, then offered to a machine that got
 faster, is no overload), so they run one after the other, on one worker.
 
-Why engine modules first: they are the long units (with the modules that run vLLM in child
-interpreters, ``VLLM_CHILD_MODULES``). Queued first, the two workers split them,
-and the short modules fill in at the end, so neither worker is left with a long tail alone.
+Why longest first: a run ends when its slower worker does. Units are queued by the seconds they
+took in a measured run (``UNIT_SECONDS``), longest first, so each worker takes the longest unit
+left when it frees up and the two end close together (longest-processing-time-first). An
+unlisted unit that starts engines or runs vLLM in child interpreters (``VLLM_CHILD_MODULES``)
+counts as ``UNLISTED_VLLM_UNIT_S``; the short modules fill in at the end, in collection order.
 
 Why each worker's engines run on a core of their own: vLLM's CPU build binds an engine's model
 worker to the first core (``VLLM_CPU_OMP_THREADS_BIND=auto`` picks core 0 on any machine this
@@ -85,6 +87,38 @@ def runs_vllm(item: pytest.Item) -> bool:
     return item.get_closest_marker("engine") is not None
 
 
+# Seconds each long unit ran on its worker in a full two-worker run (the balance report this
+# plugin prints; fresh clone, 2 cores, 2026-11-26). Only their order matters: a stale figure
+# costs balance, never correctness.
+UNIT_SECONDS: dict[str, float] = {
+    LOAD_CALIBRATED: 309,
+    "tests/test_container_engine.py": 239,
+    "tests/test_memory_creep_e2e.py": 185,
+    "tests/test_control_engine.py": 170,
+    "tests/test_supervisor_fake.py": 110,
+    "tests/test_stall_engine.py": 105,
+    "tests/test_dashboards_live.py": 102,
+    "tests/test_fleet_e2e.py": 96,
+    "tests/test_supervisor_engine.py": 96,
+    PLAIN_ENGINE: 83,
+    "tests/test_admission_engine.py": 70,
+    "tests/test_exporter_engine.py": 66,
+    "tests/test_engine_errors_engine.py": 62,
+    "tests/test_alerts_promtool.py": 62,
+    "tests/test_vllm_hooks_units.py": 56,
+    "tests/test_stack_native.py": 42,
+}
+UNLISTED_VLLM_UNIT_S = 60.0  # about one engine start and a few requests
+
+
+def expected_seconds(item: pytest.Item) -> float:
+    """How long the item's work unit is expected to run: the key of the longest-first queue."""
+    unit = work_unit(item.nodeid)
+    if unit in UNIT_SECONDS:
+        return UNIT_SECONDS[unit]
+    return UNLISTED_VLLM_UNIT_S if runs_vllm(item) else 0.0
+
+
 def under_xdist(config: pytest.Config) -> bool:
     """A worker (xdist gives it ``workerinput``) or the controller of ``-n N``."""
     return hasattr(config, "workerinput") or bool(getattr(config.option, "numprocesses", None))
@@ -119,7 +153,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         def _split_scope(self, nodeid: str) -> str:
             return work_unit(nodeid)
 
-    config.option.loadscopereorder = False  # keep the engine-first order the workers collected
+    config.option.loadscopereorder = False  # keep the longest-first order the workers collected
     return ModuleScheduling(config, log)
 
 
@@ -165,5 +199,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             "tests/support/parallel.py, so that engine starts once under xdist"
         )
     if under_xdist(config):
-        # Engine units first, each unit's tests in their own order (a stable sort keeps it).
-        items.sort(key=lambda item: not runs_vllm(item))
+        # Longest units first, each unit's tests in their own order (a stable sort keeps it).
+        items.sort(key=lambda item: -expected_seconds(item))
