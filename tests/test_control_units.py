@@ -575,6 +575,70 @@ def test_retry_schedule_holds_each_place_until_its_client_is_due_back() -> None:
     assert bounded.held(0.0) == 3 and retries == [1.0, 1.125, 1.25, 1.375, 1.5]
 
 
+def test_a_booked_request_is_known_by_its_key_and_places_of_clients_who_never_return_lapse() -> (
+    None
+):
+    schedule = RetrySchedule(grace_s=1.0, window=4)
+    # Before any booking has ended, every client is expected back.
+    assert schedule.book(0.0, 1.0, 4.0, 0.5, 30.0, request_key=11) == 1.0
+    assert schedule.book(0.0, 1.0, 4.0, 0.5, 30.0, request_key=12) == 1.25
+    assert schedule.return_share(0.0) == 1.0 and schedule.expected_returns(0.0) == 2
+    # A return is told by its key, early or late, whatever arrived in between; a new request
+    # (another key) is not a return even when a booking is due.
+    assert schedule.is_return(0.1, 12) and not schedule.is_return(1.1, 99)
+    assert schedule.claim(1.3, request_key=12) and not schedule.claim(1.3, request_key=12)
+    assert schedule.held(1.3) == 1 and schedule.is_return(1.3, 11)
+    # 11 never comes back: its place lapses one grace after it was due.
+    assert schedule.held(2.1) == 0 and not schedule.is_return(2.1, 11)
+    assert schedule.return_share(2.1) == 0.5
+    # Two more that never come back: three of the last four bookings lapsed.
+    schedule.book(3.0, 1.0, 4.0, 0.5, 30.0, request_key=21)
+    schedule.book(3.0, 1.0, 4.0, 0.5, 30.0, request_key=22)
+    assert schedule.held(10.0) == 0 and schedule.return_share(10.0) == 0.25
+    # Now a booking pushes the next back by a quarter of a completion, and a quarter of the
+    # places held are what a new arrival queues behind.
+    retries = [schedule.book(10.0, 1.0, 4.0, 0.5, 30.0, request_key=k) for k in range(30, 38)]
+    assert retries == [1.0 + i * 0.0625 for i in range(8)]
+    assert schedule.held(10.0) == 8 and schedule.expected_returns(10.0) == 2
+    # A client back and refused again is rebooked, not held twice, and counted as a return
+    # (the window of four now holds three lapses and this return).
+    schedule.book(10.5, 1.0, 4.0, 0.5, 30.0, request_key=30)
+    schedule.book(10.5, 1.0, 4.0, 0.5, 30.0, request_key=31)
+    assert schedule.held(10.5) == 8 and schedule.return_share(10.5) == 0.5
+
+
+def test_clients_that_never_return_stop_holding_the_batch_from_filling(
+    registry: CollectorRegistry, clock: Clock
+) -> None:
+    # A batch of 8 lasts 1 s and the SLO is 2.5 s: with 8 queued, one more waits two batches.
+    config = ControlConfig(admission=saturation_config(latency_slo_s=2.5))
+    controller = Controller(config, WardenMetrics(registry), clock=clock)
+    controller.engine_client = SimulatedEngineClient(8, unfinished=16)
+    controller.saturation = SaturationState(
+        running=8, waiting=8, drain_rate=8.0, service_s=1.0, tokens_per_request=96
+    )
+    refused = [controller.decide(RequestFacts(request_key=k)) for k in range(40)]
+    assert not any(decision.admit for decision in refused)
+    # None of the 40 comes back: their places lapse, and so does the trust in places held.
+    clock.now += 60
+    assert controller.retry_schedule.return_share(clock.now) == 0.0
+    flood = [controller.decide(RequestFacts(request_key=k)) for k in range(100, 120)]
+    assert not any(decision.admit for decision in flood)
+    assert controller.retry_schedule.held(clock.now) == 20
+    # One request finishes: a new arrival finding 7 queued is judged on the engine's queue
+    # alone (one batch of wait) and admitted, not behind 20 places nobody comes back for.
+    controller.engine_client = SimulatedEngineClient(8, unfinished=15)
+    controller.saturation = dataclasses.replace(controller.saturation, waiting=7)
+    assert controller.live_saturation().waiting == 7
+    assert controller.decide(RequestFacts(request_key=500)).admit
+    # A client that does come back is still judged without the places behind it.
+    clock.now += 0.1
+    assert controller.retry_schedule.is_return(clock.now, 100)
+    with controller.serving(request_key=100):
+        assert controller.retry_schedule.held(clock.now) == 19
+    assert controller.saturation_json()["in_flight"]["return_share"] > 0.0
+
+
 def test_a_client_that_honours_retry_after_is_not_overtaken_by_a_later_arrival(
     registry: CollectorRegistry, clock: Clock
 ) -> None:

@@ -47,6 +47,7 @@ class RequestFacts:
     max_tokens: int | None = None  # per sequence; None: up to the context length
     prompt_tokens: int | None = None
     sequences: int = 1  # n (or best_of) choices x prompts: what one request generates at once
+    request_key: int | None = None  # its body's hash: the same request back is a return
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ class Saturation:
     state: SaturationState
     schedule: RetrySchedule | None = None
     now: float = 0.0
+    request_key: int | None = None  # the request's body hash: a refusal books its return
 
 
 def _refused(refusal: Refusal, cause: Cause, retry_after_s: float) -> Decision:
@@ -237,6 +239,7 @@ def _saturation(
             state.drain_rate,
             sat.retry_after_min_s,
             sat.retry_after_max_s,
+            saturation.request_key,
         )
     else:
         retry_s = settings.retry_after_s

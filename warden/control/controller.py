@@ -341,30 +341,32 @@ class Controller:
 
     # --- admission ----------------------------------------------------------------------
 
-    def _saturation(self) -> Saturation:
+    def _saturation(self, request_key: int | None = None) -> Saturation:
         now = self.clock()
-        # A request arriving when a refused one is due back is taken for it: the places held
-        # for the others (due later) are behind it, not ahead.
-        held = not self.retry_schedule.due(now)
-        return Saturation(self.live_saturation(held), self.retry_schedule, now)
+        # A refused client's return is judged without the places held for the others: they
+        # are behind it, not ahead.
+        held = not self.retry_schedule.is_return(now, request_key)
+        return Saturation(self.live_saturation(held), self.retry_schedule, now, request_key)
 
     def live_saturation(self, held: bool = True) -> SaturationState:
         """The last step's saturation with the queue as it is now: the requests warden has
         admitted and not yet answered, or vLLM's own unfinished count if higher, and, while
-        the batch is full and ``held``, the places held for refused requests due back later
-        (a free slot is taken at once: places held never leave the engine idle)."""
+        the batch is full and ``held``, the places held for refused requests whose clients
+        are expected back (a free slot is taken at once: places held never leave the engine
+        idle)."""
         in_flight = max(
             self.admitted_in_flight, vllm_compat.unfinished_requests(self.engine_client) or 0
         )
         capacity = vllm_compat.max_num_seqs(self.engine_client)
         if held and capacity is not None and in_flight >= capacity:
-            in_flight += self.retry_schedule.held(self.clock())
+            in_flight += self.retry_schedule.expected_returns(self.clock())
         return with_live_queue(self.saturation, in_flight, capacity)
 
     @contextlib.contextmanager
-    def serving(self) -> Iterator[None]:
-        """Counts an admitted request as in flight until it is answered (see live_saturation)."""
-        self.retry_schedule.claim(self.clock())
+    def serving(self, request_key: int | None = None) -> Iterator[None]:
+        """Counts an admitted request as in flight until it is answered (see live_saturation);
+        a refused client's return takes the place held for it."""
+        self.retry_schedule.claim(self.clock(), request_key)
         with self._lock:
             self.admitted_in_flight += 1
         try:
@@ -374,26 +376,33 @@ class Controller:
                 self.admitted_in_flight -= 1
 
     def admit(
-        self, facts: RequestFacts, policy: EffectivePolicy, gate: HalfOpenGate | None = None
+        self,
+        facts: RequestFacts,
+        policy: EffectivePolicy,
+        gate: HalfOpenGate | None = None,
+        saturation_with_body: bool = False,
     ) -> Decision:
         """Before the body: the policy's refusals (each naming its cause) and saturation for a
-        typical request."""
-        return admission.admit(
-            facts, policy, gate or self.gate, self.config.admission, self._saturation()
-        )
+        typical request, unless ``saturation_with_body``: a route whose body warden reads is
+        judged on saturation once its body is known, so a refused client's return is told
+        from a new arrival (``limit``)."""
+        saturation = None if saturation_with_body else self._saturation()
+        return admission.admit(facts, policy, gate or self.gate, self.config.admission, saturation)
 
     def limit(
         self, facts: RequestFacts, policy: EffectivePolicy, kv: KvState | None = None
     ) -> Decision:
         """With the body: the cap, the KV forecast and saturation for this request's prompt."""
-        return admission.limit(facts, policy, self.config.admission, kv, self._saturation())
+        saturation = self._saturation(facts.request_key)
+        return admission.limit(facts, policy, self.config.admission, kv, saturation)
 
     def decide(
         self, facts: RequestFacts, kv: KvState | None = None, gate: HalfOpenGate | None = None
     ) -> Decision:
-        """``admit`` then ``limit`` for one request, against the policy in force now."""
+        """``admit`` then ``limit`` for one request, against the policy in force now
+        (saturation judged once, with what the body says, as for a completion)."""
         policy = self.policy()
-        decision = self.admit(facts, policy, gate)
+        decision = self.admit(facts, policy, gate, saturation_with_body=True)
         return self.limit(facts, policy, kv) if decision.admit else decision
 
     def record_rejection(self, decision: Decision | str) -> None:
@@ -454,6 +463,9 @@ class Controller:
                 "engine": vllm_compat.unfinished_requests(self.engine_client),
                 # Refused requests told when to come back: new arrivals queue behind them.
                 "places_held": self.retry_schedule.held(self.clock()),
+                # The share of recent places whose client came back: how many of those held
+                # new arrivals queue behind.
+                "return_share": round(self.retry_schedule.return_share(self.clock()), 3),
             },
             "changes": list(self.saturation_changes),
         }

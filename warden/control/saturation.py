@@ -15,12 +15,15 @@ Pure decisions on the measurements of exporter/saturation.py (clock values passe
   be back under the limit, and one slot per expected completion for the requests refused
   together, so their retries arrive spread out instead of as one herd. Each refused request's
   place is held until it is due back (plus ``CLAIM_GRACE_S``): while the batch is full, a new
-  arrival queues behind the places held; a request arriving when one is due is taken for its
-  client and judged without the places behind it. It still needs the SLO forecast, so a client
-  that never waits gains nothing and costs no one the SLO. Without held places, the clients
-  whose requests had just finished (a closed loop sends the next at once) took every freed
-  slot, and a client that honoured Retry-After was refused again more often than one told a
-  constant (benchmarks/retry_after.py).
+  arrival queues behind the places held; the same request coming back (its body's hash) is
+  its client's return and is judged without the places behind it. It still needs the SLO
+  forecast, so a client that never waits gains nothing and costs no one the SLO. Without held
+  places, the clients whose requests had just finished (a closed loop sends the next at once)
+  took every freed slot, and a client that honoured Retry-After was refused again more often
+  than one told a constant (benchmarks/retry_after.py). Only the share of places whose
+  clients are seen to come back counts: places booked for clients that never return (vLLM's
+  own benchmark client, scripts that give up) held the batch from filling and pushed every
+  Retry-After to its bound (benchmarks/README.md, issue #28).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import bisect
 import dataclasses
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -146,33 +150,64 @@ CLAIM_GRACE_S = 1.0
 # Places held at most: a flood of refusals (30 s apart at most, each booked) keeps the list,
 # and the work of each booking, bounded; past it a refusal is told when, and holds no place.
 MAX_PLACES_HELD = 10_000
+# How many recent bookings the return share is measured over.
+RETURN_WINDOW = 32
 
 
 class RetrySchedule:
     """Books a return time for each refused request and holds its place in line until then
     (see the module docstring). Thread-safe: admission runs on the event loop, tests and the
-    state endpoint elsewhere."""
+    state endpoint elsewhere.
 
-    def __init__(self, grace_s: float = CLAIM_GRACE_S, max_held: int = MAX_PLACES_HELD) -> None:
+    A booking carries the refused request's key (a hash of its body) where the route has one:
+    the same request coming back is its client's return, whatever arrived in between.
+    Each booking ends as a return (its request came back) or lapses (it did not, by its due
+    time plus the grace), and the share of recent bookings that ended in a return
+    (``return_share``) is how many of the places held new arrivals queue behind, and how far
+    each booking pushes the next one back. Clients that honour Retry-After keep their places;
+    clients that never come back (``vllm bench serve``, scripts that give up) stop holding
+    the engine idle and stop pushing every Retry-After to its bound. A request without a key
+    is taken for the client of the earliest booking due, as nothing tells them apart.
+    """
+
+    def __init__(
+        self,
+        grace_s: float = CLAIM_GRACE_S,
+        max_held: int = MAX_PLACES_HELD,
+        window: int = RETURN_WINDOW,
+    ) -> None:
         self.grace_s = grace_s
         self.max_held = max_held
         self._next = 0.0
-        self._due: list[float] = []  # booked return times, sorted
+        self._due: list[tuple[float, int | None]] = []  # (return time, request_key), sorted
+        self._booked: dict[int, float] = {}  # request_key -> its return time
+        self._outcomes: deque[bool] = deque(maxlen=window)  # True: its client came back
         self._lock = threading.Lock()
 
     def book(
-        self, now: float, earliest_s: float, drain_rate: float | None, low_s: float, high_s: float
+        self,
+        now: float,
+        earliest_s: float,
+        drain_rate: float | None,
+        low_s: float,
+        high_s: float,
+        request_key: int | None = None,
     ) -> float:
         with self._lock:
+            self._expire(now)
+            # A client back and refused again gives up its old place and is booked anew.
+            self._take(now, request_key)
             slot = max(now + max(earliest_s, 0.0), self._next)
             retry = min(high_s, max(low_s, slot - now))
-            spacing = 1.0 / drain_rate if drain_rate else 0.0
+            # Only the clients that come back take a slot: a booking pushes the next one back
+            # by its share of an expected completion.
+            spacing = self._share() / drain_rate if drain_rate else 0.0
             self._next = max(self._next, now + retry + spacing)
-            self._expire(now)
-            if self._due and self._due[0] <= now:
-                self._due.pop(0)  # its client came back and was refused again: rebooked
             if len(self._due) < self.max_held:
-                bisect.insort(self._due, now + retry)
+                due = now + retry
+                bisect.insort(self._due, (due, request_key), key=lambda booking: booking[0])
+                if request_key is not None:
+                    self._booked[request_key] = due
             return retry
 
     def held(self, now: float) -> int:
@@ -181,25 +216,71 @@ class RetrySchedule:
             self._expire(now)
             return len(self._due)
 
-    def due(self, now: float) -> bool:
-        """A booking is due: the request arriving now takes it for the client it was booked
-        for (nothing tells them apart)."""
+    def expected_returns(self, now: float) -> int:
+        """The places held whose clients are expected back (held x ``return_share``): what a
+        new arrival queues behind."""
         with self._lock:
             self._expire(now)
-            return bool(self._due) and self._due[0] <= now
+            return round(len(self._due) * self._share())
 
-    def claim(self, now: float) -> bool:
-        """An admitted request takes the earliest booking due now, if there is one."""
+    def return_share(self, now: float) -> float:
+        """The share of recent bookings whose client came back (1.0 before any has ended)."""
         with self._lock:
             self._expire(now)
-            if self._due and self._due[0] <= now:
-                self._due.pop(0)
-                return True
+            return self._share()
+
+    def is_return(self, now: float, request_key: int | None) -> bool:
+        """Whether the request arriving now is a refused client's return: its key is booked,
+        or, without a key, a booking is due (nothing tells them apart)."""
+        with self._lock:
+            self._expire(now)
+            if request_key is not None:
+                return request_key in self._booked
+            return bool(self._due) and self._due[0][0] <= now
+
+    def due(self, now: float) -> bool:
+        """A booking is due now."""
+        with self._lock:
+            self._expire(now)
+            return bool(self._due) and self._due[0][0] <= now
+
+    def claim(self, now: float, request_key: int | None = None) -> bool:
+        """An admitted request takes its own booking, or without a key the earliest one due
+        now, if there is one."""
+        with self._lock:
+            self._expire(now)
+            return self._take(now, request_key)
+
+    def _take(self, now: float, request_key: int | None) -> bool:
+        """Ends the booking of the client back now as a return (lock held)."""
+        if request_key is not None:
+            due = self._booked.pop(request_key, None)
+            if due is None:
+                return False
+            at = bisect.bisect_left(self._due, due, key=lambda booking: booking[0])
+            while self._due[at][1] != request_key:
+                at += 1
+            del self._due[at]
+        elif self._due and self._due[0][0] <= now:
+            del self._due[0]
+        else:
             return False
+        self._outcomes.append(True)
+        return True
+
+    def _share(self) -> float:
+        if not self._outcomes:
+            return 1.0
+        return sum(self._outcomes) / len(self._outcomes)
 
     def _expire(self, now: float) -> None:
         """Drops bookings whose client never came back (gave up, or honoured a shorter wait)."""
-        del self._due[: bisect.bisect_left(self._due, now - self.grace_s)]
+        lapsed = bisect.bisect_left(self._due, now - self.grace_s, key=lambda booking: booking[0])
+        for _due, request_key in self._due[:lapsed]:
+            if request_key is not None:
+                self._booked.pop(request_key, None)
+            self._outcomes.append(False)
+        del self._due[:lapsed]
 
 
 class SaturationSink(Protocol):

@@ -79,9 +79,15 @@ class AdmissionStage:
         return bool(path.startswith(guarded)) and not check.verify_token(Headers(scope=scope))
 
     async def admit(
-        self, scope: Scope, receive: Receive, send: Send, headers: dict[bytes, str]
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        headers: dict[bytes, str],
+        saturation_with_body: bool = False,
     ) -> Admitted | None:
-        """The policy's decision before the body; None once a refusal is answered."""
+        """The policy's decision before the body (and saturation's, unless the body stage
+        judges it: ``saturation_with_body``); None once a refusal is answered."""
         control = self.control
         client = scope.get("client")
         priority = trust.request_priority(
@@ -91,7 +97,9 @@ class AdmissionStage:
             control.config.admission.priority,
         )
         policy = control.policy()
-        decision = control.admit(RequestFacts(priority=priority), policy)
+        decision = control.admit(
+            RequestFacts(priority=priority), policy, saturation_with_body=saturation_with_body
+        )
         if not decision.admit:
             await self.refuse(scope, receive, send, decision)
             return None

@@ -6,7 +6,8 @@ other bodies pass unread, still bounded. Then the cap, written where vLLM reads 
 lowering it, bounding the request's total (``n`` x prompts sequences;
 ``warden.control.token_limits``): a limiting field warden cannot read is refused (400) while a
 cap is in force, never forwarded. Then the KV forecast (``warden.engine.forecast``) and the
-decision with the body.
+decision with the body, saturation's included: the body's hash tells a refused client's return
+from a new arrival (``warden.control.saturation.RetrySchedule``).
 """
 
 from __future__ import annotations
@@ -132,7 +133,12 @@ class BodyStage:
                 send, 400, f"{exc} (output is capped: it must be readable)"
             )
             return
-        facts = RequestFacts(priority=admitted.priority, max_tokens=requested, sequences=sequences)
+        facts = RequestFacts(
+            priority=admitted.priority,
+            max_tokens=requested,
+            sequences=sequences,
+            request_key=hash(raw) if self.control.config.admission.saturation.enabled else None,
+        )
         await self._decide_and_pass(scope, receive, send, route, raw, body, rule, admitted, facts)
 
     async def _decide_and_pass(
@@ -162,7 +168,7 @@ class BodyStage:
             await self.door.refuse(scope, receive, send, decision)
             return
         # Counted in flight until answered: admission judges the queue from it (live_saturation).
-        with control.serving():
+        with control.serving(facts.request_key):
             changed = decision.cap is not None
             if decision.cap is not None:
                 control.capped.inc()

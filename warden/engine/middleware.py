@@ -68,7 +68,10 @@ class WardenMiddleware:
             ):
                 await self.body.forward_bounded(scope, receive, send, count=False)
             return
-        admitted = await self.door.admit(scope, receive, send, headers)
+        reads_body = token_limits.reads_json_body(route)
+        # Saturation for a route whose body is read waits for it: the body tells a refused
+        # client's return from a new arrival (warden.control.saturation.RetrySchedule).
+        admitted = await self.door.admit(scope, receive, send, headers, reads_body)
         if admitted is None:
             return
         if scope["type"] == "websocket":
@@ -76,7 +79,7 @@ class WardenMiddleware:
             return
         if not await self._head_ok(send, headers):
             return
-        if token_limits.reads_json_body(route):
+        if reads_body:
             await self.body.handle(scope, receive, send, route, admitted)
         else:
             await self.body.forward_bounded(scope, receive, send)
