@@ -147,6 +147,7 @@ def measure(
         "goodput_per_s": goodput,
         "within_slo_share": (goodput * duration / per_request) if goodput is not None else None,
         "p99_e2el_ms": result.get("p99_e2el_ms"),
+        "client_late_s": _late(result),
         "api_cpu_ms_per_request": 1000 * (cpu_after["api"] - cpu_before["api"]) / per_request,
         "core_cpu_ms_per_request": 1000
         * (cpu_after.get("core", 0.0) - cpu_before.get("core", 0.0))
@@ -155,6 +156,14 @@ def measure(
     if "admitted_on_first_return" in result:
         point["honouring"] = {k: v for k, v in result.items() if k not in point}
     return point
+
+
+def _late(result: dict[str, Any]) -> float | None:
+    """How late the client sent its latest request (vLLM's client records the delay behind
+    its own arrival schedule): on a machine whose cores the client shares with the engine, a
+    starved client sends in bursts, and its gaps leave any engine with a bounded queue idle."""
+    late = [t for t in result.get("queue_times") or [] if t is not None]
+    return max(late) if late else None
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -320,6 +329,7 @@ def report_config(results: dict[str, Any], name: str) -> str:
                 sum(w["refused"] for w in warden),
                 sum(w["lost"] for w in warden),
                 sum(sides["plain"][index]["lost"] for sides in pairs),
+                _latest(warden),
             ]
         )
     headers = [
@@ -330,6 +340,7 @@ def report_config(results: dict[str, Any], name: str) -> str:
         "warden refused",
         "warden lost",
         "plain lost",
+        "client late s (max)",
     ]
     head = "warden " + (
         "with the SLO set (admission.saturation.latency_slo_s)"
@@ -337,6 +348,11 @@ def report_config(results: dict[str, Any], name: str) -> str:
         else "default config"
     )
     return head + "\n" + table(headers, rows)
+
+
+def _latest(runs: list[dict[str, Any]]) -> str:
+    late = [r["client_late_s"] for r in runs if r.get("client_late_s") is not None]
+    return f"{max(late):.1f}" if late else "-"
 
 
 def report_honouring(results: dict[str, Any]) -> str:

@@ -36,6 +36,7 @@ __all__ = [
     "admit",
     "admit_exempt",
     "decide",
+    "judge_saturation",
     "limit",
     "token_ceiling",
 ]
@@ -215,6 +216,13 @@ def limit(
         if not decision.admit:
             return decision
     return Decision(True, cap=cap)
+
+
+def judge_saturation(settings: AdmissionSettings, saturation: Saturation) -> Decision:
+    """Saturation alone, for a typical request (nothing known of its prompt): the first and
+    cheapest check once a request is known by its key, before its body is parsed or its
+    prompt counted."""
+    return _saturation(settings, saturation, None, None, 0)
 
 
 def _saturation(

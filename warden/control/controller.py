@@ -389,6 +389,11 @@ class Controller:
         saturation = None if saturation_with_body else self._saturation()
         return admission.admit(facts, policy, gate or self.gate, self.config.admission, saturation)
 
+    def judge_saturation(self, request_key: int | None) -> Decision:
+        """Saturation for a typical request known by its key: a body route's first check once
+        its bytes are in, so a refusal costs no parsing and no token count."""
+        return admission.judge_saturation(self.config.admission, self._saturation(request_key))
+
     def limit(
         self, facts: RequestFacts, policy: EffectivePolicy, kv: KvState | None = None
     ) -> Decision:

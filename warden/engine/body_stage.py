@@ -107,6 +107,15 @@ class BodyStage:
             return
         if raw is None:
             return
+        request_key = None
+        if self.control.config.admission.saturation.enabled:
+            # The same bytes back are a refused client's return; saturation is judged first,
+            # so a refusal at overload costs no parsing and no token count.
+            request_key = hash(raw)
+            decision = self.control.judge_saturation(request_key)
+            if not decision.admit:
+                await self.door.refuse(scope, receive, send, decision)
+                return
         try:
             body = load_json(raw)
         except BadRequest as exc:
@@ -137,7 +146,7 @@ class BodyStage:
             priority=admitted.priority,
             max_tokens=requested,
             sequences=sequences,
-            request_key=hash(raw) if self.control.config.admission.saturation.enabled else None,
+            request_key=request_key,
         )
         await self._decide_and_pass(scope, receive, send, route, raw, body, rule, admitted, facts)
 
