@@ -329,7 +329,7 @@ def report_config(results: dict[str, Any], name: str) -> str:
                 sum(w["refused"] for w in warden),
                 sum(w["lost"] for w in warden),
                 sum(sides["plain"][index]["lost"] for sides in pairs),
-                _latest(warden),
+                _latest(warden) + " / " + _latest([sides["plain"][index] for sides in pairs]),
             ]
         )
     headers = [
@@ -340,7 +340,7 @@ def report_config(results: dict[str, Any], name: str) -> str:
         "warden refused",
         "warden lost",
         "plain lost",
-        "client late s (max)",
+        "client late s, max (warden / plain)",
     ]
     head = "warden " + (
         "with the SLO set (admission.saturation.latency_slo_s)"
