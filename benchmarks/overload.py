@@ -131,6 +131,7 @@ def measure(
     def delta(name: str, **labels: str) -> float:
         return (sample(after, name, **labels) or 0.0) - (sample(before, name, **labels) or 0.0)
 
+    within, missed = (delta(catalog.ADMITTED_SLO.name, outcome=o) for o in catalog.SLO_OUTCOMES)
     completed = int(result.get("completed", 0))
     failed = int(result.get("failed", 0))
     refused = int(delta(catalog.REQUESTS.name, outcome=REJECTED))
@@ -146,6 +147,9 @@ def measure(
         "engine_tokens_per_s": delta(catalog.VLLM_GENERATION_TOKENS.name) / duration,
         "goodput_per_s": goodput,
         "within_slo_share": (goodput * duration / per_request) if goodput is not None else None,
+        # Warden's own count (admission to last byte; warden with an SLO only): the client's
+        # share also holds the client's own delays on a machine it shares with the engine.
+        "server_within_slo_share": within / (within + missed) if within + missed else None,
         "p99_e2el_ms": result.get("p99_e2el_ms"),
         "client_late_s": _late(result),
         "api_cpu_ms_per_request": 1000 * (cpu_after["api"] - cpu_before["api"]) / per_request,
@@ -319,12 +323,18 @@ def report_config(results: dict[str, Any], name: str) -> str:
     for index, point in enumerate(results["points"]):
         warden = [sides[side][index] for sides in pairs]
         shares = [w["within_slo_share"] for w in warden if w["within_slo_share"] is not None]
+        served = [
+            w["server_within_slo_share"]
+            for w in warden
+            if w.get("server_within_slo_share") is not None
+        ]
         goodputs = [(w["goodput_per_s"] or 0.0) / capacity for w in warden]
         rows.append(
             [
                 f"{point:g}x",
                 *(_ratio(pairs, index, key, side) for key, _ in RATIOS),
                 f"{min(shares):.3f}" if shares else "-",
+                f"{min(served):.3f}" if served else "-",
                 f"{min(goodputs):.2f}" if goodputs else "-",
                 sum(w["refused"] for w in warden),
                 sum(w["lost"] for w in warden),
@@ -336,6 +346,7 @@ def report_config(results: dict[str, Any], name: str) -> str:
         "load",
         *(f"{label} w/p" for _, label in RATIOS),
         "warden within SLO (min)",
+        "same, warden's count (min)",
         "warden goodput / capacity (min)",
         "warden refused",
         "warden lost",

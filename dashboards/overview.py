@@ -26,6 +26,7 @@ from dashboards.panels import (
 from dashboards.queries import aggregate, increase, label_value, quantile, rate, selector
 from exporter.catalog import (
     ADMISSION_REJECTIONS,
+    ADMITTED_SLO,
     DEGRADATION_ACTIVE,
     DEGRADATION_LEASES,
     DRAIN_RATE,
@@ -39,6 +40,7 @@ from exporter.catalog import (
     SATURATED,
     SATURATION_TRANSITIONS,
     SERVICE_TIME,
+    SLO_OUTCOMES,
     VLLM_ADMISSION_REJECTIONS,
     VLLM_E2E_LATENCY,
     VLLM_GENERATION_TOKENS,
@@ -236,7 +238,22 @@ def saturation_row() -> Row:
         ],
         DRAIN_RATE.unit,
     )
-    return Row(7, [(6, saturated), (10, wait), (8, drain)])
+    within, _missed = SLO_OUTCOMES
+    kept = timeseries(
+        "Admitted requests within the SLO",
+        "The share of requests admitted under a latency SLO that were answered within it, "
+        "timed from admission to the last byte. Normal: 1 (no data while no SLO is set); "
+        "below 0.99 admission admits more than the engine serves in time.",
+        [
+            target(
+                f"{rate(ADMITTED_SLO, ['instance'], outcome=within)} / "
+                f"{rate(ADMITTED_SLO, ['instance'])}",
+                "{{instance}}",
+            )
+        ],
+        "percentunit",
+    )
+    return Row(7, [(5, saturated), (7, wait), (6, drain), (6, kept)])
 
 
 def percentiles(short_name: str, spec: MetricSpec) -> list[PromTarget]:

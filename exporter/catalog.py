@@ -522,6 +522,16 @@ SATURATION_TRANSITIONS = _w(
     "Changes of the saturation state, by the state entered (saturated, normal).",
     "to",
 )
+# Whether an admitted request kept the latency SLO admission promised it.
+SLO_OUTCOMES: tuple[str, ...] = ("within", "missed")
+ADMITTED_SLO = _w(
+    "warden_admitted_slo_total",
+    "counter",
+    "Requests admitted while a latency SLO is set, by whether they were answered within it "
+    "(within, missed), timed from admission to the response's last byte: whether admission "
+    "keeps the promise it admits on.",
+    "outcome",
+)
 
 # --- warden relay (Alertmanager -> the engine an alert is about) ----------------------------
 RELAY_NOTIFICATIONS = _w(

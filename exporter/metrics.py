@@ -29,6 +29,7 @@ KNOWN_LABEL_VALUES: dict[str, dict[str, tuple[str, ...]]] = {
     catalog.DEGRADATION_ACTIVE.name: {"action": catalog.DEGRADATION_ACTIONS},
     catalog.DEGRADATION_LEASES.name: {"source": catalog.LEASE_SOURCES},
     catalog.REQUESTS.name: {"outcome": catalog.REQUEST_OUTCOMES},
+    catalog.ADMITTED_SLO.name: {"outcome": catalog.SLO_OUTCOMES},
     catalog.ADMISSION_REJECTIONS.name: {"reason": catalog.ADMISSION_REASONS},
     catalog.WEBHOOK_NOTIFICATIONS.name: {"outcome": catalog.WEBHOOK_OUTCOMES},
     catalog.REQUEST_RETRIES.name: {"reason": catalog.RETRY_REASONS},

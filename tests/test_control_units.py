@@ -639,6 +639,31 @@ def test_clients_that_never_return_stop_holding_the_batch_from_filling(
     assert controller.saturation_json()["in_flight"]["return_share"] > 0.0
 
 
+def test_admitted_requests_are_counted_within_or_over_the_slo_they_were_admitted_on(
+    registry: CollectorRegistry, clock: Clock
+) -> None:
+    within, missed = catalog.SLO_OUTCOMES
+    name = catalog.ADMITTED_SLO.name
+
+    def counted() -> tuple[float | None, float | None]:
+        return (
+            value(registry, name, outcome=within),
+            value(registry, name, outcome=missed),
+        )
+
+    controller = Controller(
+        ControlConfig(admission=saturation_config(latency_slo_s=2.0)),
+        WardenMetrics(registry),
+        clock=clock,
+    )
+    assert counted() == (0.0, 0.0)  # exported from the start
+    with controller.serving():
+        clock.now += 2.0  # answered at the SLO: kept
+    with controller.serving():
+        clock.now += 2.5
+    assert counted() == (1.0, 1.0)
+
+
 def test_a_client_that_honours_retry_after_is_not_overtaken_by_a_later_arrival(
     registry: CollectorRegistry, clock: Clock
 ) -> None:

@@ -98,6 +98,10 @@ class Controller:
             self._saturation_transitions.labels(entered)
         slo = config.admission.saturation.latency_slo_s
         metrics.get(catalog.LATENCY_SLO).set(slo or 0)
+        admitted_slo = metrics.get(catalog.ADMITTED_SLO)
+        within, missed = catalog.SLO_OUTCOMES
+        self._slo_within = admitted_slo.labels(within)
+        self._slo_missed = admitted_slo.labels(missed)
         self._active = metrics.get(catalog.DEGRADATION_ACTIVE)
         self._lease_count = metrics.get(catalog.DEGRADATION_LEASES)
         self._circuit = metrics.get(catalog.CIRCUIT_BREAKER_STATE)
@@ -366,7 +370,8 @@ class Controller:
     def serving(self, request_key: int | None = None) -> Iterator[None]:
         """Counts an admitted request as in flight until it is answered (see live_saturation);
         a refused client's return takes the place held for it."""
-        self.retry_schedule.claim(self.clock(), request_key)
+        admitted_at = self.clock()
+        self.retry_schedule.claim(admitted_at, request_key)
         with self._lock:
             self.admitted_in_flight += 1
         try:
@@ -374,6 +379,10 @@ class Controller:
         finally:
             with self._lock:
                 self.admitted_in_flight -= 1
+            slo = self.config.admission.saturation.latency_slo_s
+            if slo is not None:
+                kept = self.clock() - admitted_at <= slo
+                (self._slo_within if kept else self._slo_missed).inc()
 
     def admit(
         self,
