@@ -605,6 +605,10 @@ def test_a_booked_request_is_known_by_its_key_and_places_of_clients_who_never_re
     schedule.book(10.5, 1.0, 4.0, 0.5, 30.0, request_key=30)
     schedule.book(10.5, 1.0, 4.0, 0.5, 30.0, request_key=31)
     assert schedule.held(10.5) == 8 and schedule.return_share(10.5) == 0.5
+    # A request without a key (a route whose body warden does not read) takes the earliest
+    # booking due, keyed or not; the keyed client then finds none left to take.
+    assert schedule.claim(11.2) and not schedule.is_return(11.2, 32)
+    assert not schedule.claim(11.2, request_key=32) and schedule.held(11.2) == 7
 
 
 def test_clients_that_never_return_stop_holding_the_batch_from_filling(

@@ -262,7 +262,10 @@ class RetrySchedule:
                 at += 1
             del self._due[at]
         elif self._due and self._due[0][0] <= now:
-            del self._due[0]
+            # A request without a key takes the earliest booking, keyed or not.
+            _due, taken_key = self._due.pop(0)
+            if taken_key is not None:
+                del self._booked[taken_key]
         else:
             return False
         self._outcomes.append(True)
