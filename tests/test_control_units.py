@@ -611,16 +611,26 @@ def test_a_booked_request_is_known_by_its_key_and_places_of_clients_who_never_re
     assert not schedule.claim(11.2, request_key=32) and schedule.held(11.2) == 7
 
 
-def test_clients_that_never_return_stop_holding_the_batch_from_filling(
-    registry: CollectorRegistry, clock: Clock
-) -> None:
-    # A batch of 8 lasts 1 s and the SLO is 2.5 s: with 8 queued, one more waits two batches.
-    config = ControlConfig(admission=saturation_config(latency_slo_s=2.5))
-    controller = Controller(config, WardenMetrics(registry), clock=clock)
+def saturated_controller(registry: CollectorRegistry, clock: Clock) -> Controller:
+    """One batch of 8 lasts 1 s, the SLO is 2.5 s, and 16 are in flight (8 running, 8 queued):
+    a new request would wait two batches (3 s)."""
+    controller = Controller(
+        ControlConfig(admission=saturation_config(latency_slo_s=2.5)),
+        WardenMetrics(registry),
+        clock=clock,
+    )
     controller.engine_client = SimulatedEngineClient(8, unfinished=16)
     controller.saturation = SaturationState(
         running=8, waiting=8, drain_rate=8.0, service_s=1.0, tokens_per_request=96
     )
+    return controller
+
+
+def test_clients_that_never_return_stop_holding_the_batch_from_filling(
+    registry: CollectorRegistry, clock: Clock
+) -> None:
+    # A batch of 8 lasts 1 s and the SLO is 2.5 s: with 8 queued, one more waits two batches.
+    controller = saturated_controller(registry, clock)
     refused = [controller.decide(RequestFacts(request_key=k)) for k in range(40)]
     assert not any(decision.admit for decision in refused)
     # None of the 40 comes back: their places lapse, and so does the trust in places held.
@@ -673,12 +683,7 @@ def test_a_client_that_honours_retry_after_is_not_overtaken_by_a_later_arrival(
 ) -> None:
     # One batch of 8 lasts 1 s, the SLO is 2.5 s, and 16 are in flight: a new request would
     # wait two batches (3 s). A is refused and told to come back when one batch is done.
-    config = ControlConfig(admission=saturation_config(latency_slo_s=2.5))
-    controller = Controller(config, WardenMetrics(registry), clock=clock)
-    controller.engine_client = SimulatedEngineClient(8, unfinished=16)
-    controller.saturation = SaturationState(
-        running=8, waiting=8, drain_rate=8.0, service_s=1.0, tokens_per_request=96
-    )
+    controller = saturated_controller(registry, clock)
     told = controller.decide(RequestFacts())
     assert not told.admit and told.retry_after_s == 0.5
     # One request finishes: 15 in flight. B arrives first; without A's place it would be
