@@ -6,15 +6,23 @@ range ratio), at multiples of the capacity measured on plain vLLM first (``--poi
 rounds (``--pairs``: plain and each warden configuration, the order reversed every round),
 each engine serving every point in turn. Per point and side it reports:
 
-- engine output tokens/s: the delta of ``vllm:generation_tokens_total`` over the run (what the
-  engine produced, not what clients received);
-- goodput: requests completed within the SLO per second (vLLM's ``--goodput e2el:MS``), and the
-  share of admitted (completed) requests within it;
+- engine output tokens/s: the rise of ``vllm:generation_tokens_total`` (what the engine
+  produced, not what clients received) while the load is offered, from the first request sent
+  to the last (the *window*; the counter is read every ``TOKEN_SAMPLE_EVERY_S``). After the
+  window plain vLLM drains its backlog at a full batch for as long again, while warden, having
+  refused, has a batch's worth left: a rate over the whole run would compare different loads;
+- goodput: requests completed within the SLO, and by the window's end, per second of the
+  window; and the share of admitted (completed) requests within the SLO, over the whole run;
 - refused: warden's 503/429 refusals (``warden_requests_total{outcome="rejected"}``), each
   with a Retry-After; lost: requests the client saw fail that were not refused;
 - CPU milliseconds per completed request of the API server and of the engine core.
 
-Warden's figures are given as warden/plain with the spread over the pairs. The SLO is set from
+Warden's figures are given as warden/plain with the spread over the pairs. The client gets a
+core of its own (``--client-cpus``, default: the last core; the engine's processes the others):
+vLLM's client keeps an absolute arrival schedule, and starved of CPU it sends late and in
+bursts and reads its answers late, so its latencies would measure itself (benchmarks/README.md).
+Capacity is measured the same way: plain vLLM with its batch kept full, completions per second
+of the window. The SLO is set from
 the engine, not by hand: twice plain vLLM's p99 end-to-end latency at 0.5x (``--slo-factor``),
 printed; ``--slo-s`` overrides it. Warden runs in each configuration of ``--configs``: its
 ``default`` config (no admission limit: it must be invisible) and ``slo``, with
@@ -30,12 +38,17 @@ when the refused requests are admitted on their return. ``--png`` draws the curv
 from __future__ import annotations
 
 import argparse
+import bisect
+import contextlib
 import json
+import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +75,9 @@ from exporter import catalog
 ENGINE_ARGS = ("--max-model-len", "256", "--max-num-seqs", "8", "--num-gpu-blocks-override", "48")
 # warden_requests_total's outcome for a 503/429 refusal.
 REJECTED = "rejected"
+# How often the engine's token counter is read while a client runs: the window's ends fall
+# between two reads, where the rate is steady. A read of /metrics costs the API server a few ms.
+TOKEN_SAMPLE_EVERY_S = 2.0
 # Warden's configurations, by name: its defaults, and the SLO set from the engine.
 CONFIGS: dict[str, Callable[[float], dict[str, Any]]] = {
     "default": lambda slo_s: {},
@@ -98,7 +114,7 @@ def bench_serve(
         *("--backend", "vllm", "--base-url", base_url, "--model", model, "--tokenizer", model),
         *("--dataset-name", "random", "--random-input-len", "64", "--random-output-len", "96"),
         *("--random-range-ratio", "0.5", "--ignore-eos", "--num-prompts", str(prompts)),
-        *("--seed", str(seed), "--disable-tqdm", "--save-result"),
+        *("--seed", str(seed), "--disable-tqdm", "--save-result", "--save-detailed"),
         *("--result-dir", str(out.parent), "--result-filename", out.name),
         *("--percentile-metrics", "ttft,e2el", "--metric-percentiles", "50,99"),
         *("--request-rate", "inf" if rate is None else f"{rate:.3f}"),
@@ -116,17 +132,24 @@ def bench_serve(
 
 
 def measure(
-    engine: Any, rate: float | None, client: Callable[[], dict[str, Any]]
+    engine: Any,
+    rate: float | None,
+    client: Callable[[], dict[str, Any]],
+    slo_s: float | None = None,
 ) -> dict[str, Any]:
     """One point on one engine: the client's result and the server's deltas. ``client`` runs
     the load and returns a result in ``vllm bench serve``'s keys (completed, failed, duration,
     request_goodput, p99_e2el_ms); a client that counts its lost requests itself says so."""
     cpu = EngineCpu(engine)
     before, cpu_before = scrape(engine.base_url), cpu.read()
+    tokens = TokenSampler(engine.base_url, sample(before, catalog.VLLM_GENERATION_TOKENS.name))
     started = time.monotonic()
-    result = client()
+    with tokens:
+        result = client()
     elapsed = time.monotonic() - started
     after, cpu_after = scrape(engine.base_url), cpu.read()
+    tokens.add(sample(after, catalog.VLLM_GENERATION_TOKENS.name))
+    window = offered_window(result)
 
     def delta(name: str, **labels: str) -> float:
         return (sample(after, name, **labels) or 0.0) - (sample(before, name, **labels) or 0.0)
@@ -144,9 +167,23 @@ def measure(
         "failed": failed,
         "refused": refused,
         "lost": int(result["lost"]) if "lost" in result else max(failed - refused, 0),
-        "engine_tokens_per_s": delta(catalog.VLLM_GENERATION_TOKENS.name) / duration,
-        "goodput_per_s": goodput,
-        "within_slo_share": (goodput * duration / per_request) if goodput is not None else None,
+        "engine_tokens_per_s": (
+            tokens.rise(window) / window.length
+            if window
+            else delta(catalog.VLLM_GENERATION_TOKENS.name) / duration
+        ),
+        "engine_tokens_per_s_run": delta(catalog.VLLM_GENERATION_TOKENS.name) / duration,
+        "window_s": window.length if window else None,
+        "goodput_per_s": (
+            goodput_in(result, window, slo_s) if window and slo_s is not None else goodput
+        ),
+        "within_slo_share": (
+            within_slo_share(result, slo_s)
+            if slo_s is not None and "latencies" in result
+            else (goodput * duration / per_request)
+            if goodput is not None
+            else None
+        ),
         # Warden's own count (admission to last byte; warden with an SLO only): the client's
         # share also holds the client's own delays on a machine it shares with the engine.
         "server_within_slo_share": within / (within + missed) if within + missed else None,
@@ -170,6 +207,150 @@ def _late(result: dict[str, Any]) -> float | None:
     return max(late) if late else None
 
 
+@dataclass(frozen=True)
+class Window:
+    """When the load was offered: first request sent to last (the client's perf_counter, the
+    machine's monotonic clock, which this process reads too)."""
+
+    start: float
+    end: float
+
+    @property
+    def length(self) -> float:
+        return self.end - self.start
+
+
+def offered_window(result: dict[str, Any]) -> Window | None:
+    """The window of a ``vllm bench serve`` result saved with ``--save-detailed``."""
+    starts = [t for t in result.get("start_times") or [] if t]
+    if len(starts) < 2 or max(starts) <= min(starts):
+        return None
+    return Window(min(starts), max(starts))
+
+
+def _succeeded(result: dict[str, Any]) -> list[tuple[float, float]]:
+    """(sent, latency) of each request answered in full."""
+    errors = result.get("errors") or [""] * len(result.get("latencies") or [])
+    return [
+        (start, latency)
+        for start, latency, error in zip(
+            result.get("start_times") or [], result["latencies"], errors, strict=False
+        )
+        if not error and latency
+    ]
+
+
+def goodput_in(result: dict[str, Any], window: Window, slo_s: float) -> float:
+    """Requests completed within the SLO, and by the window's end, per second of the window:
+    what the engine delivers while the load is offered (not its backlog afterwards)."""
+    good = sum(
+        1
+        for start, latency in _succeeded(result)
+        if latency <= slo_s and start + latency <= window.end
+    )
+    return good / window.length
+
+
+def within_slo_share(result: dict[str, Any], slo_s: float) -> float | None:
+    """The share of the requests answered in full (the admitted ones) within the SLO."""
+    latencies = [latency for _start, latency in _succeeded(result)]
+    if not latencies:
+        return None
+    return sum(1 for latency in latencies if latency <= slo_s) / len(latencies)
+
+
+class TokenSampler:
+    """Reads the engine's generated-tokens counter every ``TOKEN_SAMPLE_EVERY_S`` while a
+    client runs (``with``), so the rise over the window can be read between two reads."""
+
+    def __init__(self, base_url: str, first: float | None) -> None:
+        self.base_url = base_url
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="token-sampler", daemon=True)
+        self.add(first)
+
+    def add(self, value: float | None) -> None:
+        self.samples.append((time.perf_counter(), value or 0.0))
+
+    def _run(self) -> None:
+        while not self._stop.wait(TOKEN_SAMPLE_EVERY_S):
+            with contextlib.suppress(Exception):
+                self.add(sample(scrape(self.base_url), catalog.VLLM_GENERATION_TOKENS.name))
+
+    def __enter__(self) -> TokenSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def rise(self, window: Window) -> float:
+        return value_at(self.samples, window.end) - value_at(self.samples, window.start)
+
+
+def value_at(samples: Sequence[tuple[float, float]], when: float) -> float:
+    """A counter's value at ``when``, linear between the reads around it (held at the ends)."""
+    ordered = sorted(samples)
+    times = [t for t, _v in ordered]
+    index = bisect.bisect_left(times, when)
+    if index == 0:
+        return ordered[0][1]
+    if index == len(ordered):
+        return ordered[-1][1]
+    (t0, v0), (t1, v1) = ordered[index - 1], ordered[index]
+    return v0 + (v1 - v0) * (when - t0) / (t1 - t0) if t1 > t0 else v1
+
+
+@dataclass(frozen=True)
+class CpuSplit:
+    """The cores the engine's processes run on, and the client's own."""
+
+    engine: frozenset[int]
+    client: frozenset[int]
+
+    def engine_env(self) -> dict[str, str]:
+        # vLLM's CPU worker binds its OpenMP threads itself ("auto" may pick the client's core).
+        return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in sorted(self.engine))}
+
+
+def cpu_split(spec: str) -> CpuSplit | None:
+    """``--client-cpus``: "auto" (the last core is the client's, when there are two or more),
+    "none" (no pinning), or a list such as "3" or "2,3"."""
+    cores = frozenset(os.sched_getaffinity(0))
+    if spec == "none" or (spec == "auto" and len(cores) < 2):
+        return None
+    client = frozenset([max(cores)]) if spec == "auto" else frozenset(map(int, spec.split(",")))
+    if not client or not client < cores:
+        raise ValueError(f"--client-cpus {spec}: leaves no core of {sorted(cores)} to the engine")
+    return CpuSplit(cores - client, client)
+
+
+@contextlib.contextmanager
+def serving_engine(
+    variant: Any, model: str, run_dir: Path, env: dict[str, str], split: CpuSplit | None
+) -> Iterator[Any]:
+    """An engine started on the engine's cores (its processes inherit them), ready; stopped
+    on exit. This process, and the clients it starts, stay on the client's cores."""
+    engine = make_engine(
+        variant, model, run_dir, ENGINE_ARGS, {**env, **(split.engine_env() if split else {})}
+    )
+    try:
+        if split:
+            os.sched_setaffinity(0, split.engine)
+        try:
+            engine.start()
+        finally:
+            if split:
+                os.sched_setaffinity(0, split.client)
+        engine.wait_ready()
+        yield engine
+    finally:
+        engine.stop(30.0)
+        engine.close()
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     root, temporary = workdir(args.workdir, "warden-overload-")
     try:
@@ -182,12 +363,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "honour_points": honour_points,
             "pairs": [],
         }
+        split = cpu_split(args.client_cpus)
+        if split:
+            os.sched_setaffinity(0, split.client)
+            log(f"engine on cores {sorted(split.engine)}, client on {sorted(split.client)}")
+        results["cpus"] = (
+            {"engine": sorted(split.engine), "client": sorted(split.client)} if split else None
+        )
         # Capacity and the SLO, from plain vLLM.
-        with make_engine(VARIANTS["plain"], model, root / "calibrate", ENGINE_ARGS) as plain:
+        with serving_engine(VARIANTS["plain"], model, root / "calibrate", {}, split) as plain:
             full = bench_serve(
                 plain.base_url, model, None, args.prompts(8), root / "capacity.json", None, 8
             )
-            capacity = float(full["request_throughput"])
+            capacity = completed_per_s(full)
             half = bench_serve(
                 plain.base_url, model, capacity / 2, args.prompts(capacity / 2),
                 root / "half.json", None,
@@ -207,7 +395,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 env = {"WARDEN_CONFIG": str(config)} if config else {}
                 variant = VARIANTS["warden" if config else "plain"]
                 run_dir = root / f"pair{pair}-{side}"
-                with make_engine(variant, model, run_dir, ENGINE_ARGS, env) as engine:
+                with serving_engine(variant, model, run_dir, env, split) as engine:
                     measured[side] = [
                         measure(
                             engine,
@@ -220,6 +408,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                 run_dir / f"x{point:g}.json",
                                 slo_s,
                             ),
+                            slo_s,
                         )  # fmt: skip
                         for point in points
                     ]
@@ -235,6 +424,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                     args.prompts(capacity * point),
                                     slo_s,
                                 ),
+                                slo_s,
                             )  # fmt: skip
                             for point in honour_points
                         ]
@@ -243,6 +433,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return results
     finally:
         cleanup(root, temporary)
+
+
+def completed_per_s(result: dict[str, Any]) -> float:
+    """Requests answered per second of the window (the whole run without a window)."""
+    window = offered_window(result)
+    if window is None:
+        return float(result["request_throughput"])
+    done = sum(1 for start, latency in _succeeded(result) if start + latency <= window.end)
+    return done / window.length
 
 
 def _ignoring(
@@ -307,8 +506,12 @@ def report(results: dict[str, Any]) -> str:
     capacity = results["capacity_per_s"]
     text = (
         f"capacity {capacity:.2f} requests/s (plain, batch full), SLO {results['slo_s']:.2f} s "
-        f"(2x plain's p99 at 0.5x), {len(results['pairs'])} pairs; ratios: median (min-max)"
+        f"(2x plain's p99 at 0.5x), {len(results['pairs'])} pairs; ratios: median (min-max); "
+        "engine tok/s and goodput while the load is offered (first request sent to last)"
     )
+    cpus = results.get("cpus")
+    if cpus:
+        text += f"; engine on cores {cpus['engine']}, client on {cpus['client']}"
     for name in results["configs"]:
         text += "\n\n" + report_config(results, name)
         if name == "slo" and results.get("honour_points"):
@@ -381,9 +584,10 @@ def report_honouring(results: dict[str, Any]) -> str:
         if point in results["points"]:
             plain_index = results["points"].index(point)
             for sides, run in zip(pairs, runs, strict=True):
-                plain = sides["plain"][plain_index]["engine_tokens_per_s"]
+                # Whole runs on both sides: the honouring clients' returns outlast the window.
+                plain = sides["plain"][plain_index]["engine_tokens_per_s_run"]
                 if plain:
-                    ratios.append(run["engine_tokens_per_s"] / plain)
+                    ratios.append(run["engine_tokens_per_s_run"] / plain)
         waits = [h["median_retry_after_s"] for h in honoured if h["median_retry_after_s"]]
         rows.append(
             [
@@ -410,7 +614,7 @@ def report_honouring(results: dict[str, Any]) -> str:
         "refused without Retry-After",
         "Retry-After s (median)",
         "within SLO (min)",
-        "engine tok/s w/p",
+        "engine tok/s w/p (whole runs)",
         "lost",
     ]
     head = "warden serving clients that honour Retry-After (summed over the pairs)"
@@ -477,6 +681,11 @@ def main(argv: list[str] | None = None) -> int:
         "--configs",
         default="default,slo",
         help="warden configurations to run against plain: default, slo (the SLO set)",
+    )
+    parser.add_argument(
+        "--client-cpus",
+        default="auto",
+        help="cores of the client (the engine gets the others): auto (the last), none, or a list",
     )
     parser.add_argument("--model", help="model dir (default: build the tiny model)")
     parser.add_argument("--workdir", help="keep engine logs and results here")

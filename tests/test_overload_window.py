@@ -1,0 +1,82 @@
+"""The overload benchmark's figures while the load is offered (issue #28).
+
+Engine tokens/s and goodput are read over the window from the first request sent to the last:
+after it plain vLLM drains its backlog at a full batch while warden, having refused, has little
+left, so a rate over the whole run would compare different loads. The counting is checked here
+on results whose answers are known.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.overload import (
+    CpuSplit,
+    Window,
+    completed_per_s,
+    cpu_split,
+    goodput_in,
+    offered_window,
+    value_at,
+    within_slo_share,
+)
+
+# Five requests sent at 0..4 s (the window is 4 s long): a refused one (error), one answered
+# late (3 s, over a 2 s SLO), one answered in time but after the window's end, two in time.
+RESULT = {
+    "start_times": [100.0, 101.0, 102.0, 103.0, 104.0],
+    "latencies": [1.0, 0.0, 3.0, 1.5, 0.5],
+    "errors": ["", "Service Unavailable", "", "", ""],
+    "request_throughput": 99.0,
+}
+
+
+def test_the_window_runs_from_the_first_request_sent_to_the_last() -> None:
+    window = offered_window(RESULT)
+    assert window == Window(100.0, 104.0) and window.length == 4.0
+    assert offered_window({"start_times": [5.0]}) is None
+    assert offered_window({}) is None
+
+
+def test_goodput_counts_answers_in_time_and_within_the_window() -> None:
+    window = Window(100.0, 104.0)
+    # In time and done by 104: the first (101.0) only; the fourth ends at 104.5, the fifth at
+    # 104.5, the third is late, the second was refused.
+    assert goodput_in(RESULT, window, slo_s=2.0) == pytest.approx(1 / 4)
+    assert goodput_in(RESULT, Window(100.0, 105.0), slo_s=2.0) == pytest.approx(3 / 5)
+
+
+def test_the_share_within_the_slo_is_over_the_answered_requests_of_the_whole_run() -> None:
+    assert within_slo_share(RESULT, slo_s=2.0) == pytest.approx(3 / 4)
+    refused = {"start_times": [1.0], "latencies": [0.0], "errors": ["x"]}
+    assert within_slo_share(refused, 2.0) is None
+
+
+def test_capacity_is_completions_per_second_of_the_window() -> None:
+    # Answered by 104: only the first (the others end at 104.5, 104.5 and 105).
+    assert completed_per_s(RESULT) == pytest.approx(1 / 4)
+    assert completed_per_s({"request_throughput": 7.5}) == 7.5
+
+
+def test_a_counter_between_two_reads_is_read_on_the_line_between_them() -> None:
+    samples = [(10.0, 100.0), (12.0, 300.0), (14.0, 300.0)]
+    assert value_at(samples, 11.0) == pytest.approx(200.0)
+    assert value_at(samples, 13.0) == pytest.approx(300.0)
+    assert value_at(samples, 5.0) == 100.0 and value_at(samples, 20.0) == 300.0
+
+
+def test_the_client_gets_a_core_of_its_own_and_the_engine_the_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import os
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert cpu_split("auto") == CpuSplit(frozenset({0, 1, 2}), frozenset({3}))
+    assert cpu_split("2,3") == CpuSplit(frozenset({0, 1}), frozenset({2, 3}))
+    assert cpu_split("none") is None
+    split = cpu_split("auto")
+    assert split is not None and split.engine_env() == {"VLLM_CPU_OMP_THREADS_BIND": "0,1,2"}
+    with pytest.raises(ValueError, match="leaves no core"):
+        cpu_split("0,1,2,3")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    assert cpu_split("auto") is None
