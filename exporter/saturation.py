@@ -8,7 +8,10 @@ statistics, in the API process; admission (warden/control/admission.py) decides 
 - drain rate: requests finished per second *of busy time* (time with a request running or
   waiting) over the last ``keep`` completions, so an idle night does not dilute it and a
   burst after idle is judged on the engine's real speed; it decays while requests wait and
-  none finishes.
+  none finishes. Measured at a partial batch it counts the slots that stood empty, so it is
+  also kept per running request (``slot_rate``: completions per busy slot-second): a batch of
+  ``n`` drains about ``n`` times that. Without it, a burst that filled the batch at half load
+  was judged on the half-load rate, a wait twice too long, and refused (issue #28).
 - service time: the 99th percentile (``SERVICE_QUANTILE``) of end-to-end minus queue time of
   the same completions (vLLM's ``FinishedRequestStats``), so preemptions and recomputation are
   in it. Admission promises the latency SLO to each request it admits, so it forecasts with the
@@ -18,7 +21,8 @@ statistics, in the API process; admission (warden/control/admission.py) decides 
 - ``predicted_wait``: how long a request would sit in vLLM's queue: the requests ahead of it,
   plus, when its prompt does not fit in the free KV blocks, the requests that must finish to
   free them. Slots free up in batches (requests admitted together finish together), so the
-  wait is counted in whole batches of the running size, each lasting ``running / drain rate``:
+  wait is counted in whole batches of the running size, each lasting ``running / drain rate``
+  (the drain rate of that batch, ``batch_drain_rate``):
   the worst case, since admission promises the SLO to the requests it admits. Preemptions are
   in it twice: preempted requests wait again in the queue, and recomputation lowers the drain
   rate. There is one prediction: admission (warden/control/saturation.py) judges with it, and
@@ -50,6 +54,7 @@ class SaturationState:
     preemptions_per_s: float = 0.0
     recompute_ratio: float = 0.0  # preemptions per finished request, same window
     capacity: int | None = None  # the batch's size limit (max_num_seqs), when known
+    slot_rate: float | None = None  # requests finished per busy slot-second (per running one)
 
     @property
     def queue_wait_s(self) -> float | None:
@@ -68,6 +73,7 @@ class SaturationState:
             "preemptions_per_s": _rounded(self.preemptions_per_s),
             "recompute_ratio": _rounded(self.recompute_ratio),
             "capacity": self.capacity,
+            "slot_rate_per_s": _rounded(self.slot_rate),
         }
 
 
@@ -103,12 +109,21 @@ def predicted_wait(
     batch_full = state.capacity is not None and state.running >= state.capacity
     if ahead <= 0 and not batch_full:
         return 0.0
-    if not state.drain_rate:
+    slots = max(1, state.running)
+    rate = batch_drain_rate(state, slots)
+    if not rate:
         return None
     # This request needs the (ahead + 1)-th free slot; slots free a batch at a time.
-    slots = max(1, state.running)
     batches = math.ceil((max(ahead, 0.0) + 1) / slots)
-    return batches * slots / state.drain_rate
+    return batches * slots / rate
+
+
+def batch_drain_rate(state: SaturationState, slots: int) -> float | None:
+    """Requests a batch of ``slots`` finishes per second: the measured drain rate, or, when it
+    was measured on a smaller batch, ``slots`` times the rate per running request."""
+    if state.slot_rate is None:
+        return state.drain_rate
+    return max(state.drain_rate or 0.0, state.slot_rate * slots)
 
 
 def _rounded(value: float | None) -> float | None:
@@ -131,10 +146,11 @@ class SaturationMeter:
         self.keep = keep
         self.min_finished = min_finished
         self._busy = 0.0  # seconds with work in the engine, since start
-        self._last: tuple[float, bool] | None = None  # (time, busy) of the previous step
-        # (busy clock, tokens, service seconds) of recent completions; one more than ``keep``:
-        # the oldest is the reference the rate is measured from.
-        self._done: deque[tuple[float, int, float]] = deque(maxlen=keep + 1)
+        self._slot_s = 0.0  # running-request seconds (a slot busy for a second counts one)
+        self._last: tuple[float, int, int] | None = None  # (time, running, waiting) last step
+        # (busy clock, slot clock, tokens, service seconds) of recent completions; one more
+        # than ``keep``: the oldest is the reference the rates are measured from.
+        self._done: deque[tuple[float, float, int, float]] = deque(maxlen=keep + 1)
         self._preempted: deque[tuple[float, int]] = deque()
         # What the recent completions add up to, kept until one finishes or is preempted:
         # most steps finish nothing, and this runs on every step.
@@ -148,11 +164,13 @@ class SaturationMeter:
         finished: list[tuple[int, float, float]],
         preempted: int = 0,
     ) -> SaturationState:
-        if self._last is not None and self._last[1]:
-            self._busy += max(0.0, now - self._last[0])
-        self._last = (now, running + waiting > 0)
+        if self._last is not None and self._last[1] + self._last[2] > 0:
+            elapsed = max(0.0, now - self._last[0])
+            self._busy += elapsed
+            self._slot_s += elapsed * self._last[1]
+        self._last = (now, running, waiting)
         for tokens, _queued, served in finished:
-            self._done.append((self._busy, tokens, served))
+            self._done.append((self._busy, self._slot_s, tokens, served))
         if preempted:
             self._preempted.append((self._busy, preempted))
         if finished or preempted or self._summary is None:
@@ -162,6 +180,7 @@ class SaturationMeter:
             return SaturationState(running, waiting)
         # The rate counts completions after the reference point, over the busy time since.
         span = max(self._busy - summary.reference, 1e-3)
+        slot_span = self._slot_s - summary.slot_reference
         return SaturationState(
             running,
             waiting,
@@ -170,6 +189,7 @@ class SaturationMeter:
             tokens_per_request=summary.tokens_per_request,
             preemptions_per_s=summary.preemptions / span,
             recompute_ratio=summary.preemptions / summary.count,
+            slot_rate=summary.count / slot_span if slot_span > 1e-3 else None,
         )
 
     def _summarize(self) -> _Completions:
@@ -177,16 +197,17 @@ class SaturationMeter:
         if len(done) < self.min_finished:
             return _Completions(len(done))
         if len(done) > self.keep:
-            reference, counted = done[0][0], done[1:]
+            (reference, slot_reference, _tokens, _served), counted = done[0], done[1:]
         else:
-            reference, counted = 0.0, done
+            reference, slot_reference, counted = 0.0, 0.0, done
         while self._preempted and self._preempted[0][0] < reference:
             self._preempted.popleft()
         return _Completions(
             count=len(counted),
             reference=reference,
-            service_s=_quantile([served for _at, _tokens, served in counted], SERVICE_QUANTILE),
-            tokens_per_request=sum(tokens for _at, tokens, _s in counted) / len(counted),
+            slot_reference=slot_reference,
+            service_s=_quantile([entry[-1] for entry in counted], SERVICE_QUANTILE),
+            tokens_per_request=sum(tokens for _at, _slot, tokens, _s in counted) / len(counted),
             preemptions=sum(n for _at, n in self._preempted),
         )
 
@@ -198,6 +219,7 @@ class _Completions:
 
     count: int
     reference: float = 0.0
+    slot_reference: float = 0.0
     service_s: float | None = None
     tokens_per_request: float | None = None
     preemptions: int = 0

@@ -47,7 +47,7 @@ from warden.control.leases import LeaseTable
 from warden.control.policy import EffectivePolicy, combine
 from warden.control.reflex import Reflex
 from warden.control.retry import backoff_s, classify_failure
-from warden.control.saturation import RetrySchedule, SaturationWatch
+from warden.control.saturation import RetrySchedule, SaturationWatch, breach, with_live_queue
 
 # The test clock: after every alert in these tests starts (their times are believed).
 NOW = 1_795_269_600.0  # 2026-11-21T14:00:00Z
@@ -763,6 +763,31 @@ def test_saturation_meter_measures_busy_time_only() -> None:
     now += 10  # busy and nothing finishes: the rate decays, the predicted wait grows
     state = meter.observe(now, 1, 5, [])
     assert state.drain_rate is not None and state.drain_rate < 0.5
+
+
+def test_a_burst_at_half_load_is_judged_on_the_full_batchs_drain_rate() -> None:
+    """Measured at half load (4 of 8 slots running, each request served in 1 s), the engine
+    drains 4 requests/s; a burst that fills the batch drains 8/s. Judged on the half-load rate,
+    a request behind the burst was forecast to wait twice too long, and refused at 0.5x with a
+    latency SLO (issue #28)."""
+    meter = SaturationMeter(keep=32, min_finished=3)
+    now = 0.0
+    state = meter.observe(now, 4, 0, [])
+    for _ in range(40):
+        now += 0.25
+        state = meter.observe(now, 4, 0, [(96, 0.0, 1.0)])
+    assert state.drain_rate == pytest.approx(4.0)
+    assert state.slot_rate == pytest.approx(1.0)
+    burst = with_live_queue(state, in_flight=9, capacity=8)
+    assert burst.running == 8 and burst.waiting == 1
+    # The ninth request waits for the batch ahead at 8 per second (1 s), not 4 (2 s).
+    assert burst.queue_wait_s == pytest.approx(1.0)
+    # A latency SLO of 2.5 s admits it (1 s waiting + 1 s served); at the half-load rate the
+    # forecast was 3 s, over the SLO.
+    assert breach(SaturationSettings(latency_slo_s=2.5), burst) is None
+    half_rate = dataclasses.replace(burst, slot_rate=None)
+    assert half_rate.queue_wait_s == pytest.approx(2.0)
+    assert breach(SaturationSettings(latency_slo_s=2.5), half_rate) is not None
 
 
 def test_service_time_is_the_one_99_in_100_recent_requests_beat() -> None:

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.saturation import SaturationState
+from exporter.saturation import SaturationState, batch_drain_rate
 from warden.control.actions import REGISTRY
 from warden.control.actions.base import Refusal
 from warden.control.cause import NO_CAUSE, Cause
@@ -244,7 +244,7 @@ def _saturation(
         retry_s: float = saturation.schedule.book(
             saturation.now,
             found.earliest_s,
-            state.drain_rate,
+            batch_drain_rate(state, max(1, state.running)),
             sat.retry_after_min_s,
             sat.retry_after_max_s,
             saturation.request_key,

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from exporter.catalog import SATURATION_STATES
-from exporter.saturation import KvState, SaturationState, predicted_wait
+from exporter.saturation import KvState, SaturationState, batch_drain_rate, predicted_wait
 from exporter.step_monitor import StepSnapshot
 from warden.control.config import SaturationSettings
 
@@ -89,7 +89,7 @@ def breach(
     margin_blocks: int = 0,
 ) -> Breach | None:
     """The first configured limit this request would break, or None (admit)."""
-    rate = state.drain_rate or 0.0
+    rate = batch_drain_rate(state, max(1, state.running)) or 0.0
     depth = settings.max_queue_depth
     if depth is not None and state.waiting >= depth:
         earliest = (state.waiting - depth + 1) / rate if rate else 0.0
