@@ -28,6 +28,7 @@ from exporter import catalog
 from tests.support.engine import TINY_KV_ARGS, complete, running_engine, sample, scrape
 from warden.common.outcomes import COMPLETED, FAILED, REFUSED, OutcomeTally, classify
 from warden.common.waiting import wait_until
+from warden.control.saturation import CLAIM_GRACE_S
 from warden.stack.chaos import find_engine_core
 from warden.supervisor.engine import EngineProcess
 
@@ -296,7 +297,11 @@ def test_local_reflex_refuses_within_a_second_of_the_saturation_crossing(
     before a scrape, a rule evaluation and Alertmanager's group_wait: the reflex must be
     under a second."""
     config = tmp_path / "warden.yaml"
-    config.write_text(f"admission:\n  saturation:\n    max_queue_depth: {REFLEX_QUEUE_DEPTH}\n")
+    config.write_text(
+        "admission:\n  saturation:\n"
+        f"    max_queue_depth: {REFLEX_QUEUE_DEPTH}\n"
+        f"    retry_after_max_s: {RETURN_CHECK_MAX_RETRY_S}\n"
+    )
     env = {"WARDEN_CONFIG": str(config), "WARDEN_TEST_STEP_DELAY_S": "0.03"}
     with running_engine(tiny_model, extra_args=TINY_KV_ARGS, env=env, run_dir=tmp_path) as eng:
         served = str(tiny_model)
@@ -368,6 +373,69 @@ def test_local_reflex_refuses_within_a_second_of_the_saturation_crossing(
             lambda: state(eng)["saturation"]["state"] == "normal", 60, 0.5, "saturation cleared"
         )
         assert complete(eng, served, "hello").status_code == 200
+        check_a_refused_clients_return_is_known_by_its_body(eng, served)
+
+
+# Retry-After at most this in the reflex test, so a client there can wait it out.
+RETURN_CHECK_MAX_RETRY_S = 4
+
+
+def check_a_refused_clients_return_is_known_by_its_body(eng: EngineProcess, served: str) -> None:
+    """A refused request's place is held for its client; the same bytes coming back are that
+    client's return (issue #28). Saturated again by a flood, two distinct requests are refused:
+    one is sent again, byte for byte, at once (before its place is due, so only its bytes tell
+    it from a new arrival) and, refused again, after its Retry-After: each ends its booking as
+    a return. The other comes back only after its booking lapsed, and is a new arrival."""
+
+    def in_flight() -> dict:
+        return dict(state(eng)["saturation"]["in_flight"])
+
+    def post(body: dict) -> httpx.Response:
+        return httpx.post(f"{eng.base_url}/v1/completions", json=body, timeout=120)
+
+    with ThreadPoolExecutor(12) as pool:
+        flood = [
+            pool.submit(complete, eng, served, LONG_PROMPT, 180, ignore_eos=True) for _ in range(12)
+        ]
+        # Every flood request judged: refused (answered) or admitted (in flight).
+        wait_until(
+            lambda: sum(f.done() for f in flood) + in_flight()["admitted"] >= len(flood),
+            60,
+            0.1,
+            "the flood judged",
+        )
+        refused: dict[str, tuple[dict, httpx.Response]] = {}
+        for client in ("comes back", "never returns"):
+            for attempt in range(10):
+                body = {"model": served, "prompt": f"{client} {attempt}", "max_tokens": 2}
+                response = post(body)
+                if response.status_code == 503:
+                    refused[client] = (body, response)
+                    break
+        assert set(refused) == {"comes back", "never returns"}, "the flood did not saturate"
+        before = in_flight()
+        # Sent again at once, long before its place is due: only its bytes say it is a return.
+        body, _response = refused["comes back"]
+        again = post(body)
+        assert again.status_code in (200, 503), again.text
+        returned = in_flight()
+        assert returned["returned"] == before["returned"] + 1, (before, returned)
+        if again.status_code == 503:
+            # Refused again, booked again: back after the Retry-After, a return again.
+            time.sleep(int(again.headers["retry-after-ms"]) / 1000)
+            back = post(body)
+            assert back.status_code in (200, 503), back.text
+            returned = in_flight()
+            assert returned["returned"] == before["returned"] + 2, (before, returned)
+        body, response = refused["never returns"]
+        time.sleep(int(response.headers["retry-after-ms"]) / 1000 + CLAIM_GRACE_S + 0.5)
+        late = post(body)
+        assert late.status_code in (200, 503), late.text
+        after = in_flight()
+        assert after["returned"] == returned["returned"], (returned, after)
+        assert after["lapsed"] > before["lapsed"], (before, after)
+        for future in flood:
+            assert future.result().status_code in (200, 503)
 
 
 def test_nonfinite_logits_are_retried_into_a_correct_response(engine: EngineProcess) -> None:

@@ -790,6 +790,28 @@ def test_a_burst_at_half_load_is_judged_on_the_full_batchs_drain_rate() -> None:
     assert breach(SaturationSettings(latency_slo_s=2.5), half_rate) is not None
 
 
+def test_an_idle_engine_admits_whatever_its_last_requests_took() -> None:
+    """The recent service time (5 s, over an SLO of 1 s) would refuse every request; on an idle
+    engine nothing then finishes to correct it, and the engine stayed idle for good."""
+    slo = SaturationSettings(latency_slo_s=1.0)
+    idle = SaturationState(running=0, waiting=0, drain_rate=2.0, service_s=5.0, capacity=8)
+    assert breach(slo, idle) is None
+    found = breach(slo, dataclasses.replace(idle, running=1))
+    assert found is not None and found.signal == "latency_s" and found.value == 5.0
+
+
+def test_the_schedule_counts_returns_and_lapses() -> None:
+    schedule = RetrySchedule(grace_s=1.0)
+    for key in (1, 2):
+        schedule.book(0.0, 2.0, None, 0.5, 30.0, request_key=key)
+    assert schedule.is_return(1.0, 1) and not schedule.is_return(1.0, 3)
+    assert schedule.claim(2.0, 1)  # key 1 came back
+    assert (schedule.returned, schedule.lapsed) == (1, 0)
+    assert schedule.held(3.5) == 0  # key 2 never did: due at 2 s, lapsed after 3 s
+    assert (schedule.returned, schedule.lapsed) == (1, 1)
+    assert schedule.return_share(3.5) == 0.5
+
+
 def test_service_time_is_the_one_99_in_100_recent_requests_beat() -> None:
     """Admission promises the SLO to each request it admits: a forecast made with a typical
     service time (the 90th percentile here: 1 s) breaks that promise for the slow tenth."""

@@ -480,6 +480,9 @@ class Controller:
                 # The share of recent places whose client came back: how many of those held
                 # new arrivals queue behind.
                 "return_share": round(self.retry_schedule.return_share(self.clock()), 3),
+                # Bookings ended since start: the request came back, or never did.
+                "returned": self.retry_schedule.returned,
+                "lapsed": self.retry_schedule.lapsed,
             },
             "changes": list(self.saturation_changes),
         }

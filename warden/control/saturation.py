@@ -88,7 +88,11 @@ def breach(
     prompt_tokens: int | None = None,
     margin_blocks: int = 0,
 ) -> Breach | None:
-    """The first configured limit this request would break, or None (admit)."""
+    """The first configured limit this request would break, or None (admit). An idle engine
+    admits: refusing would leave it idle, and with nothing finishing the forecast (its service
+    time, its drain rate) would never learn that the engine is fast again."""
+    if state.running <= 0 and state.waiting <= 0:
+        return None
     rate = batch_drain_rate(state, max(1, state.running)) or 0.0
     depth = settings.max_queue_depth
     if depth is not None and state.waiting >= depth:
@@ -182,6 +186,8 @@ class RetrySchedule:
         self._due: list[tuple[float, int | None]] = []  # (return time, request_key), sorted
         self._booked: dict[int, float] = {}  # request_key -> its return time
         self._outcomes: deque[bool] = deque(maxlen=window)  # True: its client came back
+        self.returned = 0  # bookings ended by their request coming back, since start
+        self.lapsed = 0  # bookings whose request never came back, since start
         self._lock = threading.Lock()
 
     def book(
@@ -269,6 +275,7 @@ class RetrySchedule:
         else:
             return False
         self._outcomes.append(True)
+        self.returned += 1
         return True
 
     def _share(self) -> float:
@@ -283,6 +290,7 @@ class RetrySchedule:
             if request_key is not None:
                 self._booked.pop(request_key, None)
             self._outcomes.append(False)
+            self.lapsed += 1
         del self._due[:lapsed]
 
 
