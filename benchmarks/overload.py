@@ -321,7 +321,10 @@ def cpu_split(spec: str) -> CpuSplit | None:
     cores = frozenset(os.sched_getaffinity(0))
     if spec == "none" or (spec == "auto" and len(cores) < 2):
         return None
-    client = frozenset([max(cores)]) if spec == "auto" else frozenset(map(int, spec.split(",")))
+    try:
+        client = frozenset([max(cores)]) if spec == "auto" else frozenset(map(int, spec.split(",")))
+    except ValueError:
+        raise ValueError(f"--client-cpus {spec}: auto, none, or core numbers (3, 2,3)") from None
     if not client or not client < cores:
         raise ValueError(f"--client-cpus {spec}: leaves no core of {sorted(cores)} to the engine")
     return CpuSplit(cores - client, client)
@@ -692,6 +695,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="write the JSON result here")
     parser.add_argument("--png", help="draw the curves here")
     args = parser.parse_args(argv)
+    try:
+        cpu_split(args.client_cpus)
+    except ValueError as exc:
+        parser.error(str(exc))
     args.configs = [name for name in args.configs.split(",") if name]
     unknown = sorted(set(args.configs) - set(CONFIGS))
     if unknown or not args.configs:

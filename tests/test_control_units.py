@@ -800,6 +800,17 @@ def test_an_idle_engine_admits_whatever_its_last_requests_took() -> None:
     assert found is not None and found.signal == "latency_s" and found.value == 5.0
 
 
+def test_a_client_that_waits_the_whole_second_retry_after_keeps_its_place() -> None:
+    """Retry-After 1.2 s reads "2" to a client that takes whole seconds; its request then takes
+    a moment to reach admission on a loaded server. Back 1.5 s after its place was due, it is
+    still that client's return (with a grace of 1 s it was a new arrival, and lost its place)."""
+    schedule = RetrySchedule()
+    retry = schedule.book(0.0, 1.2, None, 0.5, 30.0, request_key=7)
+    assert retry == pytest.approx(1.2)
+    assert schedule.is_return(retry + 1.5, 7)
+    assert schedule.claim(retry + 1.5, 7) and schedule.lapsed == 0
+
+
 def test_the_schedule_counts_returns_and_lapses() -> None:
     schedule = RetrySchedule(grace_s=1.0)
     for key in (1, 2):

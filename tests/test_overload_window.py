@@ -76,6 +76,8 @@ def test_the_client_gets_a_core_of_its_own_and_the_engine_the_others(
     assert cpu_split("none") is None
     split = cpu_split("auto")
     assert split is not None and split.engine_env() == {"VLLM_CPU_OMP_THREADS_BIND": "0,1,2"}
+    with pytest.raises(ValueError, match="core numbers"):
+        cpu_split("last")
     with pytest.raises(ValueError, match="leaves no core"):
         cpu_split("0,1,2,3")
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
