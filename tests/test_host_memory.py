@@ -115,9 +115,12 @@ for line in sys.stdin:
 
 def test_the_footprint_is_read_exactly_only_when_the_cheap_count_moved_or_it_is_time() -> None:
     """A child that grows on demand: small growth is tracked by the cheap count, a drift past
-    the threshold or the period reads the exact USS again, and a child that exits is no error."""
+    the threshold or the period reads the exact USS again (a drift not within the minimum gap
+    of the last exact read: estimated meanwhile), and a child that exits is no error."""
     now = [0.0]
-    footprint = EngineFootprint(os.getpid(), lambda: now[0], exact_every_s=30, drift_bytes=32 << 20)
+    footprint = EngineFootprint(
+        os.getpid(), lambda: now[0], exact_every_s=30, drift_bytes=32 << 20, min_gap_s=8
+    )
     child = subprocess.Popen(
         [sys.executable, "-c", GROWER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
@@ -137,8 +140,11 @@ def test_the_footprint_is_read_exactly_only_when_the_cheap_count_moved_or_it_is_
         estimated = footprint.read()
         assert footprint.exact_reads == 1
         assert abs(estimated - first - (12 << 20)) < (4 << 20), (estimated - first) >> 20
-        grow(48)  # past the drift: read exactly
-        now[0] = 10
+        grow(48)  # past the drift, but within the minimum gap: still estimated
+        now[0] = 7
+        assert abs(footprint.read() - first - (60 << 20)) < (8 << 20)
+        assert footprint.exact_reads == 1
+        now[0] = 10  # past the drift and the gap: read exactly
         exact = footprint.read()
         assert footprint.exact_reads == 2
         assert abs(exact - first - (60 << 20)) < (8 << 20), (exact - first) >> 20
