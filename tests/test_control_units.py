@@ -757,9 +757,11 @@ def test_saturation_meter_measures_busy_time_only() -> None:
     now += 3600  # a night without work does not dilute the rate
     state = meter.observe(now, 1, 5, [])
     assert state.drain_rate == pytest.approx(2.0)
-    # Five wait behind a batch of one: this request is the sixth slot to free, at 2 per second
-    # (the prediction admission decides on, counted in whole batches).
-    assert state.queue_wait_s == pytest.approx(3.0)
+    # Five wait behind a batch of one that started this step: this request is the sixth slot
+    # to free: the running one is due in the service time (1 s), then five rounds of the batch
+    # at 2 per second (the prediction admission decides on).
+    assert state.running_since == (state.busy_clock,)
+    assert state.queue_wait_s == pytest.approx(1.0 + 5 * 0.5)
     now += 10  # busy and nothing finishes: the rate decays, the predicted wait grows
     state = meter.observe(now, 1, 5, [])
     assert state.drain_rate is not None and state.drain_rate < 0.5
@@ -780,12 +782,16 @@ def test_a_burst_at_half_load_is_judged_on_the_full_batchs_drain_rate() -> None:
     assert state.slot_rate == pytest.approx(1.0)
     burst = with_live_queue(state, in_flight=9, capacity=8)
     assert burst.running == 8 and burst.waiting == 1
-    # The ninth request waits for the batch ahead at 8 per second (1 s), not 4 (2 s).
-    assert burst.queue_wait_s == pytest.approx(1.0)
+    # Slot by slot: the tenth request's slot is the second-oldest's, served 0.5 s of its 1 s.
+    assert burst.queue_wait_s == pytest.approx(0.5)
+    # In whole batches (no start times known), the batch ahead drains at 8 per second (1 s),
+    # not 4 (2 s).
+    rounds = dataclasses.replace(burst, running_since=())
+    assert rounds.queue_wait_s == pytest.approx(1.0)
     # A latency SLO of 2.5 s admits it (1 s waiting + 1 s served); at the half-load rate the
     # forecast was 3 s, over the SLO.
-    assert breach(SaturationSettings(latency_slo_s=2.5), burst) is None
-    half_rate = dataclasses.replace(burst, slot_rate=None)
+    assert breach(SaturationSettings(latency_slo_s=2.5), rounds) is None
+    half_rate = dataclasses.replace(rounds, slot_rate=None)
     assert half_rate.queue_wait_s == pytest.approx(2.0)
     assert breach(SaturationSettings(latency_slo_s=2.5), half_rate) is not None
 

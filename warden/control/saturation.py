@@ -6,7 +6,8 @@ Pure decisions on the measurements of exporter/saturation.py (clock values passe
   flight now. Requests that arrive together (the clients of a batch that just finished) are
   each judged with the others already counted, not on the same stale step.
 - ``predicted_wait`` (exporter/saturation.py, so the exported gauge is the same number):
-  how long a request would sit in vLLM's queue, counted in whole batches.
+  how long a request would sit in vLLM's queue: until the slot it needs is due to free (the
+  running requests' starts plus the service time), a whole batch per round after that.
 - ``Limits.exceeded``: the first configured limit a request would break (latency = wait +
   the service time the engine shows now; queue wait; queue depth), with the signal and value.
 - ``SaturationJudge``: saturated or normal for a typical request, held ``hold_s`` after it
