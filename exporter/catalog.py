@@ -478,10 +478,9 @@ SATURATION_STATES: tuple[str, ...] = ("normal", "saturated")
 QUEUE_WAIT_PREDICTED = _w(
     "warden_queue_wait_predicted_seconds",
     "gauge",
-    "How long a typical request arriving now would wait in vLLM's queue: until the running "
-    "request due first ends (its start plus the recent service time), a whole batch at the "
-    "drain rate per round after that; the prediction admission's saturation judge decides "
-    "on. 0 when nothing waits.",
+    "How long a typical request arriving now would wait in vLLM's queue, counted in whole "
+    "batches at the drain rate: the prediction admission's saturation judge decides on. 0 when "
+    "nothing waits.",
     unit="s",
     multiprocess_mode="max",
 )
