@@ -496,9 +496,7 @@ SERVICE_TIME = _w(
     "warden_service_time_seconds",
     "gauge",
     "99th percentile of the time recent requests spent being served (end to end minus queue), "
-    "preemptions and recomputation included: what admission forecasts a request joining a "
-    "full batch with (one joining a smaller batch: the same over requests served in batches "
-    "no larger).",
+    "preemptions and recomputation included: what admission forecasts a request's latency with.",
     unit="s",
     multiprocess_mode="max",
 )

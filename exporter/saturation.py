@@ -17,12 +17,6 @@ statistics, in the API process; admission (warden/control/admission.py) decides 
   in it. Admission promises the latency SLO to each request it admits, so it forecasts with the
   service time 99 in 100 recent requests beat, not a typical one: with the 90th, a request
   admitted at the edge of the SLO missed it about once in ten (benchmarks/README.md, run 8).
-  It is also kept by batch (``service_at``): each completion's batch is the mean running
-  count while it was served, and a request is forecast the quantile of the completions served
-  in a batch no larger than the one it would join. One slow request at a full batch (a burst,
-  a preemption) otherwise put every forecast over a tight SLO; only a request on an idle engine
-  was admitted, served alone and fast, and the slow one left the window only after 32 of them:
-  the engine ran one request at a time for tens of seconds (issue #28).
 - preemption (recompute) rate: preemptions per busy second and per finished request.
 - ``predicted_wait``: how long a request would sit in vLLM's queue: the requests ahead of it,
   plus, when its prompt does not fit in the free KV blocks, the requests that must finish to
@@ -33,16 +27,12 @@ statistics, in the API process; admission (warden/control/admission.py) decides 
   in it twice: preempted requests wait again in the queue, and recomputation lowers the drain
   rate. There is one prediction: admission (warden/control/saturation.py) judges with it, and
   ``warden_queue_wait_predicted_seconds`` exports it for a typical request, so the dashboard
-  and the alerts show the number admission decided on. (Counting the first round slot by
-  slot, from when each running request started and the slowest recent service time, was
-  tried in issue #28: interleaved with this one at 2x on this machine it refused more and
-  kept no more requests within the SLO, so whole batches stay.)
+  and the alerts show the number admission decided on.
 Pure arithmetic on numbers the stat logger hands over: no I/O, no device access.
 """
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -65,29 +55,6 @@ class SaturationState:
     recompute_ratio: float = 0.0  # preemptions per finished request, same window
     capacity: int | None = None  # the batch's size limit (max_num_seqs), when known
     slot_rate: float | None = None  # requests finished per busy slot-second (per running one)
-    # (batch, service quantile of the recent completions served at that batch or a smaller
-    # one), by batch: the service time a request joining a batch of that size is forecast.
-    service_by_batch: tuple[tuple[float, float], ...] = ()
-
-    def service_at(self, batch: int) -> float | None:
-        """The service time a request served in a batch of ``batch`` is forecast: the
-        quantile of recent completions served at that batch or a smaller one (mean running
-        count while each was served), once ``SERVICE_MIN_SAMPLES`` are; else ``service_s``."""
-        table = self.service_by_batch
-        if not table:
-            return self.service_s
-        upto = bisect.bisect_right(table, batch + 0.5, key=lambda row: row[0])
-        if upto < SERVICE_MIN_SAMPLES:
-            return self.service_s
-        return table[upto - 1][1]
-
-    def join_batch(self) -> int:
-        """The batch a request arriving now would be served in: the running ones and itself
-        when a slot is free and nothing waits, else the batch it waits for."""
-        free = self.capacity is None or self.running < self.capacity
-        if self.waiting <= 0 and free:
-            return self.running + 1
-        return max(1, self.running)
 
     @property
     def queue_wait_s(self) -> float | None:
@@ -164,8 +131,6 @@ def _rounded(value: float | None) -> float | None:
 
 
 SERVICE_QUANTILE = 0.99
-# Completions at a batch size (or smaller) needed before their own quantile is forecast there.
-SERVICE_MIN_SAMPLES = 3
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -183,14 +148,10 @@ class SaturationMeter:
         self._busy = 0.0  # seconds with work in the engine, since start
         self._slot_s = 0.0  # running-request seconds (a slot busy for a second counts one)
         self._last: tuple[float, int, int] | None = None  # (time, running, waiting) last step
-        # (busy clock, slot clock, tokens, service seconds, batch) of recent completions; one
-        # more than ``keep``: the oldest is the reference the rates are measured from.
-        self._done: deque[tuple[float, float, int, float, float]] = deque(maxlen=keep + 1)
+        # (busy clock, slot clock, tokens, service seconds) of recent completions; one more
+        # than ``keep``: the oldest is the reference the rates are measured from.
+        self._done: deque[tuple[float, float, int, float]] = deque(maxlen=keep + 1)
         self._preempted: deque[tuple[float, int]] = deque()
-        # Busy-clock readings at which the running requests started, oldest first, and the
-        # slot clock's at the same moments (how many ran meanwhile: the batch each is served in).
-        self._starts: list[float] = []
-        self._start_slots: list[float] = []
         # What the recent completions add up to, kept until one finishes or is preempted:
         # most steps finish nothing, and this runs on every step.
         self._summary: _Completions | None = None
@@ -208,10 +169,8 @@ class SaturationMeter:
             self._busy += elapsed
             self._slot_s += elapsed * self._last[1]
         self._last = (now, running, waiting)
-        if finished or preempted or len(self._starts) != running:
-            batches = self._track_starts(running, finished, preempted)
-            for (tokens, _queued, served), batch in zip(finished, batches, strict=True):
-                self._done.append((self._busy, self._slot_s, tokens, served, batch))
+        for tokens, _queued, served in finished:
+            self._done.append((self._busy, self._slot_s, tokens, served))
         if preempted:
             self._preempted.append((self._busy, preempted))
         if finished or preempted or self._summary is None:
@@ -231,49 +190,14 @@ class SaturationMeter:
             preemptions_per_s=summary.preemptions / span,
             recompute_ratio=summary.preemptions / summary.count,
             slot_rate=summary.count / slot_span if slot_span > 1e-3 else None,
-            service_by_batch=summary.service_by_batch,
         )
-
-    def _track_starts(
-        self, running: int, finished: list[tuple[int, float, float]], preempted: int
-    ) -> list[float]:
-        """Keep the start of each running request: a finished one takes the start nearest
-        its service time ago, a preempted one the youngest (vLLM preempts the request it
-        scheduled last), and the count is brought to ``running`` by starts now (new requests,
-        and preempted ones scheduled again, which recompute from the start). Returns the
-        batch each finished request was served in: the mean running count since its start."""
-        starts, slots = self._starts, self._start_slots
-        batches = []
-        for _tokens, _queued, served in finished:
-            batch = float(max(1, running))  # its start not seen: the batch now
-            if starts:
-                at = bisect.bisect_left(starts, self._busy - served)
-                if at == len(starts) or (
-                    at > 0
-                    and self._busy - served - starts[at - 1] < starts[at] - self._busy + served
-                ):
-                    at -= 1
-                span = self._busy - starts[at]
-                if span > 1e-3:
-                    batch = max(1.0, (self._slot_s - slots[at]) / span)
-                del starts[at], slots[at]
-            batches.append(batch)
-        if preempted:
-            keep = max(0, len(starts) - preempted)
-            del starts[keep:], slots[keep:]
-        if len(starts) > running:
-            del starts[running:], slots[running:]
-        grow = running - len(starts)
-        starts.extend([self._busy] * grow)
-        slots.extend([self._slot_s] * grow)
-        return batches
 
     def _summarize(self) -> _Completions:
         done = list(self._done)
         if len(done) < self.min_finished:
             return _Completions(len(done))
         if len(done) > self.keep:
-            (reference, slot_reference, *_rest), counted = done[0], done[1:]
+            (reference, slot_reference, _tokens, _served), counted = done[0], done[1:]
         else:
             reference, slot_reference, counted = 0.0, 0.0, done
         while self._preempted and self._preempted[0][0] < reference:
@@ -282,22 +206,10 @@ class SaturationMeter:
             count=len(counted),
             reference=reference,
             slot_reference=slot_reference,
-            service_s=_quantile([entry[3] for entry in counted], SERVICE_QUANTILE),
-            tokens_per_request=sum(entry[2] for entry in counted) / len(counted),
+            service_s=_quantile([entry[-1] for entry in counted], SERVICE_QUANTILE),
+            tokens_per_request=sum(tokens for _at, _slot, tokens, _s in counted) / len(counted),
             preemptions=sum(n for _at, n in self._preempted),
-            service_by_batch=_service_by_batch([(entry[4], entry[3]) for entry in counted]),
         )
-
-
-def _service_by_batch(served: list[tuple[float, float]]) -> tuple[tuple[float, float], ...]:
-    """For each completion's batch (ascending), the service quantile of the completions
-    served at that batch or a smaller one."""
-    table = []
-    seen: list[float] = []
-    for batch, service in sorted(served):
-        bisect.insort(seen, service)
-        table.append((batch, seen[min(len(seen) - 1, math.ceil(SERVICE_QUANTILE * len(seen)) - 1)]))
-    return tuple(table)
 
 
 @dataclass(frozen=True)
@@ -311,4 +223,3 @@ class _Completions:
     service_s: float | None = None
     tokens_per_request: float | None = None
     preemptions: int = 0
-    service_by_batch: tuple[tuple[float, float], ...] = ()

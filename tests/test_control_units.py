@@ -800,55 +800,6 @@ def test_an_idle_engine_admits_whatever_its_last_requests_took() -> None:
     assert found is not None and found.signal == "latency_s" and found.value == 5.0
 
 
-def test_a_slow_full_batch_does_not_hold_a_near_idle_engine_to_its_service_time() -> None:
-    """Thirty-two requests served 1.5 s each in a full batch, over an SLO of 1 s; then the
-    engine serves one at a time, 0.3 s each. Forecast with the slowest recent service time
-    whatever the batch, every request but one on an idle engine was refused until 32 fast ones
-    had pushed the slow ones out (measured: tens of seconds of one request at a time). By batch,
-    three fast completions at batch 1 admit a second request; a request joining a full batch
-    is still forecast the full batch's 1.5 s."""
-    table = ((1.0, 0.3),) * 3 + ((8.0, 1.5),) * 32  # (batch, quantile up to that batch)
-    state = SaturationState(
-        running=1, waiting=0, drain_rate=3.0, service_s=1.5, service_by_batch=table
-    )
-    slo = SaturationSettings(latency_slo_s=1.0)
-    second = with_live_queue(state, in_flight=1, capacity=8)
-    assert second.join_batch() == 2 and second.service_at(2) == pytest.approx(0.3)
-    assert breach(slo, second) is None
-    eighth = with_live_queue(state, in_flight=7, capacity=8)
-    assert eighth.join_batch() == 8 and eighth.service_at(8) == 1.5
-    found = breach(slo, eighth)
-    assert found is not None and found.signal == "latency_s" and found.value == 1.5
-    # Fewer than three completions at a batch: the slowest recent one, as before.
-    assert dataclasses.replace(state, service_by_batch=table[2:]).service_at(2) == 1.5
-
-
-def test_a_completions_batch_is_the_mean_running_count_while_it_was_served() -> None:
-    meter = SaturationMeter(keep=32, min_finished=1)
-    meter.observe(0.0, 1, 0, [])  # A starts
-    meter.observe(1.0, 2, 0, [])  # B starts
-    state = meter.observe(2.0, 1, 0, [(96, 0.0, 2.0)])  # A: 1 s alone, 1 s with B
-    assert state.service_by_batch == ((1.5, 2.0),)
-    state = meter.observe(2.5, 0, 0, [(96, 0.0, 1.5)])  # B: 1 s with A, 0.5 s alone
-    assert [batch for batch, _ in state.service_by_batch] == pytest.approx([1.5, 2.5 / 1.5])
-    assert state.service_at(1) == 2.0  # fewer than three: the slowest recent one
-    assert state.service_s == 2.0
-
-
-def test_the_meter_keeps_each_running_requests_start() -> None:
-    """A finished request takes the start nearest its service time ago (so its batch is the
-    mean running count since then); a preempted one the youngest (scheduled last)."""
-    meter = SaturationMeter(keep=32, min_finished=1)
-    meter.observe(0.0, 1, 0, [])  # busy clock 0: A starts
-    meter.observe(1.0, 2, 0, [])  # 1: B
-    meter.observe(2.0, 3, 0, [])  # 2: C
-    meter.observe(3.0, 3, 0, [(96, 0.0, 2.1)])  # B (served 2 s) ends, D starts at 3
-    assert meter._starts == [0.0, 2.0, 3.0]
-    meter.observe(4.0, 2, 1, [], preempted=1)  # D, the youngest, is preempted
-    assert meter._starts == [0.0, 2.0]
-    assert meter._start_slots == [0.0, 3.0]  # slot-seconds run before each started
-
-
 def test_a_client_that_waits_the_whole_second_retry_after_keeps_its_place() -> None:
     """Retry-After 1.2 s reads "2" to a client that takes whole seconds; its request then takes
     a moment to reach admission on a loaded server. Back 1.5 s after its place was due, it is
