@@ -790,14 +790,20 @@ def test_a_burst_at_half_load_is_judged_on_the_full_batchs_drain_rate() -> None:
     assert breach(SaturationSettings(latency_slo_s=2.5), half_rate) is not None
 
 
-def test_an_idle_engine_admits_whatever_its_last_requests_took() -> None:
-    """The recent service time (5 s, over an SLO of 1 s) would refuse every request; on an idle
-    engine nothing then finishes to correct it, and the engine stayed idle for good."""
+def test_a_request_that_would_start_at_once_is_admitted_whatever_the_last_ones_took() -> None:
+    """The recent service time (5 s, over an SLO of 1 s) would refuse every request. On an idle
+    engine nothing then finished to correct it, and the engine stayed idle for good; with one
+    request running, one slow request among the last 32 held the engine to one request at a
+    time until 32 fast ones had pushed it out. A free slot admits; only the queue is shed."""
     slo = SaturationSettings(latency_slo_s=1.0)
     idle = SaturationState(running=0, waiting=0, drain_rate=2.0, service_s=5.0, capacity=8)
     assert breach(slo, idle) is None
-    found = breach(slo, dataclasses.replace(idle, running=1))
-    assert found is not None and found.signal == "latency_s" and found.value == 5.0
+    assert breach(slo, dataclasses.replace(idle, running=1)) is None
+    assert breach(slo, dataclasses.replace(idle, running=7)) is None
+    full = breach(slo, dataclasses.replace(idle, running=8))
+    assert full is not None and full.signal == "latency_s" and full.value > 5.0
+    queued = breach(slo, dataclasses.replace(idle, running=7, waiting=1))
+    assert queued is not None and queued.signal == "latency_s"
 
 
 def test_a_client_that_waits_the_whole_second_retry_after_keeps_its_place() -> None:

@@ -7,8 +7,9 @@ Pure decisions on the measurements of exporter/saturation.py (clock values passe
   each judged with the others already counted, not on the same stale step.
 - ``predicted_wait`` (exporter/saturation.py, so the exported gauge is the same number):
   how long a request would sit in vLLM's queue, counted in whole batches.
-- ``Limits.exceeded``: the first configured limit a request would break (latency = wait +
-  the service time the engine shows now; queue wait; queue depth), with the signal and value.
+- ``breach``: the first configured limit a request would break (latency = wait + the
+  service time the engine shows now; queue wait; queue depth), with the signal and value. A
+  request that would start at once is admitted: admission sheds the queue, never the batch.
 - ``SaturationJudge``: saturated or normal for a typical request, held ``hold_s`` after it
   clears (one change per hold at most: no flapping at steady saturation).
 - ``RetrySchedule``: Retry-After from the drain rate: no earlier than the queue is expected to
@@ -88,9 +89,12 @@ def breach(
     prompt_tokens: int | None = None,
     margin_blocks: int = 0,
 ) -> Breach | None:
-    """The first configured limit this request would break, or None (admit). An idle engine
-    admits: refusing would leave it idle, and with nothing finishing the forecast (its service
-    time, its drain rate) would never learn that the engine is fast again."""
+    """The first configured limit this request would break, or None (admit). A request that
+    would start at once (a free slot, no queue, its prompt fits) is admitted whatever the
+    recent service time: admission sheds the queue, and the batch's size is vLLM's
+    (max_num_seqs). Judged on the slowest recent service time, one slow request over the SLO
+    held the engine to the requests that found it idle, one at a time, until 32 fast ones had
+    finished to push it out (25 s in a run at 1x; issue #28)."""
     if state.running <= 0 and state.waiting <= 0:
         return None
     rate = batch_drain_rate(state, max(1, state.running)) or 0.0
@@ -99,7 +103,7 @@ def breach(
         earliest = (state.waiting - depth + 1) / rate if rate else 0.0
         return Breach("queue_depth", state.waiting, depth, earliest)
     wait = predicted_wait(state, kv, prompt_tokens, margin_blocks)
-    if wait is None:
+    if wait is None or wait <= 0:
         return None
     slo = settings.latency_slo_s
     if slo is not None and state.service_s is not None and wait + state.service_s > slo:
