@@ -103,6 +103,7 @@ class Saturation:
     schedule: RetrySchedule | None = None
     now: float = 0.0
     request_key: int | None = None  # the request's body hash: a refusal books its return
+    latency_target_s: float | None = None  # the LatencyTarget's value (None: the SLO)
 
 
 def _refused(refusal: Refusal, cause: Cause, retry_after_s: float) -> Decision:
@@ -237,7 +238,7 @@ def _saturation(
     if not sat.enabled:
         return Decision(True)
     state = saturation.state
-    found = breach(sat, state, kv, prompt, margin)
+    found = breach(sat, state, kv, prompt, margin, saturation.latency_target_s)
     if found is None:
         return Decision(True)
     if sat.retry_after == "computed" and saturation.schedule is not None:

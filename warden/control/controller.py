@@ -49,6 +49,7 @@ from warden.control.policy import CIRCUIT_ORDER, EffectivePolicy, gauge_values
 from warden.control.saturation import (
     SATURATED,
     KvState,
+    LatencyTarget,
     RetrySchedule,
     SaturationChange,
     SaturationJudge,
@@ -98,6 +99,8 @@ class Controller:
             self._saturation_transitions.labels(entered)
         slo = config.admission.saturation.latency_slo_s
         metrics.get(catalog.LATENCY_SLO).set(slo or 0)
+        # What admission's latency forecast must beat (the SLO less what recent misses taught).
+        self.latency_target = LatencyTarget(slo) if slo is not None else None
         admitted_slo = metrics.get(catalog.ADMITTED_SLO)
         within, missed = catalog.SLO_OUTCOMES
         self._slo_within = admitted_slo.labels(within)
@@ -350,7 +353,8 @@ class Controller:
         # A refused client's return is judged without the places held for the others: they
         # are behind it, not ahead.
         held = not self.retry_schedule.is_return(now, request_key)
-        return Saturation(self.live_saturation(held), self.retry_schedule, now, request_key)
+        target = self.latency_target.value if self.latency_target is not None else None
+        return Saturation(self.live_saturation(held), self.retry_schedule, now, request_key, target)
 
     def live_saturation(self, held: bool = True) -> SaturationState:
         """The last step's saturation with the queue as it is now: the requests warden has
@@ -379,10 +383,11 @@ class Controller:
         finally:
             with self._lock:
                 self.admitted_in_flight -= 1
-            slo = self.config.admission.saturation.latency_slo_s
-            if slo is not None:
-                kept = self.clock() - admitted_at <= slo
-                (self._slo_within if kept else self._slo_missed).inc()
+            target = self.latency_target
+            if target is not None:
+                latency = self.clock() - admitted_at
+                (self._slo_within if latency <= target.slo_s else self._slo_missed).inc()
+                target.observe(latency)
 
     def admit(
         self,
@@ -467,6 +472,10 @@ class Controller:
             ),
             "limits": {
                 "latency_slo_s": limits.latency_slo_s,
+                # What the latency forecast must beat: the SLO, less what recent misses taught.
+                "latency_target_s": (
+                    round(self.latency_target.value, 4) if self.latency_target else None
+                ),
                 "max_queue_wait_s": limits.max_queue_wait_s,
                 "max_queue_depth": limits.max_queue_depth,
             },
