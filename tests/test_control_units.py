@@ -744,6 +744,7 @@ def test_a_missed_request_lowers_what_admission_aims_at_and_the_refusal_says_so(
     limits = controller.saturation_json()["limits"]
     assert limits["latency_slo_s"] == 2.5
     assert limits["latency_target_s"] == pytest.approx(2.5 - 12 * 0.05)
+    assert value(registry, catalog.LATENCY_TARGET.name) == pytest.approx(1.9)
     refused = controller.decide(RequestFacts(request_key=2))
     assert (refused.admit, refused.signal) == (False, "latency_s")
     assert "over the latency SLO of 2.5 s" in refused.message

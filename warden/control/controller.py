@@ -101,6 +101,8 @@ class Controller:
         metrics.get(catalog.LATENCY_SLO).set(slo or 0)
         # What admission's latency forecast must beat (the SLO less what recent misses taught).
         self.latency_target = LatencyTarget(slo) if slo is not None else None
+        self._latency_target = metrics.get(catalog.LATENCY_TARGET)
+        self._latency_target.set(slo or 0)
         admitted_slo = metrics.get(catalog.ADMITTED_SLO)
         within, missed = catalog.SLO_OUTCOMES
         self._slo_within = admitted_slo.labels(within)
@@ -387,7 +389,7 @@ class Controller:
             if target is not None:
                 latency = self.clock() - admitted_at
                 (self._slo_within if latency <= target.slo_s else self._slo_missed).inc()
-                target.observe(latency)
+                self._latency_target.set(target.observe(latency))
 
     def admit(
         self,

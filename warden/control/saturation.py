@@ -168,13 +168,14 @@ class LatencyTarget:
         self.value = slo_s
         self._lock = threading.Lock()
 
-    def observe(self, latency_s: float) -> None:
-        """One admitted request answered after ``latency_s``."""
+    def observe(self, latency_s: float) -> float:
+        """One admitted request answered after ``latency_s``; returns the target now."""
         with self._lock:
             if latency_s > self.slo_s:
                 self.value = max(self._floor, self.value - self._down)
             else:
                 self.value = min(self.slo_s, self.value + self._up)
+            return self.value
 
 
 @dataclass(frozen=True)
