@@ -758,6 +758,33 @@ def test_a_missed_request_lowers_what_admission_aims_at_and_the_refusal_says_so(
     assert judge.breach is not None and judge.breach.target == pytest.approx(1.9)
 
 
+def test_only_requests_queued_on_a_forecast_teach_the_latency_target(
+    registry: CollectorRegistry, clock: Clock
+) -> None:
+    """A cold start (nothing measured yet: 24 clients at once, the last 8 two batches deep)
+    or a free slot admits without a forecast; their lateness says nothing of what the forecast
+    misses. Taught by them, the target sat 16% under the SLO in the Retry-After simulation."""
+    controller = Controller(
+        ControlConfig(admission=saturation_config(latency_slo_s=2.5)),
+        WardenMetrics(registry),
+        clock=clock,
+    )
+    controller.engine_client = SimulatedEngineClient(8, unfinished=16)
+    for _ in range(8):  # cold: nothing measured
+        with controller.serving():
+            clock.now += 3.0
+    controller.engine_client = SimulatedEngineClient(8, unfinished=3)
+    controller.saturation = SaturationState(running=3, waiting=0, drain_rate=8.0, service_s=1.0)
+    with controller.serving():  # a free slot
+        clock.now += 3.0
+    assert controller.latency_target is not None
+    assert controller.latency_target.value == 2.5
+    controller.engine_client = SimulatedEngineClient(8, unfinished=9)
+    with controller.serving():  # queued behind a full batch, on a forecast
+        clock.now += 3.0
+    assert controller.latency_target.value == pytest.approx(2.45)
+
+
 def test_a_client_that_honours_retry_after_is_not_overtaken_by_a_later_arrival(
     registry: CollectorRegistry, clock: Clock
 ) -> None:

@@ -378,6 +378,11 @@ class Controller:
         a refused client's return takes the place held for it."""
         admitted_at = self.clock()
         self.retry_schedule.claim(admitted_at, request_key)
+        target = self.latency_target
+        # Only a request admitted into the queue on a measured forecast teaches the target what
+        # the forecast misses: one admitted before anything was measured (a cold start: 24 at
+        # once, two batches deep) or into a free slot was never judged by it.
+        teaches = target is not None and self._queued_on_a_forecast()
         with self._lock:
             self.admitted_in_flight += 1
         try:
@@ -385,11 +390,23 @@ class Controller:
         finally:
             with self._lock:
                 self.admitted_in_flight -= 1
-            target = self.latency_target
             if target is not None:
                 latency = self.clock() - admitted_at
                 (self._slo_within if latency <= target.slo_s else self._slo_missed).inc()
-                self._latency_target.set(target.observe(latency))
+                if teaches:
+                    self._latency_target.set(target.observe(latency))
+
+    def _queued_on_a_forecast(self) -> bool:
+        """This request, admitted now, waits behind a full batch and was judged on a measured
+        service time and drain rate."""
+        measured = self.saturation
+        if measured.service_s is None or measured.drain_rate is None:
+            return False
+        capacity = vllm_compat.max_num_seqs(self.engine_client)
+        in_flight = max(
+            self.admitted_in_flight, vllm_compat.unfinished_requests(self.engine_client) or 0
+        )
+        return capacity is not None and in_flight >= capacity
 
     def admit(
         self,

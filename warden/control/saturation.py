@@ -152,6 +152,8 @@ class LatencyTarget:
     against the SLO itself, 2-3% of the requests admitted at 3x-4x capacity missed it
     (benchmarks/README.md, run 4; issue #28). The outcome is measured where the SLO is
     promised: from admission to the response's last byte (``warden_admitted_slo_total``).
+    Only requests admitted into the queue on a measured forecast teach it
+    (``Controller.serving``): a cold start or a free slot admits without one.
     Thread-safe: requests end on the event loop, the judge reads it on the step path."""
 
     def __init__(
