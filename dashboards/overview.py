@@ -31,7 +31,6 @@ from exporter.catalog import (
     DEGRADATION_LEASES,
     DRAIN_RATE,
     LATENCY_SLO,
-    LATENCY_TARGET,
     MAX_TOKENS_CAPPED,
     MEMORY_WATERMARK,
     QUEUE_WAIT_PREDICTED,
@@ -221,13 +220,11 @@ def saturation_row() -> Row:
         "Predicted latency against the SLO",
         "What admission predicts for a new request: queue wait (from the queue and the measured "
         "drain rate) and service time (p99 of recent requests), next to the SLO it protects "
-        "(0 = none set) and the latency admission aims at (the SLO less what recent misses "
-        "taught). Normal: wait + service below the SLO; aimed at close to the SLO.",
+        "(0 = none set). Normal: wait + service below the SLO.",
         [
             target(aggregate("max", selector(QUEUE_WAIT_PREDICTED), ["instance"]), "wait"),
             target(aggregate("max", selector(SERVICE_TIME), ["instance"]), "service p99"),
             target(aggregate("max", selector(LATENCY_SLO), ["instance"]), "SLO"),
-            target(aggregate("min", selector(LATENCY_TARGET), ["instance"]), "aimed at"),
         ],
         QUEUE_WAIT_PREDICTED.unit,
     )

@@ -508,15 +508,6 @@ LATENCY_SLO = _w(
     unit="s",
     multiprocess_mode="max",
 )
-LATENCY_TARGET = _w(
-    "warden_latency_target_seconds",
-    "gauge",
-    "The latency admission's forecast must beat: the SLO, lowered by each admitted request that "
-    "missed it and raised back slowly by each that kept it, so that about 1 in 200 miss; the "
-    "gap to warden_latency_slo_seconds is what the forecast does not see (0 when no SLO is set).",
-    unit="s",
-    multiprocess_mode="min",
-)
 SATURATED = _w(
     "warden_saturated",
     "gauge",

@@ -103,7 +103,6 @@ class Saturation:
     schedule: RetrySchedule | None = None
     now: float = 0.0
     request_key: int | None = None  # the request's body hash: a refusal books its return
-    latency_target_s: float | None = None  # the LatencyTarget's value (None: the SLO)
 
 
 def _refused(refusal: Refusal, cause: Cause, retry_after_s: float) -> Decision:
@@ -238,7 +237,7 @@ def _saturation(
     if not sat.enabled:
         return Decision(True)
     state = saturation.state
-    found = breach(sat, state, kv, prompt, margin, saturation.latency_target_s)
+    found = breach(sat, state, kv, prompt, margin)
     if found is None:
         return Decision(True)
     if sat.retry_after == "computed" and saturation.schedule is not None:

@@ -49,7 +49,6 @@ from warden.control.policy import CIRCUIT_ORDER, EffectivePolicy, gauge_values
 from warden.control.saturation import (
     SATURATED,
     KvState,
-    LatencyTarget,
     RetrySchedule,
     SaturationChange,
     SaturationJudge,
@@ -99,10 +98,6 @@ class Controller:
             self._saturation_transitions.labels(entered)
         slo = config.admission.saturation.latency_slo_s
         metrics.get(catalog.LATENCY_SLO).set(slo or 0)
-        # What admission's latency forecast must beat (the SLO less what recent misses taught).
-        self.latency_target = LatencyTarget(slo) if slo is not None else None
-        self._latency_target = metrics.get(catalog.LATENCY_TARGET)
-        self._latency_target.set(slo or 0)
         admitted_slo = metrics.get(catalog.ADMITTED_SLO)
         within, missed = catalog.SLO_OUTCOMES
         self._slo_within = admitted_slo.labels(within)
@@ -355,8 +350,7 @@ class Controller:
         # A refused client's return is judged without the places held for the others: they
         # are behind it, not ahead.
         held = not self.retry_schedule.is_return(now, request_key)
-        target = self.latency_target.value if self.latency_target is not None else None
-        return Saturation(self.live_saturation(held), self.retry_schedule, now, request_key, target)
+        return Saturation(self.live_saturation(held), self.retry_schedule, now, request_key)
 
     def live_saturation(self, held: bool = True) -> SaturationState:
         """The last step's saturation with the queue as it is now: the requests warden has
@@ -378,11 +372,6 @@ class Controller:
         a refused client's return takes the place held for it."""
         admitted_at = self.clock()
         self.retry_schedule.claim(admitted_at, request_key)
-        target = self.latency_target
-        # Only a request admitted into the queue on a measured forecast teaches the target what
-        # the forecast misses: one admitted before anything was measured (a cold start: 24 at
-        # once, two batches deep) or into a free slot was never judged by it.
-        teaches = target is not None and self._queued_on_a_forecast()
         with self._lock:
             self.admitted_in_flight += 1
         try:
@@ -390,23 +379,10 @@ class Controller:
         finally:
             with self._lock:
                 self.admitted_in_flight -= 1
-            if target is not None:
-                latency = self.clock() - admitted_at
-                (self._slo_within if latency <= target.slo_s else self._slo_missed).inc()
-                if teaches:
-                    self._latency_target.set(target.observe(latency))
-
-    def _queued_on_a_forecast(self) -> bool:
-        """This request, admitted now, waits behind a full batch and was judged on a measured
-        service time and drain rate."""
-        measured = self.saturation
-        if measured.service_s is None or measured.drain_rate is None:
-            return False
-        capacity = vllm_compat.max_num_seqs(self.engine_client)
-        in_flight = max(
-            self.admitted_in_flight, vllm_compat.unfinished_requests(self.engine_client) or 0
-        )
-        return capacity is not None and in_flight >= capacity
+            slo = self.config.admission.saturation.latency_slo_s
+            if slo is not None:
+                kept = self.clock() - admitted_at <= slo
+                (self._slo_within if kept else self._slo_missed).inc()
 
     def admit(
         self,
@@ -491,10 +467,6 @@ class Controller:
             ),
             "limits": {
                 "latency_slo_s": limits.latency_slo_s,
-                # What the latency forecast must beat: the SLO, less what recent misses taught.
-                "latency_target_s": (
-                    round(self.latency_target.value, 4) if self.latency_target else None
-                ),
                 "max_queue_wait_s": limits.max_queue_wait_s,
                 "max_queue_depth": limits.max_queue_depth,
             },

@@ -7,13 +7,8 @@ Pure decisions on the measurements of exporter/saturation.py (clock values passe
   each judged with the others already counted, not on the same stale step.
 - ``predicted_wait`` (exporter/saturation.py, so the exported gauge is the same number):
   how long a request would sit in vLLM's queue, counted in whole batches.
-- ``breach``: the first configured limit a request would break (latency = wait + the
-  service time the engine shows now; queue wait; queue depth), with the signal and value. A
-  request that would start at once is admitted: admission sheds the queue, never the batch.
-- ``LatencyTarget``: the latency the forecast must beat: the SLO, lowered by each admitted
-  request that missed it and raised back slowly by each that kept it, so that about 1 in 200
-  admitted requests misses (``SLO_MISS_SHARE``). The forecast cannot see the API server's own
-  time under load or a preemption after admission; the requests' own outcomes can.
+- ``Limits.exceeded``: the first configured limit a request would break (latency = wait +
+  the service time the engine shows now; queue wait; queue depth), with the signal and value.
 - ``SaturationJudge``: saturated or normal for a typical request, held ``hold_s`` after it
   clears (one change per hold at most: no flapping at steady saturation).
 - ``RetrySchedule``: Retry-After from the drain rate: no earlier than the queue is expected to
@@ -76,19 +71,14 @@ class Breach:
     value: float
     limit: float
     earliest_s: float
-    # The latency admission aimed at, where recent misses lowered it under the SLO (``limit``).
-    target: float | None = None
 
     def message(self) -> str:
         what = {
-            "latency_s": "would finish in {value:.2f} s, over the latency SLO of {limit:g} s",
+            "latency_s": "would finish in {value:.1f} s, over the latency SLO of {limit:g} s",
             "queue_wait_s": "would wait {value:.1f} s in the queue, over the limit of {limit:g} s",
             "queue_depth": "{value:.0f} requests are waiting, at the limit of {limit:g}",
         }[self.signal]
-        text = "engine saturated: a new request " + what.format(value=self.value, limit=self.limit)
-        if self.target is not None:
-            text += f" less the margin recent misses set (aiming at {self.target:.2f} s)"
-        return text
+        return "engine saturated: a new request " + what.format(value=self.value, limit=self.limit)
 
 
 def breach(
@@ -97,15 +87,10 @@ def breach(
     kv: KvState | None = None,
     prompt_tokens: int | None = None,
     margin_blocks: int = 0,
-    latency_target_s: float | None = None,
 ) -> Breach | None:
-    """The first configured limit this request would break, or None (admit). A request that
-    would start at once (a free slot, no queue, its prompt fits) is admitted whatever the
-    recent service time: admission sheds the queue, and the batch's size is vLLM's
-    (max_num_seqs). Judged on the slowest recent service time, one slow request over the SLO
-    held the engine to the requests that found it idle, one at a time, until 32 fast ones had
-    finished to push it out (25 s in a run at 1x; issue #28). ``latency_target_s``: the
-    ``LatencyTarget`` the forecast must beat, at most the SLO (None: the SLO)."""
+    """The first configured limit this request would break, or None (admit). An idle engine
+    admits: refusing would leave it idle, and with nothing finishing the forecast (its service
+    time, its drain rate) would never learn that the engine is fast again."""
     if state.running <= 0 and state.waiting <= 0:
         return None
     rate = batch_drain_rate(state, max(1, state.running)) or 0.0
@@ -114,70 +99,16 @@ def breach(
         earliest = (state.waiting - depth + 1) / rate if rate else 0.0
         return Breach("queue_depth", state.waiting, depth, earliest)
     wait = predicted_wait(state, kv, prompt_tokens, margin_blocks)
-    if wait is None or wait <= 0:
+    if wait is None:
         return None
     slo = settings.latency_slo_s
-    if slo is not None and state.service_s is not None:
-        target = slo if latency_target_s is None else min(slo, latency_target_s)
+    if slo is not None and state.service_s is not None and wait + state.service_s > slo:
         latency = wait + state.service_s
-        if latency > target:
-            return Breach(
-                "latency_s", latency, slo, latency - target, target if target < slo else None
-            )
+        return Breach("latency_s", latency, slo, latency - slo)
     limit = settings.max_queue_wait_s
     if limit is not None and wait > limit:
         return Breach("queue_wait_s", wait, limit, wait - limit)
     return None
-
-
-# The share of admitted requests the latency target lets miss the SLO: half the 1 in 100 that
-# the SLO promise allows, so that a short run of bad luck stays within it.
-SLO_MISS_SHARE = 0.005
-# Each miss lowers the target by this share of the SLO; each kept request raises it by
-# SLO_MISS_SHARE / (1 - SLO_MISS_SHARE) of that, so misses settle at SLO_MISS_SHARE.
-SLO_TARGET_STEP = 0.02
-# The target never goes under this share of the SLO: when the engine itself misses it (a
-# slow spell, not the queue), shedding the whole queue would not help.
-SLO_TARGET_FLOOR = 0.5
-
-
-class LatencyTarget:
-    """The latency admission's forecast must beat: the SLO, lowered by each admitted request
-    that missed it and raised back slowly by each that kept it (a quantile tracked by
-    stochastic approximation), so that about ``miss_share`` of admitted requests miss it.
-
-    Why: the forecast (the wait in whole batches plus the slowest recent service time) cannot
-    see what happens outside vLLM's own timings: the API server's time before and after the
-    engine under a refusing load, a request preempted after it was admitted. Forecasting
-    against the SLO itself, 2-3% of the requests admitted at 3x-4x capacity missed it
-    (benchmarks/README.md, run 4; issue #28). The outcome is measured where the SLO is
-    promised: from admission to the response's last byte (``warden_admitted_slo_total``).
-    Only requests admitted into the queue on a measured forecast teach it
-    (``Controller.serving``): a cold start or a free slot admits without one.
-    Thread-safe: requests end on the event loop, the judge reads it on the step path."""
-
-    def __init__(
-        self,
-        slo_s: float,
-        miss_share: float = SLO_MISS_SHARE,
-        step: float = SLO_TARGET_STEP,
-        floor: float = SLO_TARGET_FLOOR,
-    ) -> None:
-        self.slo_s = slo_s
-        self._down = step * slo_s
-        self._up = self._down * miss_share / (1.0 - miss_share)
-        self._floor = floor * slo_s
-        self.value = slo_s
-        self._lock = threading.Lock()
-
-    def observe(self, latency_s: float) -> float:
-        """One admitted request answered after ``latency_s``; returns the target now."""
-        with self._lock:
-            if latency_s > self.slo_s:
-                self.value = max(self._floor, self.value - self._down)
-            else:
-                self.value = min(self.slo_s, self.value + self._up)
-            return self.value
 
 
 @dataclass(frozen=True)
@@ -191,19 +122,15 @@ class SaturationJudge:
     """Saturated while a typical request (average prompt, nothing known about it) would break a
     limit; back to normal only after ``hold_s`` without a breach."""
 
-    def __init__(self, settings: SaturationSettings, target: LatencyTarget | None = None) -> None:
+    def __init__(self, settings: SaturationSettings) -> None:
         self.settings = settings
-        self.target = target
         self.state = NORMAL
         self.since: float | None = None
         self.breach: Breach | None = None
         self._clear_since: float | None = None
 
     def update(self, state: SaturationState, now: float) -> SaturationChange | None:
-        target = self.target.value if self.target is not None else None
-        found = (
-            breach(self.settings, state, latency_target_s=target) if self.settings.enabled else None
-        )
+        found = breach(self.settings, state) if self.settings.enabled else None
         if found is not None:
             self.breach = found
             self._clear_since = None
@@ -386,9 +313,8 @@ class SaturationWatch:
         settings: SaturationSettings,
         sink: SaturationSink,
         clock: Callable[[], float] = time.time,
-        target: LatencyTarget | None = None,
     ) -> None:
-        self.judge = SaturationJudge(settings, target)
+        self.judge = SaturationJudge(settings)
         self.sink = sink
         self.clock = clock
 

@@ -73,10 +73,6 @@ class WardenEndpoints:
             if vllm_compat.unfinished_requests(engine_client) is not None:
                 monitor.inflight = lambda: vllm_compat.unfinished_requests(engine_client) or 0
             monitor.add_listener(Reflex(control.config.reflex, control))
-            monitor.add_listener(
-                SaturationWatch(
-                    control.config.admission.saturation, control, target=control.latency_target
-                )
-            )
+            monitor.add_listener(SaturationWatch(control.config.admission.saturation, control))
         task = asyncio.get_running_loop().create_task(_tick_forever(rt))
         _tasks.add(task)
