@@ -2,9 +2,10 @@
 
 Open loop, Poisson arrivals, mixed prompt and output lengths (``--dataset-name random`` with a
 range ratio), at multiples of the capacity measured on plain vLLM first (``--points``, default
-0.5,1,2,3,4). The same engine arguments for all; one engine up at a time, in interleaved
-rounds (``--pairs``: plain and each warden configuration, the order reversed every round),
-each engine serving every point in turn. Per point and side it reports:
+0.5,1,2,3,4). The same engine arguments for all; one engine per side (plain and each warden
+configuration), all up for the whole run, in interleaved pairs (``--pairs``): at each point the
+sides run back to back, the order reversed point to point and pair to pair, so a ratio
+compares runs seconds apart, not minutes (``measure_pair``). Per point and side it reports:
 
 - engine output tokens/s: the rise of ``vllm:generation_tokens_total`` (what the engine
   produced, not what clients received) while the load is offered, from the first request sent
@@ -373,8 +374,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         results["cpus"] = (
             {"engine": sorted(split.engine), "client": sorted(split.client)} if split else None
         )
-        # Capacity and the SLO, from plain vLLM.
-        with serving_engine(VARIANTS["plain"], model, root / "calibrate", {}, split) as plain:
+        with contextlib.ExitStack() as engines:
+            # Capacity and the SLO, from plain vLLM (the engine the plain side then runs on).
+            plain = engines.enter_context(
+                serving_engine(VARIANTS["plain"], model, root / "plain", {}, split)
+            )
             full = bench_serve(
                 plain.base_url, model, None, args.prompts(8), root / "capacity.json", None, 8
             )
@@ -383,59 +387,80 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 plain.base_url, model, capacity / 2, args.prompts(capacity / 2),
                 root / "half.json", None,
             )  # fmt: skip
-        slo_s = args.slo_s or args.slo_factor * float(half["p99_e2el_ms"]) / 1000
-        log(f"capacity {capacity:.2f} requests/s; SLO {slo_s:.2f} s")
-        results.update(capacity_per_s=capacity, slo_s=slo_s, configs=args.configs)
-        configs = {}
-        for name in args.configs:
-            configs[name] = root / f"warden-{name}.yaml"
-            configs[name].write_text(yaml.safe_dump(CONFIGS[name](slo_s)))
-        sides = ["plain", *(WARDEN_SIDES[name] for name in args.configs)]
-        for pair in range(args.pairs):
-            measured: dict[str, list[dict[str, Any]]] = {}
-            for side in sides if pair % 2 == 0 else reversed(sides):
-                config = next((c for n, c in configs.items() if WARDEN_SIDES[n] == side), None)
-                env = {"WARDEN_CONFIG": str(config)} if config else {}
-                variant = VARIANTS["warden" if config else "plain"]
-                run_dir = root / f"pair{pair}-{side}"
-                with serving_engine(variant, model, run_dir, env, split) as engine:
-                    measured[side] = [
-                        measure(
-                            engine,
-                            capacity * point,
-                            _ignoring(
-                                engine.base_url,
-                                model,
-                                capacity * point,
-                                args.prompts(capacity * point),
-                                run_dir / f"x{point:g}.json",
-                                slo_s,
-                            ),
-                            slo_s,
-                        )  # fmt: skip
-                        for point in points
-                    ]
-                    if side == WARDEN_SIDES["slo"]:
-                        measured[f"{side}_honouring"] = [
-                            measure(
-                                engine,
-                                capacity * point,
-                                _honouring(
-                                    engine.base_url,
-                                    model,
-                                    capacity * point,
-                                    args.prompts(capacity * point),
-                                    slo_s,
-                                ),
-                                slo_s,
-                            )  # fmt: skip
-                            for point in honour_points
-                        ]
-                log(f"pair {pair + 1} {side} done")
-            results["pairs"].append(measured)
+            slo_s = args.slo_s or args.slo_factor * float(half["p99_e2el_ms"]) / 1000
+            log(f"capacity {capacity:.2f} requests/s; SLO {slo_s:.2f} s")
+            results.update(capacity_per_s=capacity, slo_s=slo_s, configs=args.configs)
+            up = {"plain": plain}
+            for name in args.configs:
+                config = root / f"warden-{name}.yaml"
+                config.write_text(yaml.safe_dump(CONFIGS[name](slo_s)))
+                side = WARDEN_SIDES[name]
+                up[side] = engines.enter_context(
+                    serving_engine(
+                        VARIANTS["warden"], model, root / side, {"WARDEN_CONFIG": str(config)},
+                        split,
+                    )
+                )  # fmt: skip
+                # As warm as plain after its calibration runs.
+                bench_serve(up[side].base_url, model, None, 16, root / "warm.json", None, 8)
+            plan = Plan(model, points, honour_points, capacity, slo_s, args.prompts, root)
+            for pair in range(args.pairs):
+                results["pairs"].append(measure_pair(up, pair, plan))
+                log(f"pair {pair + 1} done")
         return results
     finally:
         cleanup(root, temporary)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What every pair runs: the model, the points (x capacity), the SLO, requests per rate."""
+
+    model: str
+    points: list[float]
+    honour_points: list[float]
+    capacity: float
+    slo_s: float
+    prompts: Callable[[float], int]
+    root: Path
+
+
+def measure_pair(up: dict[str, Any], pair: int, plan: Plan) -> dict[str, list[dict[str, Any]]]:
+    """One pair: every side at each point, back to back, the order reversed point to point
+    and pair to pair, so the runs a ratio compares are at most one run apart. The machine's
+    speed drifts by tens of percent over minutes (benchmarks/README.md): measured a side at a
+    time (one engine per side, all its points, then the next side), a pair's two runs were
+    minutes apart and its ratio measured the drift as much as warden. An idle engine costs
+    about 1% of a core, each side's run has the others idle beside it."""
+    sides = list(up)
+    honouring = WARDEN_SIDES["slo"]
+    measured: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
+    honoured: dict[float, dict[str, Any]] = {}
+
+    def honour(point: float) -> None:
+        rate = plan.capacity * point
+        client = _honouring(up[honouring].base_url, plan.model, rate, plan.prompts(rate), slo)
+        honoured[point] = measure(up[honouring], rate, client, slo)
+
+    slo = plan.slo_s
+    for index, point in enumerate(plan.points):
+        rate = plan.capacity * point
+        for side in sides if (pair + index) % 2 == 0 else reversed(sides):
+            engine = up[side]
+            if side != "plain":
+                settle(engine.base_url)  # nothing held from this engine's previous point
+            out = plan.root / f"pair{pair}-{side}" / f"x{point:g}.json"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            client = _ignoring(engine.base_url, plan.model, rate, plan.prompts(rate), out, slo)
+            measured[side].append(measure(engine, rate, client, slo))
+            if side == honouring and point in plan.honour_points:
+                honour(point)
+    if honouring in up and plan.honour_points:
+        for point in plan.honour_points:
+            if point not in honoured:
+                honour(point)
+        measured[f"{honouring}_honouring"] = [honoured[point] for point in plan.honour_points]
+    return measured
 
 
 def completed_per_s(result: dict[str, Any]) -> float:

@@ -23,7 +23,7 @@ from warden.control.admission import KvState, RequestFacts
 from warden.control.config import ControlConfig
 from warden.control.controller import Controller
 from warden.engine import middleware
-from warden.engine.forecast import Forecast, count_tokens, token_bound
+from warden.engine.forecast import Forecast, count_tokens, deciding_blocks, token_bound
 from warden.engine.retry_stage import spliced
 from warden.engine.runtime import EngineRuntime
 
@@ -144,8 +144,8 @@ def test_the_forecast_counts_a_prompt_only_where_the_count_can_change_admission(
     tiny_model: Path,
 ) -> None:
     """The bound is never below the count (unicode, a normalizer's expansions, special tokens
-    included); a prompt whose bound fits in the free blocks is not tokenized, one that may not
-    fit is counted."""
+    included); a prompt whose bound fits in the free blocks (the whole cache, without a
+    saturation limit) is not tokenized, one that may not fit is counted."""
     from types import SimpleNamespace
 
     from transformers import AutoTokenizer
@@ -163,13 +163,18 @@ def test_the_forecast_counts_a_prompt_only_where_the_count_can_change_admission(
     body = {"prompt": "memory " * 300}
     counted = count_tokens(tokenizer, body["prompt"])
 
-    def tokens(kv: KvState | None) -> int | None:
-        return asyncio.run(forecast.prompt_tokens("/v1/completions", body, kv, margin_blocks=1))
+    def tokens(kv: KvState | None, saturation_judged: bool = True) -> int | None:
+        room = deciding_blocks(kv, 1, saturation_judged) if kv is not None else 0
+        return asyncio.run(forecast.prompt_tokens("/v1/completions", body, kv, room))
 
     assert tokens(KvState(total_blocks=1000, block_size=32, usage=0.0)) is None
     assert tokens(KvState(total_blocks=1000, block_size=32, usage=0.9)) == counted
     assert tokens(KvState(total_blocks=10, block_size=32, usage=0.0)) == counted
     assert tokens(None) == counted
+    # Without a saturation limit only "never fits" reads the count: a full cache, a busy
+    # engine's normal state, does not have the prompt tokenized again; a small one does.
+    assert tokens(KvState(total_blocks=1000, block_size=32, usage=1.0), False) is None
+    assert tokens(KvState(total_blocks=10, block_size=32, usage=0.0), False) == counted
 
 
 # --- the circuit breaker's half-open share: one gate --------------------------------------------

@@ -406,8 +406,10 @@ class Controller:
     def limit(
         self, facts: RequestFacts, policy: EffectivePolicy, kv: KvState | None = None
     ) -> Decision:
-        """With the body: the cap, the KV forecast and saturation for this request's prompt."""
-        saturation = self._saturation(facts.request_key)
+        """With the body: the cap, the KV forecast and saturation for this request's prompt
+        (the live queue is read only when a saturation limit is set)."""
+        judged = self.config.admission.saturation.enabled
+        saturation = self._saturation(facts.request_key) if judged else None
         return admission.limit(facts, policy, self.config.admission, kv, saturation)
 
     def decide(

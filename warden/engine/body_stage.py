@@ -34,7 +34,7 @@ from warden.engine.asgi import (
     replay_body,
     with_body,
 )
-from warden.engine.forecast import Forecast
+from warden.engine.forecast import Forecast, deciding_blocks
 from warden.engine.retry_stage import RETRIED_ROUTES, RetryStage
 from warden.engine.runtime import EngineRuntime
 
@@ -166,11 +166,13 @@ class BodyStage:
         control = self.control
         policy = admitted.policy
         kv = None
-        if control.config.admission.forecast.enabled:
+        admission = control.config.admission
+        if admission.forecast.enabled:
             kv = self.forecast.kv_state()
             if kv is not None:
-                margin = control.config.admission.forecast.safety_margin_blocks
-                prompt_tokens = await self.forecast.prompt_tokens(route, body, kv, margin)
+                margin = admission.forecast.safety_margin_blocks
+                room = deciding_blocks(kv, margin, admission.saturation.enabled)
+                prompt_tokens = await self.forecast.prompt_tokens(route, body, kv, room)
                 facts = dataclasses.replace(facts, prompt_tokens=prompt_tokens)
         decision = control.limit(facts, policy, kv)
         if not decision.admit:

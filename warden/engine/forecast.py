@@ -6,7 +6,9 @@ short one on the event loop, where counting takes less than the hop to a thread.
 
 Counting is skipped where it cannot change the decision: when even ``token_bound`` (more tokens
 than the prompt can have) fits in the KV cache's free blocks, the prompt neither "never fits"
-nor lacks blocks, and admission decides as it would with the count. Tokenizing every prompt a
+nor lacks blocks, and admission decides as it would with the count; without a saturation limit
+only "never fits" reads the count, so the bound is weighed against the whole cache
+(``deciding_blocks``). Tokenizing every prompt a
 second time (vLLM does it again) cost the API server about 4% of its CPU per request at 10
 requests/s on the tiny model (benchmarks/README.md, #28).
 """
@@ -77,18 +79,17 @@ class Forecast:
         self._tokenizer: Any = None
 
     async def prompt_tokens(
-        self, route: str, body: dict[str, Any], kv: KvState | None = None, margin_blocks: int = 0
+        self, route: str, body: dict[str, Any], kv: KvState | None = None, room_blocks: int = 0
     ) -> int | None:
         """The prompt's tokens; None when not known, or (``kv`` given) when even its bound fits
-        in the free blocks, where the count cannot change admission's decision."""
+        in ``room_blocks`` (``deciding_blocks``), where the count cannot change admission's
+        decision."""
         prompt = prompt_text(route, body)
         if prompt is None or len(prompt) > MAX_FORECAST_PROMPT_CHARS:
             return None
         if isinstance(prompt, list):
             return len(prompt)
-        if kv is not None and kv.blocks_for(token_bound(prompt) + 1) <= kv.free_blocks(
-            margin_blocks
-        ):
+        if kv is not None and kv.blocks_for(token_bound(prompt) + 1) <= room_blocks:
             return None
         client = self.runtime.engine_client
         if client is None:
@@ -113,3 +114,14 @@ class Forecast:
         if geometry is None or monitor is None:
             return None
         return KvState(geometry[0], geometry[1], monitor.snapshot.kv_cache_usage)
+
+
+def deciding_blocks(kv: KvState, margin_blocks: int, saturation_judged: bool) -> int:
+    """The blocks a prompt's count is weighed against: the free ones when saturation is
+    judged (the blocks a prompt lacks lengthen its predicted wait), else the whole cache (a
+    prompt that can never fit is refused). Without a saturation limit a full cache, the normal
+    state of a busy engine, would otherwise have every prompt tokenized a second time for a
+    count no decision reads (issue #28)."""
+    if saturation_judged:
+        return kv.free_blocks(margin_blocks)
+    return kv.total_blocks - margin_blocks
