@@ -507,8 +507,7 @@ LATENCY_FORECAST_FACTOR = _w(
     "gauge",
     "What admission multiplies each latency forecast (queue wait + service) by before holding "
     "it against the latency SLO: the 99th percentile of taken over forecast latency of the "
-    "last 256 admitted requests forecast at half the SLO or more, 1 until 32 are answered; 0 "
-    "when no SLO is set.",
+    "last 256 admitted requests, 1 until 32 are answered; 0 when no SLO is set.",
     multiprocess_mode="max",
 )
 LATENCY_SLO = _w(

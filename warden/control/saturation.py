@@ -43,6 +43,7 @@ from exporter.catalog import SATURATION_STATES
 from exporter.saturation import KvState, SaturationState, batch_drain_rate, predicted_wait
 from exporter.step_monitor import StepSnapshot
 from warden.control.config import SaturationSettings
+from warden.control.latency_calibration import floored
 
 NORMAL, SATURATED = SATURATION_STATES
 
@@ -112,7 +113,8 @@ def breach(
     """The first configured limit this request would break, or None (admit). An idle engine
     admits: refusing would leave it idle, and with nothing finishing the forecast (its service
     time, its drain rate) would never learn that the engine is fast again. The latency held
-    against the SLO is ``factor`` x the forecast (``LatencyCalibration.factor``)."""
+    against the SLO is ``factor`` x the forecast, counted at no less than half the SLO
+    (``LatencyCalibration.factor``, ``floored``)."""
     if state.running <= 0 and state.waiting <= 0:
         return None
     rate = batch_drain_rate(state, max(1, state.running)) or 0.0
@@ -125,8 +127,8 @@ def breach(
         return None
     slo = settings.latency_slo_s
     service = state.service_for(max_tokens)
-    if slo is not None and service is not None and factor * (wait + service) > slo:
-        latency = factor * (wait + service)
+    if slo is not None and service is not None and factor * floored(wait + service, slo) > slo:
+        latency = factor * floored(wait + service, slo)
         # The queue must shorten until the calibrated forecast is within the SLO.
         return Breach("latency_s", latency, slo, (latency - slo) / factor)
     limit = settings.max_queue_wait_s
