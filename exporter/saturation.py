@@ -14,7 +14,9 @@ statistics, in the API process; admission (warden/control/admission.py) decides 
   was judged on the half-load rate, a wait twice too long, and refused (issue #28).
 - service time: the 99th percentile (``SERVICE_QUANTILE``) of end-to-end minus queue time of
   the same completions (vLLM's ``FinishedRequestStats``), so preemptions and recomputation are
-  in it: the forecast where the pace below is not measured.
+  in it. Admission promises the latency SLO to each request it admits, so it forecasts with the
+  service time 99 in 100 recent requests beat, not a typical one: with the 90th, a request
+  admitted at the edge of the SLO missed it about once in ten (benchmarks/README.md, run 8).
 - one request's service time (``SaturationState.service_for``): its first token, then each
   token it may generate at the per-token pace recent completions kept (``PACE_QUANTILE``),
   for as many tokens as it asks (``max_tokens``), at most as many as recent requests

@@ -945,28 +945,6 @@ def test_a_short_request_is_not_refused_on_the_service_time_of_a_long_one(
     assert not unsaid.admit
 
 
-def test_a_short_requests_small_forecast_does_not_price_every_request(
-    registry: CollectorRegistry, clock: Clock
-) -> None:
-    """Short requests forecast 0.2 s took 0.5 s (someone else's prefill): 2.5 times their
-    forecast, yet far within the 2 s SLO. Counted at no less than half the SLO, they teach
-    that forecasts are pessimistic, and a long request forecast 1.5 s is admitted; counted as
-    they were, they refused it (21 refusals at 0.5x, issue #28)."""
-    config = ControlConfig(admission=saturation_config(latency_slo_s=2.0))
-    controller = Controller(config, WardenMetrics(registry), clock=clock)
-    for _ in range(32):
-        with controller.serving(forecast_s=0.2):
-            clock.now += 0.5
-    assert controller.latency_factor() == pytest.approx(0.5)
-    controller.engine_client = SimulatedEngineClient(8, unfinished=4)
-    controller.saturation = SaturationState(running=4, drain_rate=4.0, service_s=1.5, capacity=8)
-    assert controller.decide(RequestFacts()).admit
-    unfloored = LatencyCalibration()
-    for _ in range(32):
-        unfloored.record(0.2, 0.5, now=clock.now)
-    assert unfloored.factor(clock.now) * 1.5 > 2.0
-
-
 def test_the_calibration_scales_the_latency_a_request_is_judged_on() -> None:
     slo = SaturationSettings(latency_slo_s=1.5)
     state = SaturationState(running=4, drain_rate=4.0, service_s=1.0, capacity=8)

@@ -44,7 +44,7 @@ from warden.control.core import (
     ControlCore,
 )
 from warden.control.identity import EngineIdentity
-from warden.control.latency_calibration import LatencyCalibration, floored
+from warden.control.latency_calibration import LatencyCalibration
 from warden.control.leases import Lease, LeaseTable, Outcome
 from warden.control.policy import CIRCUIT_ORDER, EffectivePolicy, gauge_values
 from warden.control.saturation import (
@@ -409,8 +409,7 @@ class Controller:
                 took = self.clock() - admitted_at
                 (self._slo_within if took <= slo else self._slo_missed).inc()
                 if forecast_s is not None:
-                    counted = floored(forecast_s, slo)
-                    self.latency_calibration.record(counted, took, self.clock())
+                    self.latency_calibration.record(forecast_s, took, self.clock())
                     self.latency_factor()
 
     def admit(

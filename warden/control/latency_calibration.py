@@ -11,13 +11,7 @@ those asking 140 tokens, and 2-5% of admitted requests missed the SLO at 2x-4x o
 Rather than margins set by hand, each forecast is scaled by how far the forecasts of the
 last ``window`` admitted requests fell short: the ``quantile`` of actual / forecast latency
 (split conformal prediction). A request is admitted when ``factor x forecast`` is within the
-SLO, so a request at the edge keeps it with probability ``quantile``. A forecast is counted
-at no less than ``FLOOR_SHARE`` of the SLO, in the ratio and in the decision alike
-(``floored``): a short request's small forecast, outrun by a quarter second of someone else's
-prefill, gave ratios of 1.6 that priced every request, though it stayed far within the SLO
-(21 refusals at 0.5x in run 10). With the floor the guarantee holds as before: a request
-admitted with ``factor x floored(forecast) <= SLO`` misses only if its ratio exceeds the
-factor. Where the forecast is
+SLO, so a request at the edge keeps it with probability ``quantile``. Where the forecast is
 pessimistic (queue waits counted in whole batches), the factor falls below 1 and admits what
 the raw forecast would refuse. Samples older than ``max_age_s`` count only while fewer than
 ``min_samples`` newer ones are there: a slow minute is forgotten as soon as enough requests
@@ -39,14 +33,6 @@ WINDOW = 256  # admitted requests (about 15 s of the tiny model at capacity)
 QUANTILE = 0.99
 MIN_SAMPLES = 32
 MAX_AGE_S = 60.0
-FLOOR_SHARE = 0.5  # forecasts count as at least this share of the SLO
-
-
-def floored(forecast_s: float, slo_s: float) -> float:
-    """The forecast as the calibration counts it: at least ``FLOOR_SHARE`` of the SLO."""
-    return max(forecast_s, FLOOR_SHARE * slo_s)
-
-
 MIN_FACTOR = 0.5
 MAX_FACTOR = 4.0
 

@@ -6,7 +6,7 @@ Pure decisions on the measurements of exporter/saturation.py (clock values passe
   flight now. Requests that arrive together (the clients of a batch that just finished) are
   each judged with the others already counted, not on the same stale step.
 - ``predicted_wait`` (exporter/saturation.py, so the exported gauge is the same number):
-  how long a request would sit in vLLM's queue: the slots ahead of it freeing one at a time.
+  how long a request would sit in vLLM's queue, counted in whole batches.
 - ``breach``: the first configured limit a request would break (latency = wait + the
   request's service time, ``forecast_latency``, scaled by the calibration learnt from the
   requests admitted before (warden/control/latency_calibration.py); queue wait; queue depth),
@@ -43,7 +43,6 @@ from exporter.catalog import SATURATION_STATES
 from exporter.saturation import KvState, SaturationState, batch_drain_rate, predicted_wait
 from exporter.step_monitor import StepSnapshot
 from warden.control.config import SaturationSettings
-from warden.control.latency_calibration import floored
 
 NORMAL, SATURATED = SATURATION_STATES
 
@@ -113,8 +112,7 @@ def breach(
     """The first configured limit this request would break, or None (admit). An idle engine
     admits: refusing would leave it idle, and with nothing finishing the forecast (its service
     time, its drain rate) would never learn that the engine is fast again. The latency held
-    against the SLO is ``factor`` x the forecast, counted at no less than half the SLO
-    (``LatencyCalibration.factor``, ``floored``)."""
+    against the SLO is ``factor`` x the forecast (``LatencyCalibration.factor``)."""
     if state.running <= 0 and state.waiting <= 0:
         return None
     rate = batch_drain_rate(state, max(1, state.running)) or 0.0
@@ -127,8 +125,8 @@ def breach(
         return None
     slo = settings.latency_slo_s
     service = state.service_for(max_tokens)
-    if slo is not None and service is not None and factor * floored(wait + service, slo) > slo:
-        latency = factor * floored(wait + service, slo)
+    if slo is not None and service is not None and factor * (wait + service) > slo:
+        latency = factor * (wait + service)
         # The queue must shorten until the calibrated forecast is within the SLO.
         return Breach("latency_s", latency, slo, (latency - slo) / factor)
     limit = settings.max_queue_wait_s
