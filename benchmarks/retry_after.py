@@ -140,7 +140,7 @@ def simulate(mode: str, args: Scenario, cap_s: float) -> Outcome:
                 outcome.retries += retry
             if decision.admit:
                 answered = contextlib.ExitStack()
-                answered.enter_context(controller.serving(forecast_s=decision.forecast_s))
+                answered.enter_context(controller.serving())
                 service = args.service * rng.uniform(1 - args.jitter, 1 + args.jitter)
                 waiting.append(InEngine(client, clock.now, service, 0.0, answered))
                 sends_at[client] = None
