@@ -30,7 +30,6 @@ from exporter.catalog import (
     DEGRADATION_ACTIVE,
     DEGRADATION_LEASES,
     DRAIN_RATE,
-    LATENCY_FORECAST_FACTOR,
     LATENCY_SLO,
     MAX_TOKENS_CAPPED,
     MEMORY_WATERMARK,
@@ -217,19 +216,14 @@ def saturation_row() -> Row:
         SATURATED.unit,
         mappings=ACTIVE_NAMES,
     )
-    wait_now = aggregate("max", selector(QUEUE_WAIT_PREDICTED), ["instance"])
-    service = aggregate("max", selector(SERVICE_TIME), ["instance"])
-    factor = aggregate("max", selector(LATENCY_FORECAST_FACTOR), ["instance"])
     wait = timeseries(
         "Predicted latency against the SLO",
-        "What admission predicts for a typical new request: queue wait (from the queue and the "
-        "measured drain rate) and service time, and the latency it holds against the SLO: "
-        "(wait + service) x the calibration learnt from admitted requests. Normal: the "
-        "calibrated latency below the SLO (0 = none set).",
+        "What admission predicts for a new request: queue wait (from the queue and the measured "
+        "drain rate) and service time (p99 of recent requests), next to the SLO it protects "
+        "(0 = none set). Normal: wait + service below the SLO.",
         [
-            target(wait_now, "wait"),
-            target(service, "service"),
-            target(f"({wait_now} + {service}) * {factor}", "calibrated latency"),
+            target(aggregate("max", selector(QUEUE_WAIT_PREDICTED), ["instance"]), "wait"),
+            target(aggregate("max", selector(SERVICE_TIME), ["instance"]), "service p99"),
             target(aggregate("max", selector(LATENCY_SLO), ["instance"]), "SLO"),
         ],
         QUEUE_WAIT_PREDICTED.unit,

@@ -478,9 +478,9 @@ SATURATION_STATES: tuple[str, ...] = ("normal", "saturated")
 QUEUE_WAIT_PREDICTED = _w(
     "warden_queue_wait_predicted_seconds",
     "gauge",
-    "How long a typical request arriving now would wait in vLLM's queue: the requests ahead "
-    "of it plus one, at the drain rate; the prediction admission's saturation judge decides "
-    "on. 0 when nothing waits.",
+    "How long a typical request arriving now would wait in vLLM's queue, counted in whole "
+    "batches at the drain rate: the prediction admission's saturation judge decides on. 0 when "
+    "nothing waits.",
     unit="s",
     multiprocess_mode="max",
 )
@@ -495,19 +495,9 @@ DRAIN_RATE = _w(
 SERVICE_TIME = _w(
     "warden_service_time_seconds",
     "gauge",
-    "The service time admission forecasts for a typical request: its first token, then the "
-    "recent pace (90th percentile per token) for as many tokens as recent requests generated "
-    "(99th percentile); preemptions and recomputation included. A request that asks fewer "
-    "tokens is forecast shorter.",
+    "99th percentile of the time recent requests spent being served (end to end minus queue), "
+    "preemptions and recomputation included: what admission forecasts a request's latency with.",
     unit="s",
-    multiprocess_mode="max",
-)
-LATENCY_FORECAST_FACTOR = _w(
-    "warden_latency_forecast_factor",
-    "gauge",
-    "What admission multiplies each latency forecast (queue wait + service) by before holding "
-    "it against the latency SLO: the 99th percentile of taken over forecast latency of the "
-    "last 256 admitted requests, 1 until 32 are answered; 0 when no SLO is set.",
     multiprocess_mode="max",
 )
 LATENCY_SLO = _w(

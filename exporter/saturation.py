@@ -17,22 +17,13 @@ statistics, in the API process; admission (warden/control/admission.py) decides 
   in it. Admission promises the latency SLO to each request it admits, so it forecasts with the
   service time 99 in 100 recent requests beat, not a typical one: with the 90th, a request
   admitted at the edge of the SLO missed it about once in ten (benchmarks/README.md, run 8).
-- one request's service time (``SaturationState.service_for``): its first token, then each
-  token it may generate at the per-token pace recent completions kept (``PACE_QUANTILE``),
-  for as many tokens as it asks (``max_tokens``), at most as many as recent requests
-  generated. A long answer takes longer than a short one: with one service time for all, a
-  request asking 140 tokens outran it about one time in five, and a 48-token one was judged
-  as if it asked 140 (benchmarks/README.md, run 10).
 - preemption (recompute) rate: preemptions per busy second and per finished request.
 - ``predicted_wait``: how long a request would sit in vLLM's queue: the requests ahead of it,
   plus, when its prompt does not fit in the free KV blocks, the requests that must finish to
-  free them. The running requests started at different times and ask different lengths, so
-  their slots free one at a time: the request needs the (ahead + 1)-th, expected after
-  ``(ahead + 1) / drain rate`` (the drain rate of the running batch, ``batch_drain_rate``).
-  Counted in whole batches (the worst case: all started together), the wait was over-forecast
-  several times at light load, and a burst at 0.5x was refused; what the forecast misses either
-  way, admission learns from the requests it admitted (warden/control/latency_calibration.py).
-  Preemptions are
+  free them. Slots free up in batches (requests admitted together finish together), so the
+  wait is counted in whole batches of the running size, each lasting ``running / drain rate``
+  (the drain rate of that batch, ``batch_drain_rate``):
+  the worst case, since admission promises the SLO to the requests it admits. Preemptions are
   in it twice: preempted requests wait again in the queue, and recomputation lowers the drain
   rate. There is one prediction: admission (warden/control/saturation.py) judges with it, and
   ``warden_queue_wait_predicted_seconds`` exports it for a typical request, so the dashboard
@@ -45,21 +36,10 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from exporter.catalog import SATURATION_STATES
 
 NORMAL, SATURATED = SATURATION_STATES
-
-
-class Finished(NamedTuple):
-    """One request vLLM finished, as its ``FinishedRequestStats`` tell it."""
-
-    tokens: int  # prompt + generated
-    queued_s: float
-    served_s: float  # end to end minus queued: prefill, decode and any recomputation
-    generated: int = 0
-    first_token_s: float = 0.0  # from its scheduling to its first token
 
 
 @dataclass(frozen=True)
@@ -75,20 +55,6 @@ class SaturationState:
     recompute_ratio: float = 0.0  # preemptions per finished request, same window
     capacity: int | None = None  # the batch's size limit (max_num_seqs), when known
     slot_rate: float | None = None  # requests finished per busy slot-second (per running one)
-    first_token_s: float | None = None  # PACE_QUANTILE of scheduling to first token, same
-    token_s: float | None = None  # PACE_QUANTILE of seconds per generated token after the first
-    generated_tokens: int | None = None  # SERVICE_QUANTILE of tokens generated, same
-
-    def service_for(self, max_tokens: int | None = None) -> float | None:
-        """Seconds a request asking ``max_tokens`` (None: not said) would be served: its
-        first token, then the rest at the recent pace, for at most as many tokens as recent
-        requests generated; ``service_s`` where the pace is not measured."""
-        if self.token_s is None or self.first_token_s is None or not self.generated_tokens:
-            return self.service_s
-        tokens = self.generated_tokens
-        if max_tokens is not None and max_tokens > 0:
-            tokens = min(tokens, max_tokens)
-        return self.first_token_s + (tokens - 1) * self.token_s
 
     @property
     def queue_wait_s(self) -> float | None:
@@ -108,9 +74,6 @@ class SaturationState:
             "recompute_ratio": _rounded(self.recompute_ratio),
             "capacity": self.capacity,
             "slot_rate_per_s": _rounded(self.slot_rate),
-            "first_token_s": _rounded(self.first_token_s),
-            "token_s": _rounded(self.token_s),
-            "generated_tokens": self.generated_tokens,
         }
 
 
@@ -150,8 +113,9 @@ def predicted_wait(
     rate = batch_drain_rate(state, slots)
     if not rate:
         return None
-    # This request needs the (ahead + 1)-th slot to free; slots free one at a time.
-    return (max(ahead, 0.0) + 1) / rate
+    # This request needs the (ahead + 1)-th free slot; slots free a batch at a time.
+    batches = math.ceil((max(ahead, 0.0) + 1) / slots)
+    return batches * slots / rate
 
 
 def batch_drain_rate(state: SaturationState, slots: int) -> float | None:
@@ -167,10 +131,6 @@ def _rounded(value: float | None) -> float | None:
 
 
 SERVICE_QUANTILE = 0.99
-# The pace a request's own service is forecast at: a high quantile rather than the slowest of
-# the window (one preempted request's pace would price every request), since the forecast is
-# calibrated against what admitted requests then took (warden/control/latency_calibration.py).
-PACE_QUANTILE = 0.9
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -188,9 +148,9 @@ class SaturationMeter:
         self._busy = 0.0  # seconds with work in the engine, since start
         self._slot_s = 0.0  # running-request seconds (a slot busy for a second counts one)
         self._last: tuple[float, int, int] | None = None  # (time, running, waiting) last step
-        # (busy clock, slot clock, the completion) of recent completions; one more than
-        # ``keep``: the oldest is the reference the rates are measured from.
-        self._done: deque[tuple[float, float, Finished]] = deque(maxlen=keep + 1)
+        # (busy clock, slot clock, tokens, service seconds) of recent completions; one more
+        # than ``keep``: the oldest is the reference the rates are measured from.
+        self._done: deque[tuple[float, float, int, float]] = deque(maxlen=keep + 1)
         self._preempted: deque[tuple[float, int]] = deque()
         # What the recent completions add up to, kept until one finishes or is preempted:
         # most steps finish nothing, and this runs on every step.
@@ -201,7 +161,7 @@ class SaturationMeter:
         now: float,
         running: int,
         waiting: int,
-        finished: list[Finished] | list[tuple[int, float, float]],
+        finished: list[tuple[int, float, float]],
         preempted: int = 0,
     ) -> SaturationState:
         if self._last is not None and self._last[1] + self._last[2] > 0:
@@ -209,8 +169,8 @@ class SaturationMeter:
             self._busy += elapsed
             self._slot_s += elapsed * self._last[1]
         self._last = (now, running, waiting)
-        for entry in finished:
-            self._done.append((self._busy, self._slot_s, Finished(*entry)))
+        for tokens, _queued, served in finished:
+            self._done.append((self._busy, self._slot_s, tokens, served))
         if preempted:
             self._preempted.append((self._busy, preempted))
         if finished or preempted or self._summary is None:
@@ -230,9 +190,6 @@ class SaturationMeter:
             preemptions_per_s=summary.preemptions / span,
             recompute_ratio=summary.preemptions / summary.count,
             slot_rate=summary.count / slot_span if slot_span > 1e-3 else None,
-            first_token_s=summary.first_token_s,
-            token_s=summary.token_s,
-            generated_tokens=summary.generated_tokens,
         )
 
     def _summarize(self) -> _Completions:
@@ -240,33 +197,18 @@ class SaturationMeter:
         if len(done) < self.min_finished:
             return _Completions(len(done))
         if len(done) > self.keep:
-            (reference, slot_reference, _first), counted = done[0], done[1:]
+            (reference, slot_reference, _tokens, _served), counted = done[0], done[1:]
         else:
             reference, slot_reference, counted = 0.0, 0.0, done
         while self._preempted and self._preempted[0][0] < reference:
             self._preempted.popleft()
-        requests = [entry for _at, _slot, entry in counted]
-        # The pace after the first token, of the requests that generated more than one.
-        paced = [r for r in requests if r.generated > 1]
         return _Completions(
-            count=len(requests),
+            count=len(counted),
             reference=reference,
             slot_reference=slot_reference,
-            service_s=_quantile([r.served_s for r in requests], SERVICE_QUANTILE),
-            tokens_per_request=sum(r.tokens for r in requests) / len(requests),
+            service_s=_quantile([entry[-1] for entry in counted], SERVICE_QUANTILE),
+            tokens_per_request=sum(tokens for _at, _slot, tokens, _s in counted) / len(counted),
             preemptions=sum(n for _at, n in self._preempted),
-            first_token_s=_quantile([r.first_token_s for r in paced], PACE_QUANTILE)
-            if paced
-            else None,
-            token_s=_quantile(
-                [max(r.served_s - r.first_token_s, 0.0) / (r.generated - 1) for r in paced],
-                PACE_QUANTILE,
-            )
-            if paced
-            else None,
-            generated_tokens=round(_quantile([float(r.generated) for r in paced], SERVICE_QUANTILE))
-            if paced
-            else None,
         )
 
 
@@ -281,6 +223,3 @@ class _Completions:
     service_s: float | None = None
     tokens_per_request: float | None = None
     preemptions: int = 0
-    first_token_s: float | None = None
-    token_s: float | None = None
-    generated_tokens: int | None = None

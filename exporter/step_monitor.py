@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from exporter import catalog
 from exporter.metrics import WardenMetrics
-from exporter.saturation import Finished, SaturationMeter, SaturationState
+from exporter.saturation import SaturationMeter, SaturationState
 from exporter.settings import WardenSettings
 from exporter.signals import MemorySignals, SignalBoard
 from exporter.watermark import Watermark, WatermarkChange
@@ -104,10 +104,10 @@ class StepMonitor:
         waiting: int | None,
         kv_usage: float | None,
         preempted: int = 0,
-        finished: list[Finished] | None = None,
+        finished: list[tuple[int, float, float]] | None = None,
     ) -> StepSnapshot:
         """One engine step: counts (None = unknown, keep the last), preemptions in it, and the
-        requests it finished (``Finished``)."""
+        requests it finished as (tokens, seconds queued, seconds served)."""
         now = self.clock()
         snap = self.snapshot
         if self._repeats(snap, now, running, waiting, preempted, finished):
@@ -141,7 +141,7 @@ class StepMonitor:
         running: int | None,
         waiting: int | None,
         preempted: int,
-        finished: list[Finished] | None,
+        finished: list[tuple[int, float, float]] | None,
     ) -> bool:
         """This step changes nothing but the time and the KV usage (``REPEAT_STEP_S``)."""
         if finished or preempted or snap.preempted:
@@ -210,7 +210,7 @@ class StepMonitor:
 
     def _publish_saturation(self, state: SaturationState) -> None:
         """The saturation gauges, each set only when its value changed (None keeps the last)."""
-        published = (state.queue_wait_s, state.drain_rate, state.service_for(None))
+        published = (state.queue_wait_s, state.drain_rate, state.service_s)
         if published == self._published:
             return
         for gauge, value, last in zip(

@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from exporter.saturation import Finished
-
 log = logging.getLogger("warden.exporter")
 SUPPORTED_SERIES = (0, 32)  # major, minor of the vLLM releases the hook points were read in
 
@@ -224,18 +222,17 @@ def memory_budget(worker: Any) -> tuple[int | None, int | None]:
     return (None if requested is None else int(requested)), baseline
 
 
-def finished_requests(stats: Any) -> list[Finished]:
-    """Each request finished in an IterationStats: its prompt + generated tokens, seconds
-    queued, seconds served (end to end minus queued: recomputation after preemption included),
-    tokens generated, and seconds from its scheduling to its first token."""
+def finished_requests(stats: Any) -> list[tuple[int, float, float]]:
+    """(prompt + generated tokens, seconds queued, seconds served) per request finished in an
+    IterationStats; served = end to end minus queued (recomputation after preemption included)."""
     out = []
     for finished in getattr(stats, "finished_requests", None) or ():
-        prompt = int(getattr(finished, "num_prompt_tokens", 0) or 0)
-        generated = int(getattr(finished, "num_generation_tokens", 0) or 0)
+        tokens = int(getattr(finished, "num_prompt_tokens", 0) or 0) + int(
+            getattr(finished, "num_generation_tokens", 0) or 0
+        )
         queued = float(getattr(finished, "queued_time", 0.0) or 0.0)
         e2e = float(getattr(finished, "e2e_latency", 0.0) or 0.0)
-        first = float(getattr(finished, "prefill_time", 0.0) or 0.0)
-        out.append(Finished(prompt + generated, queued, max(e2e - queued, 0.0), generated, first))
+        out.append((tokens, queued, max(e2e - queued, 0.0)))
     return out
 
 

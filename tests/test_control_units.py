@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from benchmarks.retry_after import SimulatedEngineClient
 from exporter import catalog
 from exporter.metrics import WardenMetrics
-from exporter.saturation import Finished, SaturationMeter, SaturationState
+from exporter.saturation import SaturationMeter, SaturationState
 from exporter.settings import WardenSettings
 from exporter.signals import SignalBoard
 from exporter.step_monitor import StepMonitor, StepSnapshot
@@ -43,7 +43,6 @@ from warden.control.config import (
     parse_config,
 )
 from warden.control.controller import Controller
-from warden.control.latency_calibration import LatencyCalibration
 from warden.control.leases import LeaseTable
 from warden.control.policy import EffectivePolicy, combine
 from warden.control.reflex import Reflex
@@ -462,26 +461,21 @@ def test_saturation_refuses_on_predicted_latency_wait_or_depth_naming_the_signal
             Saturation(state, RetrySchedule()),
         )
 
-    # 8 running, 4 finish per second, one at a time. 11 waiting: this request takes the 12th
-    # slot to free, after 3 s, plus 2 s of service = 5 s. 12 waiting: 3.25 s + 2 s.
-    assert judge(busy(11), latency_slo_s=5).admit
-    late = judge(busy(12), latency_slo_s=5)
-    assert (late.status, late.reason, late.signal, late.value) == (
-        503,
-        "saturated",
-        "latency_s",
-        5.25,
-    )
+    # 8 running, 4 finish per second: a batch lasts 2 s. 7 waiting: this request is in the
+    # next batch, a 2 s wait plus 2 s of service = 4 s. 8 waiting: the batch after, 6 s.
+    assert judge(busy(7), latency_slo_s=5).admit
+    late = judge(busy(8), latency_slo_s=5)
+    assert (late.status, late.reason, late.signal, late.value) == (503, "saturated", "latency_s", 6)
     assert "latency SLO of 5 s" in late.message
     waits = judge(busy(12), max_queue_wait_s=3)
-    assert (waits.signal, waits.value) == ("queue_wait_s", 3.25)
+    assert (waits.signal, waits.value) == ("queue_wait_s", 4)
     deep = judge(busy(12), max_queue_depth=10)
     assert (deep.signal, deep.value) == ("queue_depth", 12)
     # The KV forecast for the request at hand: 4 blocks free (5 of 20, less a margin of 1), a
     # 300-token prompt needs 10; each finished request frees 3 blocks (96 tokens), so two must
-    # finish first, counted as two ahead of it: 0.75 s, although nothing is queued.
-    assert judge(busy(0), prompt=300, max_queue_wait_s=0.7).value == 0.75
-    assert judge(busy(0), prompt=300, max_queue_wait_s=0.8).admit
+    # finish first: one batch, a 2 s wait, although nothing is queued.
+    assert judge(busy(0), prompt=300, max_queue_wait_s=1.9).value == 2.0
+    assert judge(busy(0), prompt=300, max_queue_wait_s=2.1).admit
     assert judge(busy(0), prompt=40, max_queue_wait_s=0.1).admit  # fits: no wait
     # An unmeasured drain rate is no reason to refuse: unknown never refuses.
     assert judge(busy(500, drain=None), max_queue_wait_s=1).admit
@@ -490,7 +484,7 @@ def test_saturation_refuses_on_predicted_latency_wait_or_depth_naming_the_signal
 def test_retry_after_comes_from_the_drain_rate_and_spreads_the_herd() -> None:
     schedule = RetrySchedule()
     settings = saturation_config(max_queue_wait_s=3.0)
-    state = busy(waiting=15, drain=4.0)  # the 16th slot to free at 4/s: 4 s, 1 s over the limit
+    state = busy(waiting=12, drain=4.0)  # two batches of 2 s: a 4 s wait, 1 s over the limit
 
     def refuse(now: float, state: SaturationState, schedule: RetrySchedule) -> Decision:
         return decide(
@@ -522,9 +516,8 @@ def test_retry_after_comes_from_the_drain_rate_and_spreads_the_herd() -> None:
 def test_a_herd_arriving_between_two_steps_is_admitted_only_as_far_as_the_slo_allows(
     registry: CollectorRegistry, clock: Clock
 ) -> None:
-    # 8 running finish 8 per second, each served in 1 s; the SLO is 2.5 s. The last step saw
-    # an idle queue; 24 requests then arrive before the next one, each admitted one held in
-    # flight.
+    # One batch (8 running) lasts 1 s; the SLO is 2.5 s. The last step saw an idle queue;
+    # 24 requests then arrive before the next one, each admitted one held in flight.
     config = ControlConfig(admission=saturation_config(latency_slo_s=2.5))
     controller = Controller(config, WardenMetrics(registry), clock=clock)
     controller.engine_client = SimulatedEngineClient(8)
@@ -538,17 +531,16 @@ def test_a_herd_arriving_between_two_steps_is_admitted_only_as_far_as_the_slo_al
             admitted.append(decision.admit)
             if decision.admit:
                 in_flight.enter_context(controller.serving())
-        # 8 fill the batch; the k-th queued starts after k/8 s (slots free one at a time),
-        # within the SLO up to the 12th (1.5 s + 1 s of service); the 13th would finish after
-        # 2.625 s: it and the rest are refused, each naming its predicted latency.
-        assert admitted == [True] * 20 + [False] * 4
-        assert controller.admitted_in_flight == 20
-        # The 4 refused hold their places behind the 12 queued until they are due back.
+        # 8 fill the batch; the next 8 wait one batch (1 s + 1 s of service); the 17th would
+        # wait two (3 s): it and the rest are refused, each naming its predicted latency.
+        assert admitted == [True] * 16 + [False] * 8
+        assert controller.admitted_in_flight == 16
+        # The 8 refused hold their places behind the 8 queued until they are due back.
         live = controller.live_saturation()
         assert (live.running, live.waiting, live.capacity) == (8, 16, 8)
         refused = controller.decide(RequestFacts())
-        assert (refused.signal, refused.value) == ("latency_s", 3.125)
-        assert (controller.live_saturation(held=False).waiting) == 12
+        assert (refused.signal, refused.value) == ("latency_s", 4.0)
+        assert (controller.live_saturation(held=False).waiting) == 8
     assert controller.admitted_in_flight == 0
     clock.now += 60  # every booking has expired: no place is held any more
     # vLLM's own unfinished count is read too (requests another path handed to the engine).
@@ -620,17 +612,16 @@ def test_a_booked_request_is_known_by_its_key_and_places_of_clients_who_never_re
 
 
 def saturated_controller(registry: CollectorRegistry, clock: Clock) -> Controller:
-    """8 running finish 8 per second, each served in 1 s; the SLO is 2.5 s, and 20 are in
-    flight (8 running, 12 queued): a new request would start after 13/8 s and finish after
-    2.625 s."""
+    """One batch of 8 lasts 1 s, the SLO is 2.5 s, and 16 are in flight (8 running, 8 queued):
+    a new request would wait two batches (3 s)."""
     controller = Controller(
         ControlConfig(admission=saturation_config(latency_slo_s=2.5)),
         WardenMetrics(registry),
         clock=clock,
     )
-    controller.engine_client = SimulatedEngineClient(8, unfinished=20)
+    controller.engine_client = SimulatedEngineClient(8, unfinished=16)
     controller.saturation = SaturationState(
-        running=8, waiting=12, drain_rate=8.0, service_s=1.0, tokens_per_request=96
+        running=8, waiting=8, drain_rate=8.0, service_s=1.0, tokens_per_request=96
     )
     return controller
 
@@ -638,7 +629,7 @@ def saturated_controller(registry: CollectorRegistry, clock: Clock) -> Controlle
 def test_clients_that_never_return_stop_holding_the_batch_from_filling(
     registry: CollectorRegistry, clock: Clock
 ) -> None:
-    # With 12 queued, one more would finish after 2.625 s, over the SLO of 2.5 s.
+    # A batch of 8 lasts 1 s and the SLO is 2.5 s: with 8 queued, one more waits two batches.
     controller = saturated_controller(registry, clock)
     refused = [controller.decide(RequestFacts(request_key=k)) for k in range(40)]
     assert not any(decision.admit for decision in refused)
@@ -648,11 +639,11 @@ def test_clients_that_never_return_stop_holding_the_batch_from_filling(
     flood = [controller.decide(RequestFacts(request_key=k)) for k in range(100, 120)]
     assert not any(decision.admit for decision in flood)
     assert controller.retry_schedule.held(clock.now) == 20
-    # One request finishes: a new arrival finding 11 queued is judged on the engine's queue
-    # alone (finished after 2.5 s) and admitted, not behind 20 places nobody comes back for.
-    controller.engine_client = SimulatedEngineClient(8, unfinished=19)
-    controller.saturation = dataclasses.replace(controller.saturation, waiting=11)
-    assert controller.live_saturation().waiting == 11
+    # One request finishes: a new arrival finding 7 queued is judged on the engine's queue
+    # alone (one batch of wait) and admitted, not behind 20 places nobody comes back for.
+    controller.engine_client = SimulatedEngineClient(8, unfinished=15)
+    controller.saturation = dataclasses.replace(controller.saturation, waiting=7)
+    assert controller.live_saturation().waiting == 7
     assert controller.decide(RequestFacts(request_key=500)).admit
     # A client that does come back is still judged without the places behind it.
     clock.now += 0.1
@@ -690,16 +681,16 @@ def test_admitted_requests_are_counted_within_or_over_the_slo_they_were_admitted
 def test_a_client_that_honours_retry_after_is_not_overtaken_by_a_later_arrival(
     registry: CollectorRegistry, clock: Clock
 ) -> None:
-    # 20 in flight, 12 of them queued: a new request would finish after 2.625 s, over the SLO
-    # of 2.5 s. A is refused and told to come back shortly.
+    # One batch of 8 lasts 1 s, the SLO is 2.5 s, and 16 are in flight: a new request would
+    # wait two batches (3 s). A is refused and told to come back when one batch is done.
     controller = saturated_controller(registry, clock)
     told = controller.decide(RequestFacts())
     assert not told.admit and told.retry_after_s == 0.5
-    # One request finishes: 19 in flight. B arrives first; without A's place it would be
-    # admitted (11 queued: finished after 2.5 s) and A, back on time, refused again.
+    # One request finishes: 15 in flight. B arrives first; without A's place it would be
+    # admitted (7 queued: one batch of wait) and A, back on time, refused again.
     clock.now += 0.2
-    controller.engine_client = SimulatedEngineClient(8, unfinished=19)
-    controller.saturation = dataclasses.replace(controller.saturation, waiting=11)
+    controller.engine_client = SimulatedEngineClient(8, unfinished=15)
+    controller.saturation = dataclasses.replace(controller.saturation, waiting=7)
     later = controller.decide(RequestFacts())
     assert (later.admit, later.signal) == (False, "latency_s")
     clock.now += 0.31  # A is back, just after its due time
@@ -767,7 +758,7 @@ def test_saturation_meter_measures_busy_time_only() -> None:
     state = meter.observe(now, 1, 5, [])
     assert state.drain_rate == pytest.approx(2.0)
     # Five wait behind a batch of one: this request is the sixth slot to free, at 2 per second
-    # (the prediction admission decides on).
+    # (the prediction admission decides on, counted in whole batches).
     assert state.queue_wait_s == pytest.approx(3.0)
     now += 10  # busy and nothing finishes: the rate decays, the predicted wait grows
     state = meter.observe(now, 1, 5, [])
@@ -787,16 +778,16 @@ def test_a_burst_at_half_load_is_judged_on_the_full_batchs_drain_rate() -> None:
         state = meter.observe(now, 4, 0, [(96, 0.0, 1.0)])
     assert state.drain_rate == pytest.approx(4.0)
     assert state.slot_rate == pytest.approx(1.0)
-    burst = with_live_queue(state, in_flight=10, capacity=8)
-    assert burst.running == 8 and burst.waiting == 2
-    # The tenth request takes the third slot to free, at 8 per second (0.375 s), not 4 (0.75).
-    assert burst.queue_wait_s == pytest.approx(0.375)
-    # A latency SLO of 1.5 s admits it (0.375 s waiting + 1 s served); at the half-load rate
-    # the forecast was 1.75 s, over the SLO.
-    assert breach(SaturationSettings(latency_slo_s=1.5), burst) is None
+    burst = with_live_queue(state, in_flight=9, capacity=8)
+    assert burst.running == 8 and burst.waiting == 1
+    # The ninth request waits for the batch ahead at 8 per second (1 s), not 4 (2 s).
+    assert burst.queue_wait_s == pytest.approx(1.0)
+    # A latency SLO of 2.5 s admits it (1 s waiting + 1 s served); at the half-load rate the
+    # forecast was 3 s, over the SLO.
+    assert breach(SaturationSettings(latency_slo_s=2.5), burst) is None
     half_rate = dataclasses.replace(burst, slot_rate=None)
-    assert half_rate.queue_wait_s == pytest.approx(0.75)
-    assert breach(SaturationSettings(latency_slo_s=1.5), half_rate) is not None
+    assert half_rate.queue_wait_s == pytest.approx(2.0)
+    assert breach(SaturationSettings(latency_slo_s=2.5), half_rate) is not None
 
 
 def test_an_idle_engine_admits_whatever_its_last_requests_took() -> None:
@@ -841,118 +832,6 @@ def test_service_time_is_the_one_99_in_100_recent_requests_beat() -> None:
         served = 3.0 if index >= 30 else 1.0
         state = meter.observe(0.1 * (index + 1), 8, 0, [(96, 0.0, served)])
     assert state.service_s == 3.0
-
-
-def test_a_requests_service_is_forecast_from_its_own_length() -> None:
-    """Recent requests took 0.1 s to their first token, then 10 ms a token, for 100 tokens.
-    A request asking 48 is served in about half the time of one asking 100; one asking more
-    than recent requests generated, or not saying, is forecast like the longest of them. One
-    service time for all judged a 48-token request as if it asked 140 (issue #28)."""
-    meter = SaturationMeter(keep=32, min_finished=3)
-    state = meter.observe(0.0, 8, 0, [])
-    finished = Finished(tokens=164, queued_s=0.0, served_s=0.1 + 99 * 0.01, generated=100)
-    finished = finished._replace(first_token_s=0.1)
-    for index in range(10):
-        state = meter.observe(0.1 * (index + 1), 8, 0, [finished])
-    assert state.token_s == pytest.approx(0.01) and state.generated_tokens == 100
-    assert state.service_for(48) == pytest.approx(0.1 + 47 * 0.01)
-    assert state.service_for(500) == state.service_for(None) == pytest.approx(1.09)
-    # Without the pace (completions that say nothing of their tokens): the service time.
-    assert SaturationState(service_s=2.0).service_for(48) == 2.0
-
-
-def test_the_latency_calibration_is_what_forecasts_fell_short_by() -> None:
-    calibration = LatencyCalibration(window=64, quantile=0.99, min_samples=32, max_age_s=60)
-    for _ in range(31):
-        calibration.record(1.0, 2.0, now=0.0)
-    assert calibration.factor(now=0.0) == 1.0  # too few answered requests yet to learn from
-    calibration.record(1.0, 2.0, now=0.0)
-    assert calibration.factor(now=0.0) == 2.0
-    # A pessimistic forecast (whole batches of wait) lowers the factor, within its bounds.
-    for _ in range(64):
-        calibration.record(1.0, 0.7, now=1.0)
-    assert calibration.factor(now=1.0) == pytest.approx(0.7)
-    for _ in range(64):
-        calibration.record(1.0, 0.01, now=2.0)
-    assert calibration.factor(now=2.0) == 0.5
-    for bad in (0.0, -1.0, float("nan"), float("inf")):
-        calibration.record(bad, 1.0, now=2.0)
-    assert calibration.samples == 64 and calibration.factor(now=2.0) == 0.5
-    # A slow minute outlasts an idle gap: nothing newer tells otherwise.
-    for _ in range(64):
-        calibration.record(1.0, 3.0, now=10.0)
-    assert calibration.factor(now=500.0) == 3.0 and calibration.samples == 32
-    # Once enough requests after it are answered, it is forgotten at once.
-    for _ in range(32):
-        calibration.record(1.0, 1.1, now=501.0)
-    assert calibration.factor(now=501.0) == pytest.approx(1.1)
-    assert calibration.samples == 32
-
-
-def test_admission_holds_the_calibrated_forecast_against_the_slo(
-    registry: CollectorRegistry, clock: Clock
-) -> None:
-    """Admitted requests took twice their forecast: the same forecast that was within the
-    SLO is then refused, and the refusal names the calibrated latency."""
-    config = ControlConfig(admission=saturation_config(latency_slo_s=1.5))
-    controller = Controller(config, WardenMetrics(registry), clock=clock)
-    controller.engine_client = SimulatedEngineClient(8, unfinished=4)
-    controller.saturation = SaturationState(running=4, drain_rate=4.0, service_s=1.0, capacity=8)
-    first = controller.decide(RequestFacts())
-    assert first.admit and first.forecast_s == pytest.approx(1.0)
-    for _ in range(32):
-        with controller.serving(forecast_s=first.forecast_s):
-            clock.now += 2.0
-    assert controller.latency_factor() == pytest.approx(2.0)
-    assert value(registry, catalog.LATENCY_FORECAST_FACTOR.name) == pytest.approx(2.0)
-    refused = controller.decide(RequestFacts())
-    assert (refused.admit, refused.signal, refused.value) == (False, "latency_s", 2.0)
-    calibration = controller.state_json()["saturation"]["calibration"]
-    assert calibration == {"factor": 2.0, "samples": 32}
-    # Without an SLO nothing is forecast, and the gauge says so.
-    Controller(ControlConfig(), WardenMetrics(other := CollectorRegistry()), clock=clock)
-    assert value(other, catalog.LATENCY_FORECAST_FACTOR.name) == 0
-
-
-def test_a_short_request_is_not_refused_on_the_service_time_of_a_long_one(
-    registry: CollectorRegistry, clock: Clock
-) -> None:
-    """Recent requests generated up to 140 tokens at 10 ms each: a request that does not say
-    how many it asks is forecast 1.4 s, over the 1 s SLO. The check before the body is parsed
-    judges the least a request can ask (one token), so a 48-token request reaches its own
-    forecast and is admitted; one asking 140 is refused. Judged as a typical request at that
-    first check, every request was refused on the longest one's service time, and the engine
-    served one request at a time (issue #28)."""
-    config = ControlConfig(admission=saturation_config(latency_slo_s=1.0))
-    controller = Controller(config, WardenMetrics(registry), clock=clock)
-    controller.engine_client = SimulatedEngineClient(8, unfinished=2)
-    controller.saturation = SaturationState(
-        running=2,
-        drain_rate=4.0,
-        service_s=1.4,
-        capacity=8,
-        first_token_s=0.01,
-        token_s=0.01,
-        generated_tokens=140,
-    )
-    assert controller.judge_saturation(request_key=1).admit
-    policy = controller.policy()
-    short = controller.limit(RequestFacts(max_tokens=48, request_key=1), policy)
-    assert short.admit and short.forecast_s == pytest.approx(0.01 + 47 * 0.01)
-    long = controller.limit(RequestFacts(max_tokens=140, request_key=2), policy)
-    assert (long.admit, long.signal) == (False, "latency_s")
-    unsaid = controller.limit(RequestFacts(request_key=3), policy)
-    assert not unsaid.admit
-
-
-def test_the_calibration_scales_the_latency_a_request_is_judged_on() -> None:
-    slo = SaturationSettings(latency_slo_s=1.5)
-    state = SaturationState(running=4, drain_rate=4.0, service_s=1.0, capacity=8)
-    assert breach(slo, state, factor=1.2) is None
-    found = breach(slo, state, factor=2.0)
-    assert found is not None and found.value == 2.0
-    # The queue must shorten by what the calibrated forecast exceeds the SLO, uncalibrated.
-    assert found.earliest_s == pytest.approx(0.25)
 
 
 # --- reflex ------------------------------------------------------------------------------------

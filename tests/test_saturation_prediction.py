@@ -33,12 +33,11 @@ def test_the_exported_wait_is_the_judges(running: int, waiting: int, drain: floa
         assert found is None
 
 
-def test_a_request_waits_for_the_slots_ahead_of_it_to_free_one_at_a_time() -> None:
-    # 3 waiting behind a full batch of 8 at 4 requests/s: this request takes the 4th slot to
-    # free, after 4 / 4 = 1 s (counted in whole batches it was 8 / 4 = 2 s, the worst case:
-    # every running request started together).
+def test_a_partial_batch_waits_a_whole_batch_not_littles_law() -> None:
+    # 3 waiting behind a full batch of 8 at 4 requests/s: Little's law says 0.75 s, but the
+    # slots free a batch at a time: the request waits for the batch ahead, 8 / 4 = 2 s.
     state = SaturationState(running=8, waiting=3, drain_rate=4.0, service_s=1.0)
-    assert state.queue_wait_s == pytest.approx(1.0)
+    assert state.queue_wait_s == pytest.approx(2.0)
 
 
 def test_the_gauge_publishes_the_prediction() -> None:
@@ -52,4 +51,4 @@ def test_the_gauge_publishes_the_prediction() -> None:
     snap = monitor.on_step(running=8, waiting=3, kv_usage=0.9)
     exported = registry.get_sample_value(catalog.QUEUE_WAIT_PREDICTED.name)
     assert exported == pytest.approx(predicted_wait(snap.saturation))
-    assert exported == pytest.approx(4 / snap.saturation.drain_rate)
+    assert exported == pytest.approx(8 / snap.saturation.drain_rate)

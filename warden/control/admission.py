@@ -23,7 +23,7 @@ from warden.control.actions.base import Refusal
 from warden.control.cause import NO_CAUSE, Cause
 from warden.control.config import AdmissionSettings
 from warden.control.policy import EffectivePolicy
-from warden.control.saturation import KvState, RetrySchedule, breach, forecast_latency
+from warden.control.saturation import KvState, RetrySchedule, breach
 
 __all__ = [
     "NO_CAUSE",
@@ -61,9 +61,6 @@ class Decision:
     cap: int | None = None  # write this max_tokens into the request
     signal: str = ""  # what caused a refusal, and its value
     value: float | str | None = None
-    # An admitted request's latency forecast (uncalibrated), when an SLO is set: what it then
-    # takes calibrates the forecasts after it.
-    forecast_s: float | None = None
 
     def retry_after_headers(self) -> list[tuple[bytes, bytes]]:
         """``Retry-After`` in whole seconds (rounded up, at least 1) and ``retry-after-ms``,
@@ -106,7 +103,6 @@ class Saturation:
     schedule: RetrySchedule | None = None
     now: float = 0.0
     request_key: int | None = None  # the request's body hash: a refusal books its return
-    factor: float = 1.0  # the latency calibration (warden/control/latency_calibration.py)
 
 
 def _refused(refusal: Refusal, cause: Cause, retry_after_s: float) -> Decision:
@@ -216,20 +212,17 @@ def limit(
                 value=prompt,
             )
     if saturation is not None:
-        decision = _saturation(settings, saturation, kv, prompt, margin, max_tokens)
+        decision = _saturation(settings, saturation, kv, prompt, margin)
         if not decision.admit:
             return decision
-        return Decision(True, cap=cap, forecast_s=decision.forecast_s)
     return Decision(True, cap=cap)
 
 
 def judge_saturation(settings: AdmissionSettings, saturation: Saturation) -> Decision:
-    """Saturation alone, for the least a request can ask (its prompt unknown, one token): the
-    first and cheapest check once a request is known by its key, before its body is parsed or
-    its prompt counted. It refuses only what every body would be refused for (the wait alone
-    breaks the limit); judged as a typical request, a short one was refused on the service
-    time of the longest and the engine served one request at a time (issue #28)."""
-    return _saturation(settings, saturation, None, None, 0, max_tokens=1)
+    """Saturation alone, for a typical request (nothing known of its prompt): the first and
+    cheapest check once a request is known by its key, before its body is parsed or its
+    prompt counted."""
+    return _saturation(settings, saturation, None, None, 0)
 
 
 def _saturation(
@@ -238,20 +231,15 @@ def _saturation(
     kv: KvState | None,
     prompt: int | None,
     margin: int,
-    max_tokens: int | None = None,
 ) -> Decision:
-    """503 with a Retry-After when this request would break a saturation limit; admitted, the
-    latency forecast that calibrates the next ones (with a latency SLO)."""
+    """503 with a Retry-After when this request would break a saturation limit."""
     sat = settings.saturation
     if not sat.enabled:
         return Decision(True)
     state = saturation.state
-    found = breach(sat, state, kv, prompt, margin, max_tokens, saturation.factor)
+    found = breach(sat, state, kv, prompt, margin)
     if found is None:
-        forecast = None
-        if sat.latency_slo_s is not None:
-            forecast = forecast_latency(state, kv, prompt, margin, max_tokens)
-        return Decision(True, forecast_s=forecast)
+        return Decision(True)
     if sat.retry_after == "computed" and saturation.schedule is not None:
         retry_s: float = saturation.schedule.book(
             saturation.now,

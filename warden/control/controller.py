@@ -44,7 +44,6 @@ from warden.control.core import (
     ControlCore,
 )
 from warden.control.identity import EngineIdentity
-from warden.control.latency_calibration import LatencyCalibration
 from warden.control.leases import Lease, LeaseTable, Outcome
 from warden.control.policy import CIRCUIT_ORDER, EffectivePolicy, gauge_values
 from warden.control.saturation import (
@@ -86,7 +85,6 @@ class Controller:
         self._foreign_logged: set[tuple[str, str]] = set()
         self.gate = HalfOpenGate()
         self.retry_schedule = RetrySchedule()
-        self.latency_calibration = LatencyCalibration()
         self.saturation = SaturationState()
         self.admitted_in_flight = 0  # admitted by the middleware, not yet answered
         self.saturation_judge: SaturationJudge | None = None
@@ -100,9 +98,6 @@ class Controller:
             self._saturation_transitions.labels(entered)
         slo = config.admission.saturation.latency_slo_s
         metrics.get(catalog.LATENCY_SLO).set(slo or 0)
-        self._forecast_factor = metrics.get(catalog.LATENCY_FORECAST_FACTOR)
-        self._factor_shown = 1.0 if slo else 0.0
-        self._forecast_factor.set(self._factor_shown)
         admitted_slo = metrics.get(catalog.ADMITTED_SLO)
         within, missed = catalog.SLO_OUTCOMES
         self._slo_within = admitted_slo.labels(within)
@@ -355,24 +350,7 @@ class Controller:
         # A refused client's return is judged without the places held for the others: they
         # are behind it, not ahead.
         held = not self.retry_schedule.is_return(now, request_key)
-        return Saturation(
-            self.live_saturation(held),
-            self.retry_schedule,
-            now,
-            request_key,
-            self.latency_calibration.factor(now),
-        )
-
-    def latency_factor(self) -> float:
-        """The latency calibration admission applies now (the saturation judge applies it
-        too, so the state shown and the refusals agree); 1 without an SLO (the gauge shows 0)."""
-        if self.config.admission.saturation.latency_slo_s is None:
-            return 1.0
-        factor = self.latency_calibration.factor(self.clock())
-        if factor != self._factor_shown:
-            self._factor_shown = factor
-            self._forecast_factor.set(factor)
-        return factor
+        return Saturation(self.live_saturation(held), self.retry_schedule, now, request_key)
 
     def live_saturation(self, held: bool = True) -> SaturationState:
         """The last step's saturation with the queue as it is now: the requests warden has
@@ -389,12 +367,9 @@ class Controller:
         return with_live_queue(self.saturation, in_flight, capacity)
 
     @contextlib.contextmanager
-    def serving(
-        self, request_key: int | None = None, forecast_s: float | None = None
-    ) -> Iterator[None]:
+    def serving(self, request_key: int | None = None) -> Iterator[None]:
         """Counts an admitted request as in flight until it is answered (see live_saturation);
-        a refused client's return takes the place held for it. Its latency against admission's
-        ``forecast_s`` calibrates the forecasts after it."""
+        a refused client's return takes the place held for it."""
         admitted_at = self.clock()
         self.retry_schedule.claim(admitted_at, request_key)
         with self._lock:
@@ -406,11 +381,8 @@ class Controller:
                 self.admitted_in_flight -= 1
             slo = self.config.admission.saturation.latency_slo_s
             if slo is not None:
-                took = self.clock() - admitted_at
-                (self._slo_within if took <= slo else self._slo_missed).inc()
-                if forecast_s is not None:
-                    self.latency_calibration.record(forecast_s, took, self.clock())
-                    self.latency_factor()
+                kept = self.clock() - admitted_at <= slo
+                (self._slo_within if kept else self._slo_missed).inc()
 
     def admit(
         self,
@@ -501,12 +473,6 @@ class Controller:
                 "max_queue_depth": limits.max_queue_depth,
             },
             "measured": self.saturation.to_json(),
-            # Forecasts are multiplied by this before they are held against the latency SLO:
-            # how far those of recently admitted requests fell short (latency_calibration).
-            "calibration": {
-                "factor": round(self.latency_calibration.factor(self.clock()), 3),
-                "samples": self.latency_calibration.samples,
-            },
             # What admission judges the queue from between two steps (live_saturation).
             "in_flight": {
                 "admitted": self.admitted_in_flight,

@@ -7,10 +7,8 @@ Pure decisions on the measurements of exporter/saturation.py (clock values passe
   each judged with the others already counted, not on the same stale step.
 - ``predicted_wait`` (exporter/saturation.py, so the exported gauge is the same number):
   how long a request would sit in vLLM's queue, counted in whole batches.
-- ``breach``: the first configured limit a request would break (latency = wait + the
-  request's service time, ``forecast_latency``, scaled by the calibration learnt from the
-  requests admitted before (warden/control/latency_calibration.py); queue wait; queue depth),
-  with the signal and value.
+- ``Limits.exceeded``: the first configured limit a request would break (latency = wait +
+  the service time the engine shows now; queue wait; queue depth), with the signal and value.
 - ``SaturationJudge``: saturated or normal for a typical request, held ``hold_s`` after it
   clears (one change per hold at most: no flapping at steady saturation).
 - ``RetrySchedule``: Retry-After from the drain rate: no earlier than the queue is expected to
@@ -83,36 +81,16 @@ class Breach:
         return "engine saturated: a new request " + what.format(value=self.value, limit=self.limit)
 
 
-def forecast_latency(
-    state: SaturationState,
-    kv: KvState | None = None,
-    prompt_tokens: int | None = None,
-    margin_blocks: int = 0,
-    max_tokens: int | None = None,
-) -> float | None:
-    """Seconds from now until this request would be answered: its predicted queue wait plus
-    its own service time (``SaturationState.service_for``); None while either is unknown.
-    Uncalibrated: admission holds ``factor x`` this against the SLO (latency_calibration)."""
-    wait = predicted_wait(state, kv, prompt_tokens, margin_blocks)
-    service = state.service_for(max_tokens)
-    if wait is None or service is None:
-        return None
-    return wait + service
-
-
 def breach(
     settings: SaturationSettings,
     state: SaturationState,
     kv: KvState | None = None,
     prompt_tokens: int | None = None,
     margin_blocks: int = 0,
-    max_tokens: int | None = None,
-    factor: float = 1.0,
 ) -> Breach | None:
     """The first configured limit this request would break, or None (admit). An idle engine
     admits: refusing would leave it idle, and with nothing finishing the forecast (its service
-    time, its drain rate) would never learn that the engine is fast again. The latency held
-    against the SLO is ``factor`` x the forecast (``LatencyCalibration.factor``)."""
+    time, its drain rate) would never learn that the engine is fast again."""
     if state.running <= 0 and state.waiting <= 0:
         return None
     rate = batch_drain_rate(state, max(1, state.running)) or 0.0
@@ -124,11 +102,9 @@ def breach(
     if wait is None:
         return None
     slo = settings.latency_slo_s
-    service = state.service_for(max_tokens)
-    if slo is not None and service is not None and factor * (wait + service) > slo:
-        latency = factor * (wait + service)
-        # The queue must shorten until the calibrated forecast is within the SLO.
-        return Breach("latency_s", latency, slo, (latency - slo) / factor)
+    if slo is not None and state.service_s is not None and wait + state.service_s > slo:
+        latency = wait + state.service_s
+        return Breach("latency_s", latency, slo, latency - slo)
     limit = settings.max_queue_wait_s
     if limit is not None and wait > limit:
         return Breach("queue_wait_s", wait, limit, wait - limit)
@@ -153,12 +129,8 @@ class SaturationJudge:
         self.breach: Breach | None = None
         self._clear_since: float | None = None
 
-    def update(
-        self, state: SaturationState, now: float, factor: float = 1.0
-    ) -> SaturationChange | None:
-        """``factor``: the latency calibration admission applies, so the state and the
-        refusals agree."""
-        found = breach(self.settings, state, factor=factor) if self.settings.enabled else None
+    def update(self, state: SaturationState, now: float) -> SaturationChange | None:
+        found = breach(self.settings, state) if self.settings.enabled else None
         if found is not None:
             self.breach = found
             self._clear_since = None
@@ -329,8 +301,6 @@ class SaturationSink(Protocol):
         self, state: SaturationState, judge: SaturationJudge, change: SaturationChange | None
     ) -> None: ...
 
-    def latency_factor(self) -> float: ...
-
 
 class SaturationWatch:
     """Step listener: judges saturation once per engine step and hands the state and any change
@@ -349,5 +319,5 @@ class SaturationWatch:
         self.clock = clock
 
     def __call__(self, snap: StepSnapshot) -> None:
-        change = self.judge.update(snap.saturation, self.clock(), self.sink.latency_factor())
+        change = self.judge.update(snap.saturation, self.clock())
         self.sink.observe_saturation(snap.saturation, self.judge, change)
