@@ -50,6 +50,7 @@ _RING_HEADER = struct.Struct("<Q")
 RING_OFFSET = SIGNALS_SIZE
 PROGRESS_OFFSET = RING_OFFSET + _RING_HEADER.size + RING_SLOTS * _RING_SLOT
 _PROGRESS = struct.Struct("<QQ")  # applied, resolved
+_ALL_PROGRESS = struct.Struct("<" + "QQ" * MAX_RANKS)  # every slot's, in one read
 HOST_OFFSET = PROGRESS_OFFSET + _PROGRESS.size * MAX_RANKS
 HOST_SOURCE = "host"  # the host slot's watermark source (catalog.MEMORY_RISK_SOURCES)
 _HOST = struct.Struct("<dd")  # risk, unix time of the sample
@@ -149,6 +150,8 @@ class SignalBoard:
 
     def flagged(self, request_id: str) -> str | None:
         """'nan', 'inf' or 'masked' if ``request_id`` was flagged (among the last RING_SLOTS)."""
+        if not _RING_HEADER.unpack_from(self._map, RING_OFFSET)[0]:
+            return None  # nothing was ever flagged: the usual answer, without a search
         rid = request_id.encode("ascii", "replace")[:RID_BYTES].ljust(RID_BYTES, b"\0")
         start = RING_OFFSET + _RING_HEADER.size
         position = self._map.find(rid, start)
@@ -166,10 +169,8 @@ class SignalBoard:
 
     def progress(self) -> list[tuple[int, int]]:
         """(applied, resolved) of every slot an engine has written (others read (0, 0))."""
-        return [
-            _PROGRESS.unpack_from(self._map, PROGRESS_OFFSET + slot * _PROGRESS.size)
-            for slot in range(MAX_RANKS)
-        ]
+        values = _ALL_PROGRESS.unpack_from(self._map, PROGRESS_OFFSET)
+        return list(zip(values[::2], values[1::2], strict=True))
 
     def unlink(self) -> None:
         with contextlib.suppress(OSError):
@@ -187,6 +188,16 @@ class MemorySignals:
         self._read_at = math.inf
         self._until = -math.inf
         self._signals: dict[str, float] = {}
+
+    def unchanged(self, now: float) -> bool:
+        """Whether ``read`` with the ages of the last read would return what it returned then:
+        no writer wrote since, and no sample it counted grew too old (one counter load)."""
+        key = self._key
+        return (
+            key is not None
+            and self._read_at <= now <= self._until
+            and key[0] == self.board.writes()
+        )
 
     def read(
         self, max_age_s: float, now: float, host_max_age_s: float | None = None

@@ -68,11 +68,15 @@ class WardenStatLogger(StatLoggerBase):
         engine_idx: int = 0,
     ) -> None:
         try:
+            monitor = self.monitor
+            assert monitor is not None
+            quiet = vllm_compat.quiet_step(scheduler_stats, iteration_stats)
+            if quiet is not None and monitor.on_quiet_step(*quiet):
+                return
             running, waiting, kv = vllm_compat.scheduler_counts(scheduler_stats)
             preempted = vllm_compat.preempted_in_iteration(iteration_stats)
             finished = vllm_compat.finished_requests(iteration_stats)
-            assert self.monitor is not None
-            self.monitor.on_step(running, waiting, kv, preempted, finished)
+            monitor.on_step(running, waiting, kv, preempted, finished)
         except Exception:
             # Never let a warden bug reach vLLM's output loop.
             self._errors.inc()

@@ -134,6 +134,27 @@ class StepMonitor:
         self._publish_watermark(change, now)
         return self._notify(snap)
 
+    def on_quiet_step(self, running: int, waiting: int, kv_usage: float) -> bool:
+        """The fast path of ``on_step`` for a step that finished and preempted nothing: True
+        when the step repeats the last one (``_repeats``) and is recorded, in a handful of
+        loads; False when it is not, and ``on_step`` must process it. vLLM calls the stat logger
+        after every engine step, on its output loop, where the code runs cold: each call and
+        lookup saved there is saved hundreds of times a second."""
+        now = self.clock()
+        snap = self.snapshot
+        memory = self._memory
+        if (
+            running != snap.running
+            or waiting != snap.waiting
+            or snap.preempted
+            or not 0 <= now - self._full_step_at < REPEAT_STEP_S
+            or (memory is not None and not memory.unchanged(now))
+        ):
+            return False
+        snap.kv_cache_usage = kv_usage
+        snap.timestamp = now
+        return True
+
     def _repeats(
         self,
         snap: StepSnapshot,

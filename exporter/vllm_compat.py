@@ -132,6 +132,25 @@ def scheduler_counts(stats: Any) -> tuple[int | None, int | None, float | None]:
     )
 
 
+def quiet_step(scheduler_stats: Any, iteration_stats: Any) -> tuple[int, int, float] | None:
+    """(running, waiting, KV usage) of a step that finished and preempted nothing, read straight
+    off vLLM 0.32's fields; None for any other step, or when a field is missing (the full reads
+    above then decide). Most steps of a busy engine are such steps, and vLLM calls the stat
+    logger on its output loop after each: this is their whole read, a few attribute loads."""
+    try:
+        if iteration_stats is not None and (
+            iteration_stats.finished_requests or iteration_stats.num_preempted_reqs
+        ):
+            return None
+        return (
+            scheduler_stats.num_running_reqs,
+            scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs,
+            scheduler_stats.kv_cache_usage,
+        )
+    except (AttributeError, TypeError):
+        return None
+
+
 def preempted_in_iteration(stats: Any) -> int:
     if stats is None:
         return 0

@@ -146,3 +146,88 @@ def test_a_step_that_changes_nothing_moves_only_time_and_kv_and_any_change_is_se
     while len(seen) == before + 2:
         step(running=7, waiting=3)
     assert now[0] - full_at <= REPEAT_STEP_S + 0.002
+
+
+def test_the_stat_loggers_fast_read_of_a_quiet_step_gives_what_the_full_read_gives(
+    tmp_path,
+) -> None:
+    """vLLM's own stats objects through the stat logger (whose quiet steps skip the full reads)
+    against the same steps through ``on_step``: the same listeners called with the same
+    snapshots, memory writes and expiries included."""
+    from vllm.v1.metrics.stats import FinishedRequestStats, IterationStats, SchedulerStats
+
+    from exporter import vllm_compat
+    from exporter.stat_logger import WardenStatLogger
+
+    rng = random.Random(11)
+    now = [1000.0]
+    boards = [SignalBoard(str(tmp_path / f"board{i}"), create=True) for i in range(2)]
+    monitors = [
+        StepMonitor(
+            WardenSettings(), WardenMetrics(CollectorRegistry()), board, clock=lambda: now[0]
+        )
+        for board in boards
+    ]
+    seen: list[list[StepSnapshot]] = [[], []]
+    for monitor, log in zip(monitors, seen, strict=True):
+        monitor.add_listener(lambda snap, log=log: log.append(replace_snapshot(snap)))
+    logger = WardenStatLogger.__new__(WardenStatLogger)
+    logger.monitor = monitors[0]
+    logger._errors = WardenMetrics(CollectorRegistry()).get(catalog.COLLECTOR_ERRORS).labels("x")
+    full_reads = [0]
+    slow_path = monitors[0].on_step
+
+    def counted_on_step(*args: object) -> StepSnapshot:
+        full_reads[0] += 1
+        return slow_path(*args)  # type: ignore[arg-type]
+
+    monitors[0].on_step = counted_on_step  # type: ignore[method-assign]
+    running, waiting = 4, 0
+    for _ in range(3000):
+        now[0] += rng.choice((0.001, 0.004, 0.02))
+        if rng.random() < 0.05:
+            running = max(0, min(8, running + rng.choice((-1, 1))))
+        if rng.random() < 0.03:
+            waiting = max(0, waiting + rng.choice((-1, 1)))
+        scheduler = SchedulerStats(
+            num_running_reqs=running, num_waiting_reqs=waiting, kv_cache_usage=rng.random()
+        )
+        iteration = IterationStats()
+        if rng.random() < 0.03:
+            iteration.num_preempted_reqs = 1
+        if rng.random() < 0.04:
+            iteration.finished_requests = [
+                FinishedRequestStats(
+                    finish_reason=None,  # type: ignore[arg-type]
+                    e2e_latency=rng.uniform(0.5, 2.0),
+                    num_prompt_tokens=rng.randint(8, 64),
+                    num_generation_tokens=rng.randint(8, 128),
+                    max_tokens_param=None,
+                    queued_time=rng.uniform(0.0, 0.3),
+                    prefill_time=0.01,
+                    inference_time=1.0,
+                    decode_time=1.0,
+                    mean_time_per_output_token=0.01,
+                )
+            ]
+        if rng.random() < 0.01:
+            device, allocator = rng.random(), rng.random()
+            for board in boards:
+                board.write(0, device, allocator, now[0])
+        logger.record(scheduler, iteration)
+        monitors[1].on_step(
+            *vllm_compat.scheduler_counts(scheduler),
+            vllm_compat.preempted_in_iteration(iteration),
+            vllm_compat.finished_requests(iteration),
+        )
+        assert monitors[0].snapshot.timestamp == monitors[1].snapshot.timestamp
+        assert monitors[0].snapshot.kv_cache_usage == monitors[1].snapshot.kv_cache_usage
+    assert len(seen[0]) > 100 and seen[0] == seen[1]
+    assert full_reads[0] < 1500, "most steps are quiet repeats, read the fast way"
+    assert logger._errors._value.get() == 0
+
+
+def replace_snapshot(snap: StepSnapshot) -> StepSnapshot:
+    from dataclasses import replace
+
+    return replace(snap, signals=dict(snap.signals))

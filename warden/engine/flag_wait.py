@@ -47,14 +47,18 @@ async def nonfinite_flag(
     if board is None:
         return None
     started = time.monotonic()
-    applied = [done for done, _ in board.progress()]
+    progress = board.progress()
+    applied = [done for done, _ in progress]
     deadline = started + max_wait_s
+    # The first look reuses the read that fixed ``applied``: settled already, as a CPU engine
+    # always is, the answer costs one progress read and one flag lookup.
+    done = all(resolved >= target for target, resolved in progress)
     while True:
         # Progress first, flags second: a flag is written before its step counts as resolved.
-        done = settled(board, applied)
         kind = board.flagged(rid)
         if kind is not None or done or time.monotonic() >= deadline:
             break
         await asyncio.sleep(POLL_S)
+        done = settled(board, applied)
     waits.observe(time.monotonic() - started)
     return kind

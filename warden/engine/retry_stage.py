@@ -18,6 +18,7 @@ import json
 import logging
 import random
 import uuid
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -218,16 +219,19 @@ class RetryStage:
         abandoned: str | None = None
         status = 500
 
-        async def forward(message: Message) -> None:
+        def forward(message: Message) -> Awaitable[None]:
+            # Once the first byte is out (the common case, once per token), a chunk goes on as
+            # it came, looked at only for the end-of-stream marker, and through no coroutine of
+            # warden's: the app awaits the server's own send (``send(message)``).
+            if started:
+                body = message.get("body")
+                if body and STREAM_END in body:
+                    return self._send_end(send, message, status, rid)
+                return send(message)
+            return before_first_byte(message)
+
+        async def before_first_byte(message: Message) -> None:
             nonlocal started, abandoned, status
-            if started:  # the common case: pass the chunk on as it came
-                if message["type"] == "http.response.body":
-                    chunk = message.get("body", b"")
-                    if STREAM_END in chunk:
-                        chunk = await self._stream_end(chunk, status, rid)
-                        message = {**message, "body": chunk}
-                await send(message)
-                return
             if abandoned is not None:
                 return  # this attempt is being retried: swallow the rest
             if message["type"] == "http.response.start":
@@ -263,6 +267,11 @@ class RetryStage:
                 await send({"type": "http.response.body", "body": b""})
         self.answers.count(status)
         return None
+
+    async def _send_end(self, send: Send, message: Message, status: int, rid: str) -> None:
+        """The chunk with the end-of-stream marker, an error event first if one is due."""
+        chunk = await self._stream_end(message["body"], status, rid)
+        await send({**message, "body": chunk})
 
     async def _stream_end(self, chunk: bytes, status: int, rid: str) -> bytes:
         """The last chunk, preceded by an error event when the stream must not count as good."""
