@@ -41,7 +41,10 @@ from warden.supervisor.engine import EngineProcess
 
 # The tests' engine configuration (the tiny model's base arguments), plus a 1 GiB KV cache.
 BASE_ARGS: tuple[str, ...] = TINY_BASE_ARGS
-BASE_ENV: dict[str, str] = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+# PYTHONSAFEPATH: an engine started with ``-m`` would import warden from the directory it was
+# started in before PYTHONPATH, so an A/B of two checkouts run from one of them would compare
+# that one with itself.
+BASE_ENV: dict[str, str] = {"VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONSAFEPATH": "1"}
 # Warden's own switches that must not leak from the caller's shell into a plain engine.
 WARDEN_ENV_PREFIXES = ("WARDEN_", "PROMETHEUS_MULTIPROC_DIR")
 
