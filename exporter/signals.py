@@ -172,6 +172,13 @@ class SignalBoard:
         values = _ALL_PROGRESS.unpack_from(self._map, PROGRESS_OFFSET)
         return list(zip(values[::2], values[1::2], strict=True))
 
+    def unresolved(self) -> tuple[int, ...] | None:
+        """None when every slot has resolved every logits step it applied (a CPU engine, and a
+        GPU one between steps); else each slot's applied count, to wait for. One read."""
+        values = _ALL_PROGRESS.unpack_from(self._map, PROGRESS_OFFSET)
+        applied = values[::2]
+        return None if applied == values[1::2] else applied
+
     def unlink(self) -> None:
         with contextlib.suppress(OSError):
             os.unlink(self.path)

@@ -47,12 +47,15 @@ async def nonfinite_flag(
     if board is None:
         return None
     started = time.monotonic()
-    progress = board.progress()
-    applied = [done for done, _ in progress]
+    unresolved = board.unresolved()
+    if unresolved is None:
+        # Settled already, as a CPU engine always is (progress read first, flags second).
+        kind = board.flagged(rid)
+        waits.observe(0.0)
+        return kind
+    applied = list(unresolved)
     deadline = started + max_wait_s
-    # The first look reuses the read that fixed ``applied``: settled already, as a CPU engine
-    # always is, the answer costs one progress read and one flag lookup.
-    done = all(resolved >= target for target, resolved in progress)
+    done = False
     while True:
         # Progress first, flags second: a flag is written before its step counts as resolved.
         kind = board.flagged(rid)
