@@ -108,13 +108,18 @@ class StepMonitor:
     ) -> StepSnapshot:
         """One engine step: counts (None = unknown, keep the last), preemptions in it, and the
         requests it finished as (tokens, seconds queued, seconds served)."""
-        now = self.clock()
         snap = self.snapshot
-        if self._repeats(snap, now, running, waiting, preempted, finished):
-            if kv_usage is not None:
-                snap.kv_cache_usage = kv_usage
-            snap.timestamp = now
+        if (
+            not finished
+            and not preempted
+            and self.on_quiet_step(
+                snap.running if running is None else running,
+                snap.waiting if waiting is None else waiting,
+                snap.kv_cache_usage if kv_usage is None else kv_usage,
+            )
+        ):
             return snap
+        now = self.clock()
         self._full_step_at = now
         with self._lock:
             snap = StepSnapshot(
@@ -135,11 +140,12 @@ class StepMonitor:
         return self._notify(snap)
 
     def on_quiet_step(self, running: int, waiting: int, kv_usage: float) -> bool:
-        """The fast path of ``on_step`` for a step that finished and preempted nothing: True
-        when the step repeats the last one (``_repeats``) and is recorded, in a handful of
-        loads; False when it is not, and ``on_step`` must process it. vLLM calls the stat logger
-        after every engine step, on its output loop, where the code runs cold: each call and
-        lookup saved there is saved hundreds of times a second."""
+        """A step that finished and preempted nothing: True when it changes nothing but the
+        time and the KV usage (the same counts, no memory-risk write and no sample grown stale
+        since the last read, within ``REPEAT_STEP_S`` of the last full step), and is recorded
+        as such; False when ``on_step`` must process it in full. The stat logger calls it
+        first: vLLM calls the logger after every engine step, on its output loop, where code
+        runs cold, so a repeat costs a handful of loads there."""
         now = self.clock()
         snap = self.snapshot
         memory = self._memory
@@ -154,26 +160,6 @@ class StepMonitor:
         snap.kv_cache_usage = kv_usage
         snap.timestamp = now
         return True
-
-    def _repeats(
-        self,
-        snap: StepSnapshot,
-        now: float,
-        running: int | None,
-        waiting: int | None,
-        preempted: int,
-        finished: list[tuple[int, float, float]] | None,
-    ) -> bool:
-        """This step changes nothing but the time and the KV usage (``REPEAT_STEP_S``)."""
-        if finished or preempted or snap.preempted:
-            return False
-        if not 0 <= now - self._full_step_at < REPEAT_STEP_S:
-            return False
-        if (running is not None and running != snap.running) or (
-            waiting is not None and waiting != snap.waiting
-        ):
-            return False
-        return self._memory is None or self.memory_signals(now) is snap.signals
 
     def refresh_memory(self) -> StepSnapshot:
         """Between steps (an idle engine makes none): the watermark from the latest memory risks,
