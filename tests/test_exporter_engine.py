@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -11,9 +12,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.mmap_dict import MmapedDict
 
 from exporter import catalog
 from tests.support.engine import TINY_KV_ARGS, complete, running_engine, sample, scrape
+from warden.common.metrics_text import parse_samples
 from warden.common.waiting import wait_until
 from warden.supervisor.engine import EngineProcess
 
@@ -184,3 +187,38 @@ def test_warden_state_reports_the_watermark(engine: EngineProcess) -> None:
     assert state["watermark"] == "normal"
     assert set(state["signals"]) == {"host"} and state["signals"]["host"] < 0.05, state
     assert 0.0 <= state["engine"]["kv_cache_usage"] <= 1.0
+
+
+def test_vllms_own_metrics_stay_in_the_api_servers_memory_and_reach_metrics_once(
+    engine: EngineProcess,
+) -> None:
+    """exporter.api_metrics: vLLM's metrics are written in the API server's memory, not the
+    multiprocess folder, and /metrics (served by warden's middleware) has them, counting,
+    beside warden's metrics from every engine process, each family once."""
+    name = catalog.VLLM_GENERATION_TOKENS.name
+    before = sum(v for k, v in scrape(engine).items() if k.partition("{")[0] == name)
+    complete(engine, str(engine.spec.model), "hello", max_tokens=5).raise_for_status()
+    after_text = httpx.get(engine.metrics_url, timeout=10)
+    samples = parse_samples(after_text.text)
+    after = sum(v for k, v in samples.items() if k.partition("{")[0] == name)
+    assert after - before >= 5
+    types = [line for line in after_text.text.splitlines() if line.startswith("# TYPE ")]
+    assert len(types) == len(set(types)), "a family twice on /metrics"
+    assert sample(samples, catalog.ENGINE_LAST_STEP.name) is not None  # API server, folder
+    assert sample(samples, catalog.SOURCE_AVAILABLE.name, source="host_memory") == 1.0
+    assert engine.spec.run_dir is not None
+    folder = engine.spec.run_dir / "prometheus-multiproc"
+    written: set[str] = set()
+    for path in folder.glob("*.db"):
+        written |= {json.loads(row[0])[0] for row in MmapedDict(str(path), True).read_all_values()}
+    assert not {n for n in written if n.startswith("vllm:")}, "vLLM's metrics in the folder"
+    assert catalog.ENGINE_LAST_STEP.name in written  # warden's stay there
+    zipped = httpx.get(engine.metrics_url, headers={"Accept-Encoding": "gzip"}, timeout=10)
+    assert zipped.headers["content-encoding"] == "gzip" and name in zipped.text
+    head = httpx.head(engine.metrics_url, timeout=10)
+    assert head.status_code == 200 and head.content == b""
+    open_metrics = httpx.get(
+        engine.metrics_url, headers={"Accept": "application/openmetrics-text"}, timeout=10
+    )
+    assert open_metrics.headers["content-type"].startswith("application/openmetrics-text")
+    assert open_metrics.text.rstrip().endswith("# EOF")

@@ -79,12 +79,13 @@ def flatten(families: Iterable[Any]) -> dict[str, float]:
 
 
 def read_families() -> list[Any]:
-    """Every metric of the process tree (multiprocess folder) or of this process."""
+    """Every metric of the process tree (multiprocess folder, and vLLM's own in this
+    process's memory where ``exporter.api_metrics`` keeps them) or of this process."""
     path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if path and os.path.isdir(path):
-        from prometheus_client.multiprocess import MultiProcessCollector
+        from exporter.api_metrics import ApiServerCollector
 
-        return list(MultiProcessCollector(None, path=path).collect())
+        return list(ApiServerCollector(path).collect())
     from prometheus_client import REGISTRY
 
     return list(REGISTRY.collect())

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from exporter import catalog
+from exporter import api_metrics, catalog
 from exporter.settings import load_settings
 from warden.common.http_input import InputRefused
 from warden.control import token_limits
@@ -32,6 +32,7 @@ from warden.engine import routes, runtime
 from warden.engine.admission_stage import AdmissionStage
 from warden.engine.asgi import Answers, Receive, Scope, Send, header_values
 from warden.engine.body_stage import CONTENT_LENGTH, BodyStage
+from warden.engine.metrics_route import MetricsRoute
 from warden.engine.retry_stage import RetryStage
 
 
@@ -55,9 +56,14 @@ class WardenMiddleware:
         )
         self.body = BodyStage(app, self.runtime, self.answers, self.door, self.retry)
         self._headers = frozenset((*self.door.header_names(), CONTENT_LENGTH))
+        # vLLM's own metrics in this process's memory: vLLM's /metrics would miss them.
+        self.metrics_route = MetricsRoute() if api_metrics.serves_metrics() else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         verdict, route = routes.verdict_of(scope)
+        if self.metrics_route is not None and self.metrics_route.handles(scope, route):
+            await self.metrics_route(scope, receive, send)
+            return
         if verdict == routes.PASS or self.door.vllm_refuses_credentials(scope):
             await self.app(scope, receive, send)
             return
