@@ -28,21 +28,22 @@ that is to the limit, so the watermark, the reflex and the supervisor can act be
   0 on a healthy engine whatever the machine's size, 1 when the room is gone.
 
 Measuring is cheap between exact reads. The exact USS needs ``smaps_rollup``, for which the
-kernel walks every page table of the process: about 5 ms of CPU per process for one that only
-imported torch, more with a KV cache, on the API server's CPU, every
-``WARDEN_HOST_MEMORY_INTERVAL_S``. So it is read exactly at most every ``EXACT_EVERY_S``, or
-as soon as the processes' anonymous resident memory (``statm``: counters the kernel keeps, read
-in microseconds) moved by ``EXACT_DRIFT_BYTES`` since the last exact read, but not within
-``EXACT_MIN_GAP_S`` of it: a fresh engine's workers grow by hundreds of MiB as they warm up
-under their first load (measured: 250 MiB in 25 s on the CPU build), and an exact read per
-32 MiB of that cost about 0.8 ms of API-server CPU per request. In between, the used bytes are
-the last exact USS plus that anonymous growth, which is what a leak or a creep grows: a creep
-is seen at once, whatever the period; an exact read only corrects the estimate for pages that
-moved between shared and unique (a forked child writing to pages it shares with its parent).
-On a warm engine serving 8 requests/s (the tiny model, CPU build) exact reads every 30 s, or
-10 s after 32 MiB of drift, were 3.4% of the API server's CPU samples (py-spy, 2026-11-27):
-three processes that map torch, 40-60 ms each, on the core the engine runs on. Hence the
-longer period and the larger drift (issue #28).
+kernel walks every page table of the process, on the API server's CPU (the core the engine
+runs on): 40-60 ms per process that maps torch and a KV cache, 150 ms for the three processes
+of the tiny model's CPU engine (py-spy, 2026-11-27). So it is read exactly at most every
+``EXACT_EVERY_S``, or as soon as the processes' anonymous resident memory (``statm``: counters
+the kernel keeps, read in microseconds) moved by ``EXACT_DRIFT_BYTES`` since the last exact
+read, but not within ``EXACT_MIN_GAP_S`` of it: a fresh engine's workers grow by hundreds of
+MiB as they warm up under their first load (measured: 250 MiB in 25 s on the CPU build). In
+between, the used bytes are the last exact USS plus that anonymous growth, which is what a
+leak or a creep grows: a creep is seen at once, whatever the period. An exact read only
+corrects the estimate for pages that moved between shared and unique (a forked child writing
+to pages it shares with its parent), which the anonymous count cannot see; that share is
+bounded by the parent's memory at the fork and moves slowly, so ten minutes is soon enough.
+History (issue #28): exact reads every 30 s were 3.4% of a warm API server's CPU samples at
+8 requests/s; every 120 s, one read still took 3.7% of the samples of a 40 s window at 3
+requests/s on a slower machine: in a benchmark run of 20 s that holds one, 150 ms of the API
+server's 2.7 s, about 5%.
 The process tree is listed again with each exact read (listing scans every process on the host).
 All on the collector thread, never on the step path. The risk goes to the signal board's host
 slot, which the step monitor reads with the device slots each step.
@@ -69,7 +70,7 @@ from exporter.signals import SignalBoard
 log = logging.getLogger("warden.exporter")
 SOURCE = "host_memory"  # warden_source_available{source}
 DECLARED_LIMIT_ENV = env_name("host_memory_limit_bytes")
-EXACT_EVERY_S = 120.0  # the exact USS at least this often
+EXACT_EVERY_S = 600.0  # the exact USS at least this often
 EXACT_DRIFT_BYTES = 128 << 20  # and as soon as the cheap count moved this much,
 EXACT_MIN_GAP_S = 30.0  # but never twice within this (the estimate tracks the growth meanwhile)
 # cgroup v1 writes "no limit" as a huge page-aligned number; anything this large is no limit.
