@@ -3,9 +3,10 @@
 vLLM's ``/metrics`` route reads the multiprocess folder alone once ``PROMETHEUS_MULTIPROC_DIR``
 is set; with ``exporter.api_metrics`` installed, vLLM's metrics are not there but in the API
 server's memory. The middleware then answers the path itself, from both sources
-(``exporter.api_metrics.ApiServerCollector``), in the format vLLM's route answers with: the
-text format 0.0.4 whatever the client accepts (Prometheus asks for OpenMetrics first, and a
-scrape must not change format because warden is loaded), uncompressed. The families are
+(``exporter.api_metrics.ApiServerCollector``), in the format vLLM's route answers with:
+the text format (prometheus_client's ``CONTENT_TYPE_LATEST``) whatever the client accepts
+(Prometheus asks for OpenMetrics first, and a scrape must not change format because warden
+is loaded), uncompressed. The families are
 gathered on a worker thread, as vLLM's route gathers them: reading the folder takes
 milliseconds that the event loop owes to streaming requests.
 """
