@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from prometheus_client import REGISTRY, values
@@ -66,15 +66,6 @@ def install(pid: int | None = None) -> bool:
         return True
 
 
-def uninstall() -> None:
-    """Back to the folder for metrics made from now on (tests)."""
-    with _lock:
-        if "pid" in _state:
-            values.ValueClass = _state["folder_class"]  # type: ignore[misc]
-        _state.clear()
-        _local_names.clear()
-
-
 def serves_metrics() -> bool:
     """True in the process whose ``/metrics`` must merge its memory with the folder."""
     return _state.get("pid") == os.getpid()
@@ -102,8 +93,3 @@ def _restricted(registry: Any, families: Iterable[str]) -> Iterator[Any]:
     ``_created`` samples (the folder has none, and they would only add series)."""
     names = [f"{family}{suffix}" for family in families for suffix in _SAMPLE_SUFFIXES]
     yield from registry.restricted_registry(names).collect()
-
-
-def families() -> Sequence[Any]:
-    """Every metric of the process tree, as ``/metrics`` serves it."""
-    return list(ApiServerCollector().collect())

@@ -32,7 +32,7 @@ from warden.engine import routes, runtime
 from warden.engine.admission_stage import AdmissionStage
 from warden.engine.asgi import Answers, Receive, Scope, Send, header_values
 from warden.engine.body_stage import CONTENT_LENGTH, BodyStage
-from warden.engine.metrics_route import MetricsRoute
+from warden.engine.metrics_route import METRICS_PATHS, MetricsRoute
 from warden.engine.retry_stage import RetryStage
 
 
@@ -61,7 +61,11 @@ class WardenMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         verdict, route = routes.verdict_of(scope)
-        if self.metrics_route is not None and self.metrics_route.handles(scope, route):
+        if (
+            route in METRICS_PATHS
+            and self.metrics_route
+            and self.metrics_route.handles(scope, route)
+        ):
             await self.metrics_route(scope, receive, send)
             return
         if verdict == routes.PASS or self.door.vllm_refuses_credentials(scope):
