@@ -23,6 +23,12 @@ drain) and the engine path (risk, watermark, reflex, drain, restart, served agai
 them there is no order to demand: the fast time-to-OOM rule reads the rate, so on a creep that
 fills the headroom in about a minute it pages before the watermark even reaches ``high``.
 
+The engine's own record (its watermark transitions, the reflex's policy changes, on
+``GET /warden/state``) lives in the engine and goes with it at the restart. ``EngineRecord``
+reads it every ``RECORD_EVERY_S`` on a thread of its own and keeps what it saw, so the steps
+between the critical crossing and the drain's restart (a second or two) are seen however slowly
+the main look at Prometheus, the pager and the supervisor goes round on a loaded machine.
+
 Requests are counted by warden/common/outcomes.py: completed, refused (503/429 with
 Retry-After), failed. The clients sit behind a balancer that routes to ready engines only, as
 production traffic does: while the supervisor has the engine out of rotation (draining,
@@ -56,6 +62,7 @@ TIME_TO_OOM = "WardenTimeToOOM"
 PROMPT = "memory creeps until the engine is restarted before the limit"
 # Phases in which the supervisor has the engine out of rotation (exporter.supervisor_state).
 OUT_OF_ROTATION = frozenset({"draining", "restarting", "starting", "backoff"})
+RECORD_EVERY_S = 0.2  # how often EngineRecord reads the engine's own record
 STEPS = (
     "creep injected",
     "risk climbing",
@@ -236,6 +243,59 @@ class SteadyTraffic:
                 self.completed_at = self.completed_at or now
 
 
+class EngineRecord:
+    """The engine's watermark transitions and policy changes, read every ``every_s`` on a thread
+    of its own and kept (the engine forgets them at its restart): each entry once, by its time."""
+
+    def __init__(self, engine_url: str, every_s: float = RECORD_EVERY_S) -> None:
+        self.engine_url = engine_url
+        self.every_s = every_s
+        self._transitions: dict[tuple[float, str], dict[str, Any]] = {}
+        self._policy_changes: dict[float, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> EngineRecord:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Keep what was seen; read no more (the engine after a restart is another one)."""
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(10)
+
+    def _watch(self) -> None:
+        with httpx.Client(timeout=max(1.0, 4 * self.every_s)) as client:
+            while not self._stop.is_set():
+                with contextlib.suppress(httpx.HTTPError, ValueError):
+                    response = client.get(f"{self.engine_url}/warden/state")
+                    if response.status_code == 200:
+                        self._keep(response.json())
+                self._stop.wait(self.every_s)
+
+    def _keep(self, state: Any) -> None:
+        if not isinstance(state, dict) or self._stop.is_set():
+            return
+        with self._lock:
+            for change in state.get("watermark_transitions", []):
+                self._transitions[(change["at"], str(change.get("level")))] = change
+            for change in state.get("policy_changes", []):
+                self._policy_changes[change["at"]] = change
+
+    def transitions(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return sorted(self._transitions.values(), key=lambda c: c["at"])
+
+    def policy_changes(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return sorted(self._policy_changes.values(), key=lambda c: c["at"])
+
+
 def host_numbers(engine_url: str) -> tuple[float, float, float] | None:
     """(used, settled, limit) host bytes from the engine's /metrics, None without them."""
     with contextlib.suppress(httpx.HTTPError, ValueError):
@@ -324,7 +384,10 @@ class CreepScenario:
         generation = int(self._supervisor().get("generation", 0))
         restarts_before = int(self._supervisor().get("restart_totals", {}).get("memory", 0))
         result.limit_bytes, result.peak_used_bytes = limit, used
-        with SteadyTraffic(self.stack, self._model(), self.clients) as traffic:
+        with (
+            SteadyTraffic(self.stack, self._model(), self.clients) as traffic,
+            EngineRecord(self.stack.engine_url) as record,
+        ):
             time.sleep(2.0)  # traffic flowing before the creep
             chaos.creep(self.stack.engine_url, rate_mb_s, out=self.out)
             t0 = self.clock()
@@ -337,7 +400,7 @@ class CreepScenario:
             )
             deadline = t0 + timeout_s
             while self.clock() < deadline:
-                self._observe(result, traffic, t0, generation, restarts_before)
+                self._observe(result, traffic, record, t0, generation, restarts_before)
                 if result.step("served again") is not None:
                     break
                 time.sleep(0.5)
@@ -350,6 +413,7 @@ class CreepScenario:
         self,
         result: CreepResult,
         traffic: SteadyTraffic,
+        record: EngineRecord,
         t0: float,
         generation: int,
         restarts_before: int,
@@ -361,7 +425,7 @@ class CreepScenario:
             numbers = host_numbers(self.stack.engine_url)
             if numbers is not None:
                 result.peak_used_bytes = max(result.peak_used_bytes, numbers[0])
-            self._engine_steps(result, t0)
+            self._engine_steps(result, record, t0)
         host_risk: float | None = None
         estimate: float | None = None
         with contextlib.suppress(Exception):
@@ -402,6 +466,8 @@ class CreepScenario:
                 event["restarted_at"] - t0,
                 f"reason memory: {event.get('detail', '')}",
             ):
+                record.stop()  # what the old engine recorded is kept; the new one is not it
+                self._engine_steps(result, record, t0)
                 result.restart = event
                 draining = result.step("draining")
                 if draining is None or draining.at > event["failed_at"] - t0:
@@ -419,12 +485,9 @@ class CreepScenario:
             result.restart_risk_after = dict(state.get("memory_restart_risk", {}))
             result.add("served again", traffic.completed_at - t0, "a request answered 200")
 
-    def _engine_steps(self, result: CreepResult, t0: float) -> None:
+    def _engine_steps(self, result: CreepResult, record: EngineRecord, t0: float) -> None:
         """Watermark crossings and the reflex's policy change, from the engine's own record."""
-        state = _get_json(f"{self.stack.engine_url}/warden/state")
-        if not isinstance(state, dict):
-            return
-        for change in state.get("watermark_transitions", []):
+        for change in record.transitions():
             if change.get("signal") == "host" and change.get("level") in ("high", "critical"):
                 result.add(
                     f"watermark {change['level']}",
@@ -435,7 +498,7 @@ class CreepScenario:
         if critical is None or result.step("local reflex") is not None:
             return
         crossed = critical.at + t0
-        for change in state.get("policy_changes", []):
+        for change in record.policy_changes():
             if change["at"] >= crossed - 1e-3 and "stop_admission" in change.get("active", []):
                 result.reflex_delay_s = max(0.0, change["at"] - crossed)
                 result.add(
