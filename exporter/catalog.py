@@ -495,8 +495,11 @@ DRAIN_RATE = _w(
 SERVICE_TIME = _w(
     "warden_service_time_seconds",
     "gauge",
-    "99th percentile of the time recent requests spent being served (end to end minus queue), "
-    "preemptions and recomputation included: what admission forecasts a request's latency with.",
+    "Service time (end to end minus queue) forecast for a request arriving now: the 99th "
+    "percentile of the engine steps recent requests were served for, preemptions and "
+    "recomputation included, at the seconds a step takes now in the batch it will be served in "
+    "(the largest of the last service time, or the one it joins if larger): what "
+    "admission forecasts a request's latency with.",
     unit="s",
     multiprocess_mode="max",
 )

@@ -17,6 +17,14 @@ statistics, in the API process; admission (warden/control/admission.py) decides 
   in it. Admission promises the latency SLO to each request it admits, so it forecasts with the
   service time 99 in 100 recent requests beat, not a typical one: with the 90th, a request
   admitted at the edge of the SLO missed it about once in ten (benchmarks/README.md, run 8).
+  It is forecast in engine steps: the same quantile of the steps the engine made while each
+  request was served (preemptions and recomputation still in it), times the seconds a step
+  takes now (``StepTimes``) at the batch the new request will be served in: the largest the
+  engine ran within the last service time (``BatchPeaks``), or the one it joins if larger.
+  Seconds alone carry the batch the requests ran in: after a burst at a full batch, a light
+  load was forecast the burst's service time, refused whenever anything ran, and, refusing,
+  finished too few requests to learn otherwise (benchmarks/README.md, run 13). The batch it
+  joins alone is too small under overload: the batch fills before the request ends (run 5).
 - preemption (recompute) rate: preemptions per busy second and per finished request.
 - ``predicted_wait``: how long a request would sit in vLLM's queue: the requests ahead of it,
   plus, when its prompt does not fit in the free KV blocks, the requests that must finish to
@@ -33,9 +41,10 @@ Pure arithmetic on numbers the stat logger hands over: no I/O, no device access.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from exporter.catalog import SATURATION_STATES
 
@@ -55,6 +64,46 @@ class SaturationState:
     recompute_ratio: float = 0.0  # preemptions per finished request, same window
     capacity: int | None = None  # the batch's size limit (max_num_seqs), when known
     slot_rate: float | None = None  # requests finished per busy slot-second (per running one)
+    service_steps: float | None = None  # SERVICE_QUANTILE of engine steps served, same
+    # Seconds per engine step by batch size, the meter's own (live: the engine's speed now).
+    step_times: StepTimes | None = field(default=None, hash=False)
+    # The meter's record of recent batch sizes (live), and when this state was measured.
+    batch_peaks: BatchPeaks | None = field(default=None, hash=False, compare=False)
+    measured_at: float = 0.0
+
+    @property
+    def recent_peak(self) -> int:
+        """The largest batch the engine ran within the last service time (measured, seconds)."""
+        if self.batch_peaks is None:
+            return 0
+        return self.batch_peaks.peak(self.measured_at, self.service_s or 0.0)
+
+    @property
+    def joining_batch(self) -> int:
+        """The batch a request arriving now joins: the next slot, or a full batch when it
+        has to queue."""
+        if self.capacity is not None and (self.waiting > 0 or self.running >= self.capacity):
+            return self.capacity
+        return self.running + 1
+
+    @property
+    def serving_batch(self) -> int:
+        """The batch a request arriving now will be served in: the one it joins, or the
+        largest of the last service time if larger (under load the batch fills again before
+        the request ends), never above the capacity."""
+        batch = max(self.joining_batch, self.recent_peak)
+        return min(batch, self.capacity) if self.capacity is not None else batch
+
+    @property
+    def forecast_service_s(self) -> float | None:
+        """Service time forecast for a request arriving now: ``service_steps`` steps at the
+        seconds a step takes at the batch it will be served in; the measured quantile in
+        seconds until both are known."""
+        if self.service_steps is not None and self.step_times is not None:
+            step_s = self.step_times.at(self.serving_batch)
+            if step_s is not None:
+                return self.service_steps * step_s
+        return self.service_s
 
     @property
     def queue_wait_s(self) -> float | None:
@@ -67,7 +116,9 @@ class SaturationState:
             "running": self.running,
             "waiting": self.waiting,
             "drain_rate_per_s": _rounded(self.drain_rate),
-            "service_s": _rounded(self.service_s),
+            "service_s": _rounded(self.forecast_service_s),
+            "measured_service_s": _rounded(self.service_s),
+            "service_steps": _rounded(self.service_steps),
             "queue_wait_s": _rounded(self.queue_wait_s),
             "tokens_per_request": _rounded(self.tokens_per_request),
             "preemptions_per_s": _rounded(self.preemptions_per_s),
@@ -131,12 +182,93 @@ def _rounded(value: float | None) -> float | None:
 
 
 SERVICE_QUANTILE = 0.99
+# Each step's duration moves its batch size's average by this share: about the last 20 steps.
+STEP_WEIGHT = 0.05
+# Batch sizes up to this are timed one by one; above it in quarter octaves (about 19% apart),
+# so an engine with hundreds of slots keeps a few dozen averages, each seeing steps often.
+EXACT_BATCHES = 16
+# The recent batch sizes: buckets of this many seconds, kept this long (the longest window a
+# service time asks for; a longer service time looks back this far only).
+PEAK_BUCKET_S = 0.25
+PEAK_KEEP_S = 60.0
+# Step-clock readings kept to count each finished request's steps (one per full step; halved
+# when full, so the oldest cover far longer than any request is served).
+CHECKPOINTS = 16384
+
+
+def batch_bucket(batch: int) -> int:
+    """The batch size a step time is kept under."""
+    if batch <= EXACT_BATCHES:
+        return max(batch, 1)
+    return int(round(2 ** (round(math.log2(batch) * 4) / 4)))
+
+
+@dataclass(eq=True)
+class StepTimes:
+    """Seconds an engine step takes, by batch size (running requests), each a moving average
+    of the steps the engine made at that size: the engine's speed now, whatever the load was
+    when recent requests were served. Shared by the meter and the states it hands out."""
+
+    seconds: dict[int, float] = field(default_factory=dict)
+
+    def add(self, batch: int, step_s: float, steps: int) -> None:
+        bucket = batch_bucket(batch)
+        last = self.seconds.get(bucket)
+        if last is None:
+            self.seconds[bucket] = step_s
+        else:
+            weight = 1.0 - (1.0 - STEP_WEIGHT) ** steps
+            self.seconds[bucket] = last + weight * (step_s - last)
+
+    def at(self, batch: int) -> float | None:
+        """Seconds per step at ``batch``; unmeasured, the nearest smaller batch's (the first
+        steps at the new size teach the rest), else the nearest larger one's."""
+        bucket = batch_bucket(batch)
+        known = self.seconds.get(bucket)
+        if known is not None:
+            return known
+        smaller = [size for size in self.seconds if size < bucket]
+        if smaller:
+            return self.seconds[max(smaller)]
+        larger = [size for size in self.seconds if size > bucket]
+        return self.seconds[min(larger)] if larger else None
 
 
 def _quantile(values: list[float], q: float) -> float:
     """The nearest-rank ``q`` quantile (over 32 completions, 0.99 is the slowest)."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
+
+
+class BatchPeaks:
+    """The largest batch (running requests) the engine ran in each ``bucket_s`` of the last
+    ``keep_s``: a ring of buckets, so a step records in constant time and the peak over a
+    window costs one look per bucket."""
+
+    def __init__(self, bucket_s: float = PEAK_BUCKET_S, keep_s: float = PEAK_KEEP_S) -> None:
+        self.bucket_s = bucket_s
+        self._size = max(1, math.ceil(keep_s / bucket_s))
+        self._bucket = [-1] * self._size  # which bucket each slot holds now
+        self._peak = [0] * self._size
+
+    def record(self, now: float, running: int) -> None:
+        bucket = int(now // self.bucket_s)
+        slot = bucket % self._size
+        if self._bucket[slot] != bucket:
+            self._bucket[slot], self._peak[slot] = bucket, running
+        elif running > self._peak[slot]:
+            self._peak[slot] = running
+
+    def peak(self, now: float, window_s: float) -> int:
+        """The largest batch recorded within ``window_s`` before ``now`` (at most ``keep_s``)."""
+        last = int(now // self.bucket_s)
+        first = max(last - math.ceil(window_s / self.bucket_s), last - self._size + 1)
+        peak = 0
+        for bucket in range(first, last + 1):
+            slot = bucket % self._size
+            if self._bucket[slot] == bucket and self._peak[slot] > peak:
+                peak = self._peak[slot]
+        return peak
 
 
 class SaturationMeter:
@@ -148,9 +280,16 @@ class SaturationMeter:
         self._busy = 0.0  # seconds with work in the engine, since start
         self._slot_s = 0.0  # running-request seconds (a slot busy for a second counts one)
         self._last: tuple[float, int, int] | None = None  # (time, running, waiting) last step
-        # (busy clock, slot clock, tokens, service seconds) of recent completions; one more
-        # than ``keep``: the oldest is the reference the rates are measured from.
-        self._done: deque[tuple[float, float, int, float]] = deque(maxlen=keep + 1)
+        self._steps = 0  # engine steps with a request running, since start
+        # (time, steps) at each observed step: how many steps a finished request was served.
+        self._checkpoint_at: list[float] = []
+        self._checkpoint_steps: list[int] = []
+        self.step_times = StepTimes()
+        self.batch_peaks = BatchPeaks()
+        # (busy clock, slot clock, tokens, service seconds, service steps) of recent
+        # completions; one more than ``keep``: the oldest is the reference the rates are
+        # measured from.
+        self._done: deque[tuple[float, float, int, float, int]] = deque(maxlen=keep + 1)
         self._preempted: deque[tuple[float, int]] = deque()
         # What the recent completions add up to, kept until one finishes or is preempted:
         # most steps finish nothing, and this runs on every step.
@@ -163,14 +302,24 @@ class SaturationMeter:
         waiting: int,
         finished: list[tuple[int, float, float]],
         preempted: int = 0,
+        steps: int = 1,
     ) -> SaturationState:
-        if self._last is not None and self._last[1] + self._last[2] > 0:
-            elapsed = max(0.0, now - self._last[0])
+        """One observed step; ``steps`` engine steps since the last one observed (the steps
+        that changed nothing are counted, not observed: exporter/step_monitor.py)."""
+        last = self._last
+        if last is not None and last[1] + last[2] > 0:
+            elapsed = max(0.0, now - last[0])
             self._busy += elapsed
-            self._slot_s += elapsed * self._last[1]
+            self._slot_s += elapsed * last[1]
+            if last[1] > 0:  # steps of the batch that ran since, all of the same size
+                self._steps += steps
+                self.step_times.add(last[1], elapsed / max(steps, 1), steps)
         self._last = (now, running, waiting)
+        self.batch_peaks.record(now, running)
+        self._checkpoint(now)
         for tokens, _queued, served in finished:
-            self._done.append((self._busy, self._slot_s, tokens, served))
+            served_steps = max(1, self._steps - self._steps_at(now - served))
+            self._done.append((self._busy, self._slot_s, tokens, served, served_steps))
         if preempted:
             self._preempted.append((self._busy, preempted))
         if finished or preempted or self._summary is None:
@@ -190,14 +339,38 @@ class SaturationMeter:
             preemptions_per_s=summary.preemptions / span,
             recompute_ratio=summary.preemptions / summary.count,
             slot_rate=summary.count / slot_span if slot_span > 1e-3 else None,
+            service_steps=summary.service_steps,
+            step_times=self.step_times,
+            batch_peaks=self.batch_peaks,
+            measured_at=now,
         )
+
+    def _checkpoint(self, now: float) -> None:
+        at, steps = self._checkpoint_at, self._checkpoint_steps
+        if at and now < at[-1]:  # the clock went back: start the record again
+            at.clear()
+            steps.clear()
+        if at and steps[-1] == self._steps:
+            at[-1] = now  # no step since: the latest reading stands for both
+            return
+        at.append(now)
+        steps.append(self._steps)
+        if len(at) > CHECKPOINTS:
+            del at[: CHECKPOINTS // 2]
+            del steps[: CHECKPOINTS // 2]
+
+    def _steps_at(self, when: float) -> int:
+        """The step count at ``when``: the last reading at or before it (the oldest kept if
+        it is older still)."""
+        index = bisect.bisect_right(self._checkpoint_at, when) - 1
+        return self._checkpoint_steps[max(index, 0)] if self._checkpoint_steps else 0
 
     def _summarize(self) -> _Completions:
         done = list(self._done)
         if len(done) < self.min_finished:
             return _Completions(len(done))
         if len(done) > self.keep:
-            (reference, slot_reference, _tokens, _served), counted = done[0], done[1:]
+            (reference, slot_reference, *_rest), counted = done[0], done[1:]
         else:
             reference, slot_reference, counted = 0.0, 0.0, done
         while self._preempted and self._preempted[0][0] < reference:
@@ -206,8 +379,9 @@ class SaturationMeter:
             count=len(counted),
             reference=reference,
             slot_reference=slot_reference,
-            service_s=_quantile([entry[-1] for entry in counted], SERVICE_QUANTILE),
-            tokens_per_request=sum(tokens for _at, _slot, tokens, _s in counted) / len(counted),
+            service_s=_quantile([entry[3] for entry in counted], SERVICE_QUANTILE),
+            service_steps=_quantile([entry[4] for entry in counted], SERVICE_QUANTILE),
+            tokens_per_request=sum(entry[2] for entry in counted) / len(counted),
             preemptions=sum(n for _at, n in self._preempted),
         )
 
@@ -221,5 +395,6 @@ class _Completions:
     reference: float = 0.0
     slot_reference: float = 0.0
     service_s: float | None = None
+    service_steps: float | None = None
     tokens_per_request: float | None = None
     preemptions: int = 0

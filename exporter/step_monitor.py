@@ -82,6 +82,7 @@ class StepMonitor:
         self._published: tuple[float | None, float | None, float | None] = (0.0, None, None)
         self._published_at = -1e18  # when the step gauges were last set
         self._full_step_at = -1e18  # when a step was last fully processed
+        self._quiet_steps = 0  # steps recorded as quiet since the last full one
         self._last_step = metrics.get(catalog.ENGINE_LAST_STEP)
         metrics.get(catalog.SOURCE_AVAILABLE).labels("kv_cache").set(1)
         self._level.set(0)
@@ -131,8 +132,9 @@ class StepMonitor:
             )
             change = self._update_watermark(snap, now)
             snap.saturation = self.saturation.observe(
-                now, snap.running, snap.waiting, finished or [], preempted
+                now, snap.running, snap.waiting, finished or [], preempted, self._quiet_steps + 1
             )
+            self._quiet_steps = 0
             self.snapshot = snap
         if now - self._published_at >= PUBLISH_EVERY_S or now < self._published_at:
             self._publish_step(snap)
@@ -159,6 +161,7 @@ class StepMonitor:
             return False
         snap.kv_cache_usage = kv_usage
         snap.timestamp = now
+        self._quiet_steps += 1  # the next full step hands the count to the saturation meter
         return True
 
     def refresh_memory(self) -> StepSnapshot:
@@ -217,7 +220,7 @@ class StepMonitor:
 
     def _publish_saturation(self, state: SaturationState) -> None:
         """The saturation gauges, each set only when its value changed (None keeps the last)."""
-        published = (state.queue_wait_s, state.drain_rate, state.service_s)
+        published = (state.queue_wait_s, state.drain_rate, state.forecast_service_s)
         if published == self._published:
             return
         for gauge, value, last in zip(

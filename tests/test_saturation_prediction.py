@@ -9,11 +9,17 @@ from prometheus_client import CollectorRegistry
 
 from exporter import catalog
 from exporter.metrics import WardenMetrics
-from exporter.saturation import SaturationState, predicted_wait
+from exporter.saturation import (
+    SaturationMeter,
+    SaturationState,
+    StepTimes,
+    batch_bucket,
+    predicted_wait,
+)
 from exporter.settings import WardenSettings
-from exporter.step_monitor import StepMonitor
+from exporter.step_monitor import REPEAT_STEP_S, StepMonitor, StepSnapshot
 from warden.control.config import SaturationSettings
-from warden.control.saturation import breach
+from warden.control.saturation import breach, with_live_queue
 
 
 @pytest.mark.parametrize(
@@ -52,3 +58,142 @@ def test_the_gauge_publishes_the_prediction() -> None:
     exported = registry.get_sample_value(catalog.QUEUE_WAIT_PREDICTED.name)
     assert exported == pytest.approx(predicted_wait(snap.saturation))
     assert exported == pytest.approx(8 / snap.saturation.drain_rate)
+
+
+# --- service time forecast in engine steps ------------------------------------------------------
+
+SLO_S = 5.0
+
+
+def _burst(monitor: StepMonitor, now: list[float]) -> None:
+    """A full batch of 8 with a queue (0.1 s steps, each request served 45 steps: 4.45 s, near
+    the SLO). (Service times sit between two steps, where float sums cannot put them on either
+    side.)"""
+    for index in range(400):
+        now[0] += 0.1
+        done = [(96, 0.0, 4.45)] if index >= 45 and index % 5 == 0 else None
+        monitor.on_step(running=8, waiting=4, kv_usage=0.9, finished=done)
+
+
+def _light_load(monitor: StepMonitor, now: list[float], seconds: float) -> StepSnapshot:
+    """One request at a time, 0.02 s steps."""
+    snap = monitor.snapshot
+    for _ in range(round(seconds / 0.02)):
+        now[0] += 0.02
+        snap = monitor.on_step(running=1, waiting=0, kv_usage=0.1)
+    return snap
+
+
+def _monitor(now: list[float], registry: CollectorRegistry | None = None) -> StepMonitor:
+    metrics = WardenMetrics(registry or CollectorRegistry())
+    return StepMonitor(WardenSettings(), metrics, None, lambda: now[0])
+
+
+def test_after_a_burst_a_light_load_is_forecast_at_its_own_speed_and_admitted() -> None:
+    """The service seconds recent requests took at a full batch are not what a request will take
+    in a batch of one or two: the steps they took are. Before, a light load after a burst was
+    forecast the burst's 4.45 s, refused whenever anything ran, and finished too few requests
+    to learn otherwise (run 13: 85 of 97 refused at 0.5x after 4x)."""
+    now = [1000.0]
+    monitor = _monitor(now)
+    _burst(monitor, now)
+    # Within a service time of the burst the batch may fill again: forecast at the full one.
+    soon = _light_load(monitor, now, 2.0).saturation
+    assert soon.recent_peak == 8
+    assert soon.forecast_service_s == pytest.approx(45 * 0.1, rel=0.05)
+    # A service time later, at the light load's own speed.
+    state = _light_load(monitor, now, 3.0).saturation
+    assert state.service_s == pytest.approx(4.45)  # the seconds measured in the burst
+    assert state.service_steps == 45
+    assert (state.recent_peak, state.serving_batch) == (1, 2)
+    # 45 steps at the 0.02 s of the batch of one (batch two not measured yet): 0.9 s.
+    assert state.forecast_service_s == pytest.approx(45 * 0.02)
+    light = with_live_queue(state, in_flight=1, capacity=8)
+    assert breach(SaturationSettings(latency_slo_s=SLO_S), light) is None
+    # A full batch with a queue is still forecast at the full batch's speed, and refused.
+    full = with_live_queue(state, in_flight=12, capacity=8)
+    assert full.serving_batch == 8
+    assert full.forecast_service_s == pytest.approx(45 * 0.1, rel=0.05)
+    found = breach(SaturationSettings(latency_slo_s=SLO_S), full)
+    assert found is not None and found.signal == "latency_s"
+
+
+def test_under_overload_a_free_slot_is_forecast_at_the_full_batch() -> None:
+    """A request that takes a slot freed a moment ago is served in the batch that fills again
+    behind it, not in the part-full one it joins (run 5: forecast at the batch joined, 0.93-0.95
+    of admitted requests within the SLO at 2x-4x)."""
+    now = [1000.0]
+    monitor = _monitor(now)
+    for _ in range(50):  # the ramp: a batch of 4 steps in 0.05 s
+        now[0] += 0.05
+        monitor.on_step(running=4, waiting=0, kv_usage=0.4)
+    _burst(monitor, now)
+    now[0] += 0.1
+    state = monitor.on_step(running=6, waiting=0, kv_usage=0.7).saturation
+    live = with_live_queue(state, in_flight=6, capacity=8)
+    assert (live.joining_batch, live.serving_batch) == (7, 8)
+    # 45 steps at the full batch's 0.1 s, not at the 0.05 s of the batch of 4 nearest to 7.
+    assert live.forecast_service_s == pytest.approx(45 * 0.1, rel=0.05)
+    found = breach(SaturationSettings(latency_slo_s=4.0), live)
+    assert found is not None and found.signal == "latency_s"
+
+
+def test_steps_a_request_sat_preempted_count_in_its_service() -> None:
+    """Service in steps counts every step the engine made while the request was served, so a
+    preempted request's wait and recomputation stay in the forecast."""
+    meter = SaturationMeter(keep=8, min_finished=3)
+    now = 0.0
+    state = meter.observe(now, 8, 0, [])
+    for index in range(100):
+        now += 0.1
+        # Requests served 20 steps, and one in four was preempted and took 60.
+        served = 5.95 if index % 4 == 0 else 1.95
+        finished = [(96, 0.0, served)] if index >= 92 else []
+        state = meter.observe(now, 8, 0, finished)
+    assert state.service_steps == 60
+    assert state.forecast_service_s == pytest.approx(6.0)  # at this batch's 0.1 s a step
+
+
+def test_quiet_steps_are_counted_as_steps() -> None:
+    """Steps that change nothing are recorded as quiet (not observed in full), yet each is a
+    step a request was served for and a step the batch's speed is measured on."""
+    now = [1000.0]
+    monitor = StepMonitor(
+        WardenSettings(), WardenMetrics(CollectorRegistry()), None, lambda: now[0]
+    )
+    for index in range(200):
+        now[0] += 0.01
+        done = [(96, 0.0, 0.5)] if index % 10 == 9 and index > 50 else None
+        monitor.on_step(running=4, waiting=0, kv_usage=0.5, finished=done)
+    state = monitor.snapshot.saturation
+    assert state.step_times is not None
+    assert state.step_times.at(4) == pytest.approx(0.01)
+    # Counted from the last full step before the request started: full steps come at least
+    # every REPEAT_STEP_S, so at most that many steps too many (a start is a full step anyway:
+    # the running count changes).
+    assert 50 <= state.service_steps <= 50 + REPEAT_STEP_S / 0.01
+
+
+def test_an_unmeasured_batch_size_borrows_the_nearest_smaller_one() -> None:
+    times = StepTimes()
+    assert times.at(3) is None
+    times.add(4, 0.05, 1)
+    assert times.at(2) == 0.05  # only a larger batch measured: its time
+    times.add(1, 0.01, 1)
+    assert times.at(2) == 0.01  # the nearest smaller batch: the first steps at 2 teach it
+    assert times.at(6) == 0.05
+    # Large batches share quarter-octave buckets: a few dozen averages for hundreds of slots.
+    assert batch_bucket(16) == 16
+    assert batch_bucket(250) == batch_bucket(256)
+    assert len({batch_bucket(size) for size in range(1, 1025)}) < 45
+
+
+def test_the_service_gauge_publishes_the_forecast() -> None:
+    registry = CollectorRegistry()
+    now = [1000.0]
+    monitor = _monitor(now, registry)
+    _burst(monitor, now)
+    state = _light_load(monitor, now, 5.0).saturation
+    exported = registry.get_sample_value(catalog.SERVICE_TIME.name)
+    assert exported == pytest.approx(state.forecast_service_s)
+    assert exported < state.service_s / 4

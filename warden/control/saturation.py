@@ -8,7 +8,8 @@ Pure decisions on the measurements of exporter/saturation.py (clock values passe
 - ``predicted_wait`` (exporter/saturation.py, so the exported gauge is the same number):
   how long a request would sit in vLLM's queue, counted in whole batches.
 - ``Limits.exceeded``: the first configured limit a request would break (latency = wait +
-  the service time the engine shows now; queue wait; queue depth), with the signal and value.
+  the service time forecast for the batch it will be served in; queue wait; queue depth), with
+  the signal and value.
 - ``SaturationJudge``: saturated or normal for a typical request, held ``hold_s`` after it
   clears (one change per hold at most: no flapping at steady saturation).
 - ``RetrySchedule``: Retry-After from the drain rate: no earlier than the queue is expected to
@@ -102,8 +103,9 @@ def breach(
     if wait is None:
         return None
     slo = settings.latency_slo_s
-    if slo is not None and state.service_s is not None and wait + state.service_s > slo:
-        latency = wait + state.service_s
+    service_s = state.forecast_service_s
+    if slo is not None and service_s is not None and wait + service_s > slo:
+        latency = wait + service_s
         return Breach("latency_s", latency, slo, latency - slo)
     limit = settings.max_queue_wait_s
     if limit is not None and wait > limit:
