@@ -219,8 +219,8 @@ def saturation_row() -> Row:
     wait = timeseries(
         "Predicted latency against the SLO",
         "What admission predicts for a new request: queue wait (from the queue and the measured "
-        "drain rate) and service time (p99 of recent requests' engine steps at the speed of the "
-        "batch it will be served in), next to the SLO it protects "
+        "drain rate) and service time (p99 of recent requests, scaled to the batch it will be "
+        "served in), next to the SLO it protects "
         "(0 = none set). Normal: wait + service below the SLO.",
         [
             target(aggregate("max", selector(QUEUE_WAIT_PREDICTED), ["instance"]), "wait"),

@@ -496,10 +496,9 @@ SERVICE_TIME = _w(
     "warden_service_time_seconds",
     "gauge",
     "Service time (end to end minus queue) forecast for a request arriving now: the 99th "
-    "percentile of the engine steps recent requests were served for, preemptions and "
-    "recomputation included, at the seconds a step takes now in the batch it will be served in "
-    "(the largest of the last service time, or the one it joins if larger): what "
-    "admission forecasts a request's latency with.",
+    "percentile of recent requests' service times, preemptions and recomputation included, "
+    "each scaled down by the step times now when the batch the request will be served in is "
+    "smaller than the one it was served in: what admission forecasts a request's latency with.",
     unit="s",
     multiprocess_mode="max",
 )

@@ -17,14 +17,15 @@ statistics, in the API process; admission (warden/control/admission.py) decides 
   in it. Admission promises the latency SLO to each request it admits, so it forecasts with the
   service time 99 in 100 recent requests beat, not a typical one: with the 90th, a request
   admitted at the edge of the SLO missed it about once in ten (benchmarks/README.md, run 8).
-  It is forecast in engine steps: the same quantile of the steps the engine made while each
-  request was served (preemptions and recomputation still in it), times the seconds a step
-  takes now (``StepTimes``) at the batch the new request will be served in: the largest the
-  engine ran within the last service time (``BatchPeaks``), or the one it joins if larger.
-  Seconds alone carry the batch the requests ran in: after a burst at a full batch, a light
-  load was forecast the burst's service time, refused whenever anything ran, and, refusing,
-  finished too few requests to learn otherwise (benchmarks/README.md, run 13). The batch it
-  joins alone is too small under overload: the batch fills before the request ends (run 5).
+  Each recent service time is scaled down to the batch the new request will be served in
+  when that batch is smaller than the one the request was served in (its mean running count):
+  by the ratio of the seconds a step takes at the two sizes now (``StepTimes``). The batch it
+  will be served in is the largest the engine ran within the last service time
+  (``BatchPeaks``), or the one it joins if larger. Unscaled, after a burst at a full batch a
+  light load was forecast the burst's service time, refused whenever anything ran, and,
+  refusing, finished too few requests to learn otherwise (benchmarks/README.md, run 13). The
+  batch it joins alone is too small under overload: the batch fills before the request ends
+  (run 5). Never scaled up: under steady load the forecast is the measured quantile itself.
 - preemption (recompute) rate: preemptions per busy second and per finished request.
 - ``predicted_wait``: how long a request would sit in vLLM's queue: the requests ahead of it,
   plus, when its prompt does not fit in the free KV blocks, the requests that must finish to
@@ -64,7 +65,8 @@ class SaturationState:
     recompute_ratio: float = 0.0  # preemptions per finished request, same window
     capacity: int | None = None  # the batch's size limit (max_num_seqs), when known
     slot_rate: float | None = None  # requests finished per busy slot-second (per running one)
-    service_steps: float | None = None  # SERVICE_QUANTILE of engine steps served, same
+    # (seconds served, the mean batch it was served in) of the same completions.
+    recent_service: tuple[tuple[float, int], ...] = ()
     # Seconds per engine step by batch size, the meter's own (live: the engine's speed now).
     step_times: StepTimes | None = field(default=None, hash=False)
     # The meter's record of recent batch sizes (live), and when this state was measured.
@@ -96,14 +98,25 @@ class SaturationState:
 
     @property
     def forecast_service_s(self) -> float | None:
-        """Service time forecast for a request arriving now: ``service_steps`` steps at the
-        seconds a step takes at the batch it will be served in; the measured quantile in
-        seconds until both are known."""
-        if self.service_steps is not None and self.step_times is not None:
-            step_s = self.step_times.at(self.serving_batch)
-            if step_s is not None:
-                return self.service_steps * step_s
-        return self.service_s
+        """Service time forecast for a request arriving now: the ``SERVICE_QUANTILE`` of the
+        recent service times, each scaled down to the batch it will be served in when that is
+        smaller than the one it was served in; the measured quantile where nothing scales."""
+        times = self.step_times
+        if times is None or not self.recent_service or self.service_s is None:
+            return self.service_s
+        serving = self.serving_batch
+        step_s = times.at(serving)
+        if step_s is None:
+            return self.service_s
+        factors: dict[int, float] = {}
+        scaled = []
+        for served, batch in self.recent_service:
+            factor = factors.get(batch)
+            if factor is None:
+                then = times.at(batch) if batch > serving else None
+                factor = factors[batch] = min(1.0, step_s / then) if then else 1.0
+            scaled.append(served * factor)
+        return _quantile(scaled, SERVICE_QUANTILE)
 
     @property
     def queue_wait_s(self) -> float | None:
@@ -118,7 +131,6 @@ class SaturationState:
             "drain_rate_per_s": _rounded(self.drain_rate),
             "service_s": _rounded(self.forecast_service_s),
             "measured_service_s": _rounded(self.service_s),
-            "service_steps": _rounded(self.service_steps),
             "queue_wait_s": _rounded(self.queue_wait_s),
             "tokens_per_request": _rounded(self.tokens_per_request),
             "preemptions_per_s": _rounded(self.preemptions_per_s),
@@ -191,8 +203,8 @@ EXACT_BATCHES = 16
 # service time asks for; a longer service time looks back this far only).
 PEAK_BUCKET_S = 0.25
 PEAK_KEEP_S = 60.0
-# Step-clock readings kept to count each finished request's steps (one per full step; halved
-# when full, so the oldest cover far longer than any request is served).
+# Slot-clock readings kept to find the batch each finished request was served in (one per
+# full step; halved when full, so the oldest cover far longer than any request is served).
 CHECKPOINTS = 16384
 
 
@@ -280,13 +292,13 @@ class SaturationMeter:
         self._busy = 0.0  # seconds with work in the engine, since start
         self._slot_s = 0.0  # running-request seconds (a slot busy for a second counts one)
         self._last: tuple[float, int, int] | None = None  # (time, running, waiting) last step
-        self._steps = 0  # engine steps with a request running, since start
-        # (time, steps) at each observed step: how many steps a finished request was served.
+        # (time, slot clock, running) at each observed step: the mean batch a finished
+        # request was served in.
         self._checkpoint_at: list[float] = []
-        self._checkpoint_steps: list[int] = []
+        self._checkpoint_slots: list[tuple[float, int]] = []
         self.step_times = StepTimes()
         self.batch_peaks = BatchPeaks()
-        # (busy clock, slot clock, tokens, service seconds, service steps) of recent
+        # (busy clock, slot clock, tokens, service seconds, mean batch served in) of recent
         # completions; one more than ``keep``: the oldest is the reference the rates are
         # measured from.
         self._done: deque[tuple[float, float, int, float, int]] = deque(maxlen=keep + 1)
@@ -312,14 +324,13 @@ class SaturationMeter:
             self._busy += elapsed
             self._slot_s += elapsed * last[1]
             if last[1] > 0:  # steps of the batch that ran since, all of the same size
-                self._steps += steps
                 self.step_times.add(last[1], elapsed / max(steps, 1), steps)
         self._last = (now, running, waiting)
         self.batch_peaks.record(now, running)
-        self._checkpoint(now)
+        self._checkpoint(now, running)
         for tokens, _queued, served in finished:
-            served_steps = max(1, self._steps - self._steps_at(now - served))
-            self._done.append((self._busy, self._slot_s, tokens, served, served_steps))
+            batch = self._mean_batch(now, served) if served > 0 else max(running, 1)
+            self._done.append((self._busy, self._slot_s, tokens, served, batch))
         if preempted:
             self._preempted.append((self._busy, preempted))
         if finished or preempted or self._summary is None:
@@ -339,31 +350,38 @@ class SaturationMeter:
             preemptions_per_s=summary.preemptions / span,
             recompute_ratio=summary.preemptions / summary.count,
             slot_rate=summary.count / slot_span if slot_span > 1e-3 else None,
-            service_steps=summary.service_steps,
+            recent_service=summary.recent_service,
             step_times=self.step_times,
             batch_peaks=self.batch_peaks,
             measured_at=now,
         )
 
-    def _checkpoint(self, now: float) -> None:
-        at, steps = self._checkpoint_at, self._checkpoint_steps
+    def _checkpoint(self, now: float, running: int) -> None:
+        at, slots = self._checkpoint_at, self._checkpoint_slots
         if at and now < at[-1]:  # the clock went back: start the record again
             at.clear()
-            steps.clear()
-        if at and steps[-1] == self._steps:
-            at[-1] = now  # no step since: the latest reading stands for both
-            return
+            slots.clear()
+        if slots and slots[-1][1] == running:
+            return  # the same batch since the last reading: the slot clock follows from it
         at.append(now)
-        steps.append(self._steps)
+        slots.append((self._slot_s, running))
         if len(at) > CHECKPOINTS:
             del at[: CHECKPOINTS // 2]
-            del steps[: CHECKPOINTS // 2]
+            del slots[: CHECKPOINTS // 2]
 
-    def _steps_at(self, when: float) -> int:
-        """The step count at ``when``: the last reading at or before it (the oldest kept if
-        it is older still)."""
-        index = bisect.bisect_right(self._checkpoint_at, when) - 1
-        return self._checkpoint_steps[max(index, 0)] if self._checkpoint_steps else 0
+    def _mean_batch(self, now: float, served: float) -> int:
+        """The mean running count over the ``served`` seconds before ``now``, from the slot
+        clock (read at the last batch change before then, and run on at that batch)."""
+        start = now - served
+        index = bisect.bisect_right(self._checkpoint_at, start) - 1
+        if index < 0:  # older than the record: from its oldest reading
+            index, start = 0, self._checkpoint_at[0]
+        slot_then, running_then = self._checkpoint_slots[index]
+        slot_at_start = slot_then + (start - self._checkpoint_at[index]) * running_then
+        span = now - start
+        if span <= 0:
+            return max(running_then, 1)
+        return max(1, round((self._slot_s - slot_at_start) / span))
 
     def _summarize(self) -> _Completions:
         done = list(self._done)
@@ -380,7 +398,7 @@ class SaturationMeter:
             reference=reference,
             slot_reference=slot_reference,
             service_s=_quantile([entry[3] for entry in counted], SERVICE_QUANTILE),
-            service_steps=_quantile([entry[4] for entry in counted], SERVICE_QUANTILE),
+            recent_service=tuple((entry[3], entry[4]) for entry in counted),
             tokens_per_request=sum(entry[2] for entry in counted) / len(counted),
             preemptions=sum(n for _at, n in self._preempted),
         )
@@ -395,6 +413,6 @@ class _Completions:
     reference: float = 0.0
     slot_reference: float = 0.0
     service_s: float | None = None
-    service_steps: float | None = None
+    recent_service: tuple[tuple[float, int], ...] = ()
     tokens_per_request: float | None = None
     preemptions: int = 0

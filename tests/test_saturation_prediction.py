@@ -17,7 +17,7 @@ from exporter.saturation import (
     predicted_wait,
 )
 from exporter.settings import WardenSettings
-from exporter.step_monitor import REPEAT_STEP_S, StepMonitor, StepSnapshot
+from exporter.step_monitor import StepMonitor, StepSnapshot
 from warden.control.config import SaturationSettings
 from warden.control.saturation import breach, with_live_queue
 
@@ -91,29 +91,32 @@ def _monitor(now: list[float], registry: CollectorRegistry | None = None) -> Ste
 
 def test_after_a_burst_a_light_load_is_forecast_at_its_own_speed_and_admitted() -> None:
     """The service seconds recent requests took at a full batch are not what a request will take
-    in a batch of one or two: the steps they took are. Before, a light load after a burst was
-    forecast the burst's 4.45 s, refused whenever anything ran, and finished too few requests
-    to learn otherwise (run 13: 85 of 97 refused at 0.5x after 4x)."""
+    in a batch of one or two: scaled by the step times of the two batches, they are. Before, a
+    light load after a burst was forecast the burst's 4.45 s, refused whenever anything ran, and
+    finished too few requests to learn otherwise (run 13: 85 of 97 refused at 0.5x after 4x)."""
     now = [1000.0]
     monitor = _monitor(now)
     _burst(monitor, now)
     # Within a service time of the burst the batch may fill again: forecast at the full one.
     soon = _light_load(monitor, now, 2.0).saturation
     assert soon.recent_peak == 8
-    assert soon.forecast_service_s == pytest.approx(45 * 0.1, rel=0.05)
+    assert soon.forecast_service_s == pytest.approx(4.45)
     # A service time later, at the light load's own speed.
     state = _light_load(monitor, now, 3.0).saturation
     assert state.service_s == pytest.approx(4.45)  # the seconds measured in the burst
-    assert state.service_steps == 45
+    assert {batch for _served, batch in state.recent_service} == {8}
     assert (state.recent_peak, state.serving_batch) == (1, 2)
-    # 45 steps at the 0.02 s of the batch of one (batch two not measured yet): 0.9 s.
-    assert state.forecast_service_s == pytest.approx(45 * 0.02)
+    # At the 0.02 s a step of the batch of one (batch two not measured yet) against the full
+    # batch's 0.1 s: a fifth (the full batch's average took one 0.02 s step: 0.096 s).
+    assert state.step_times is not None
+    assert state.forecast_service_s == pytest.approx(4.45 * 0.02 / state.step_times.at(8))
+    assert state.forecast_service_s < 1.0
     light = with_live_queue(state, in_flight=1, capacity=8)
     assert breach(SaturationSettings(latency_slo_s=SLO_S), light) is None
     # A full batch with a queue is still forecast at the full batch's speed, and refused.
     full = with_live_queue(state, in_flight=12, capacity=8)
     assert full.serving_batch == 8
-    assert full.forecast_service_s == pytest.approx(45 * 0.1, rel=0.05)
+    assert full.forecast_service_s == pytest.approx(4.45)
     found = breach(SaturationSettings(latency_slo_s=SLO_S), full)
     assert found is not None and found.signal == "latency_s"
 
@@ -132,46 +135,52 @@ def test_under_overload_a_free_slot_is_forecast_at_the_full_batch() -> None:
     state = monitor.on_step(running=6, waiting=0, kv_usage=0.7).saturation
     live = with_live_queue(state, in_flight=6, capacity=8)
     assert (live.joining_batch, live.serving_batch) == (7, 8)
-    # 45 steps at the full batch's 0.1 s, not at the 0.05 s of the batch of 4 nearest to 7.
-    assert live.forecast_service_s == pytest.approx(45 * 0.1, rel=0.05)
+    # The full batch's 4.45 s, not scaled to the 0.05 s a step of the batch of 4 nearest to 7.
+    assert live.forecast_service_s == pytest.approx(4.45)
     found = breach(SaturationSettings(latency_slo_s=4.0), live)
     assert found is not None and found.signal == "latency_s"
 
 
-def test_steps_a_request_sat_preempted_count_in_its_service() -> None:
-    """Service in steps counts every step the engine made while the request was served, so a
-    preempted request's wait and recomputation stay in the forecast."""
+def test_under_steady_load_the_forecast_is_the_measured_quantile() -> None:
+    """Served in the batch recent requests were served in, nothing is scaled: preemptions,
+    recomputation and slow steps stay in the forecast as measured."""
     meter = SaturationMeter(keep=8, min_finished=3)
     now = 0.0
     state = meter.observe(now, 8, 0, [])
     for index in range(100):
-        now += 0.1
-        # Requests served 20 steps, and one in four was preempted and took 60.
-        served = 5.95 if index % 4 == 0 else 1.95
+        now += 0.1 if index % 3 else 0.3  # some steps slow (long prompts prefilled)
+        # One in four requests was preempted and took three times as long.
+        served = 6.0 if index % 4 == 0 else 2.0
         finished = [(96, 0.0, served)] if index >= 92 else []
         state = meter.observe(now, 8, 0, finished)
-    assert state.service_steps == 60
-    assert state.forecast_service_s == pytest.approx(6.0)  # at this batch's 0.1 s a step
+    full = with_live_queue(state, in_flight=8, capacity=8)
+    assert full.serving_batch == 8
+    assert full.forecast_service_s == full.service_s == 6.0
 
 
 def test_quiet_steps_are_counted_as_steps() -> None:
     """Steps that change nothing are recorded as quiet (not observed in full), yet each is a
-    step a request was served for and a step the batch's speed is measured on."""
+    step the batch's speed is measured on."""
     now = [1000.0]
-    monitor = StepMonitor(
-        WardenSettings(), WardenMetrics(CollectorRegistry()), None, lambda: now[0]
-    )
-    for index in range(200):
+    monitor = _monitor(now)
+    for _ in range(200):
         now[0] += 0.01
-        done = [(96, 0.0, 0.5)] if index % 10 == 9 and index > 50 else None
-        monitor.on_step(running=4, waiting=0, kv_usage=0.5, finished=done)
-    state = monitor.snapshot.saturation
-    assert state.step_times is not None
-    assert state.step_times.at(4) == pytest.approx(0.01)
-    # Counted from the last full step before the request started: full steps come at least
-    # every REPEAT_STEP_S, so at most that many steps too many (a start is a full step anyway:
-    # the running count changes).
-    assert 50 <= state.service_steps <= 50 + REPEAT_STEP_S / 0.01
+        monitor.on_step(running=4, waiting=0, kv_usage=0.5)
+    assert monitor.saturation.step_times.at(4) == pytest.approx(0.01)
+
+
+def test_a_request_is_placed_in_the_mean_batch_it_was_served_in() -> None:
+    meter = SaturationMeter(keep=8, min_finished=1)
+    now = 0.0
+    meter.observe(now, 2, 0, [])
+    for _ in range(10):  # 1 s at a batch of 2, then 1 s at a batch of 6
+        now += 0.1
+        meter.observe(now, 2, 0, [])
+    for _ in range(10):
+        now += 0.1
+        meter.observe(now, 6, 0, [])
+    state = meter.observe(now + 0.05, 6, 0, [(96, 0.0, 2.0)])
+    assert state.recent_service == ((2.0, 4),)
 
 
 def test_an_unmeasured_batch_size_borrows_the_nearest_smaller_one() -> None:
