@@ -4,6 +4,8 @@ batches, so the dashboard did not show what admission decided)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -62,11 +64,11 @@ def test_the_gauge_publishes_the_prediction() -> None:
 
 # --- service time forecast in engine steps ------------------------------------------------------
 
-SLO_S = 5.0
+SLO_S = 4.0  # under the burst's service time, as in run 13
 
 
 def _burst(monitor: StepMonitor, now: list[float]) -> None:
-    """A full batch of 8 with a queue (0.1 s steps, each request served 45 steps: 4.45 s, near
+    """A full batch of 8 with a queue (0.1 s steps, each request served 45 steps: 4.45 s, over
     the SLO). (Service times sit between two steps, where float sums cannot put them on either
     side.)"""
     for index in range(400):
@@ -113,6 +115,10 @@ def test_after_a_burst_a_light_load_is_forecast_at_its_own_speed_and_admitted() 
     assert state.forecast_service_s < 1.0
     light = with_live_queue(state, in_flight=1, capacity=8)
     assert breach(SaturationSettings(latency_slo_s=SLO_S), light) is None
+    # The seconds as measured, unscaled, refused it: 4.45 s over the SLO of 4 s.
+    unscaled = dataclasses.replace(light, step_times=None)
+    found = breach(SaturationSettings(latency_slo_s=SLO_S), unscaled)
+    assert found is not None and found.signal == "latency_s"
     # A full batch with a queue is still forecast at the full batch's speed, and refused.
     full = with_live_queue(state, in_flight=12, capacity=8)
     assert full.serving_batch == 8
