@@ -103,7 +103,7 @@ def breach(
     if wait is None:
         return None
     slo = settings.latency_slo_s
-    service_s = state.forecast_service_s
+    service_s = state.forecast_service_s if slo is not None else None
     if slo is not None and service_s is not None and wait + service_s > slo:
         latency = wait + service_s
         return Breach("latency_s", latency, slo, latency - slo)
