@@ -43,14 +43,18 @@ StepListener = Callable[[StepSnapshot], None]
 
 # The step gauges (last step, queue wait, drain rate, service time) are set at most this often:
 # engines step hundreds of times a second, Prometheus scrapes every few seconds, and each set
-# costs the API server's output loop CPU. Between steps ``refresh_memory`` sets the last values.
-PUBLISH_EVERY_S = 0.05
+# costs the API server's output loop CPU (the service-time forecast is a quantile over recent
+# requests). Between steps ``refresh_memory`` sets the last values. A quarter second: a scrape
+# sees values at most that old, against scrape intervals of seconds.
+PUBLISH_EVERY_S = 0.25
 # A step that changes nothing the watermark, the saturation meter or the listeners read (the
 # same running and waiting counts, nothing finished or preempted, no new memory sample) only
 # moves the snapshot's time and KV usage, for at most this long after the last full step: the
 # time-driven changes (a watermark's hold, a reflex's release delay, a saturation hold) come at
-# most this late. Steady decoding is mostly such steps.
-REPEAT_STEP_S = 0.05
+# most this late, as late as the tick between steps (warden.engine.endpoints) makes them on an
+# idle engine. Steady decoding is mostly such steps: at a light load on a 2-core machine, full
+# steps every 50 ms were about 2% of the API server's CPU (benchmarks/README.md, run 15).
+REPEAT_STEP_S = 0.25
 
 
 class StepMonitor:

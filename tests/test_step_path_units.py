@@ -90,7 +90,8 @@ def test_step_gauges_are_set_at_most_every_publish_interval_and_the_last_step_wh
     published_at = now[0]
     sets = 0
     last = step_gauges(registry)
-    for waiting in range(1, 200):  # steps 1 ms apart, the queue growing
+    steps = int(4 * PUBLISH_EVERY_S / 0.001)
+    for waiting in range(1, steps):  # steps 1 ms apart, the queue growing
         now[0] += 0.001
         snap = monitor.on_step(running=8, waiting=waiting, kv_usage=0.9)
         if step_gauges(registry) != last:
@@ -98,7 +99,7 @@ def test_step_gauges_are_set_at_most_every_publish_interval_and_the_last_step_wh
             last = step_gauges(registry)
             assert now[0] - published_at >= PUBLISH_EVERY_S - 1e-9
             published_at = now[0]
-    assert 1 <= sets <= 0.2 / PUBLISH_EVERY_S
+    assert 1 <= sets <= 4
     assert step_gauges(registry) != (snap.timestamp, predicted_wait(snap.saturation))
     # The engine goes quiet: the tick between steps publishes the last step's values.
     now[0] += 0.3
