@@ -72,6 +72,7 @@ class SaturationState:
     # The meter's record of recent batch sizes (live), and when this state was measured.
     batch_peaks: BatchPeaks | None = field(default=None, hash=False, compare=False)
     measured_at: float = 0.0
+    kv_usage: float | None = None  # the KV cache's use (0..1) at the step, when known
 
     @property
     def recent_peak(self) -> int:
@@ -315,9 +316,11 @@ class SaturationMeter:
         finished: list[tuple[int, float, float]],
         preempted: int = 0,
         steps: int = 1,
+        kv_usage: float | None = None,
     ) -> SaturationState:
         """One observed step; ``steps`` engine steps since the last one observed (the steps
-        that changed nothing are counted, not observed: exporter/step_monitor.py)."""
+        that changed nothing are counted, not observed: exporter/step_monitor.py); the KV
+        cache's use at it, when known."""
         last = self._last
         if last is not None and last[1] + last[2] > 0:
             elapsed = max(0.0, now - last[0])
@@ -337,7 +340,7 @@ class SaturationMeter:
             self._summary = self._summarize()
         summary = self._summary
         if summary.count < self.min_finished:
-            return SaturationState(running, waiting)
+            return SaturationState(running, waiting, kv_usage=kv_usage)
         # The rate counts completions after the reference point, over the busy time since.
         span = max(self._busy - summary.reference, 1e-3)
         slot_span = self._slot_s - summary.slot_reference
@@ -354,6 +357,7 @@ class SaturationMeter:
             step_times=self.step_times,
             batch_peaks=self.batch_peaks,
             measured_at=now,
+            kv_usage=kv_usage,
         )
 
     def _checkpoint(self, now: float, running: int) -> None:

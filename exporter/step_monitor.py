@@ -136,7 +136,13 @@ class StepMonitor:
             )
             change = self._update_watermark(snap, now)
             snap.saturation = self.saturation.observe(
-                now, snap.running, snap.waiting, finished or [], preempted, self._quiet_steps + 1
+                now,
+                snap.running,
+                snap.waiting,
+                finished or [],
+                preempted,
+                self._quiet_steps + 1,
+                snap.kv_cache_usage,
             )
             self._quiet_steps = 0
             self.snapshot = snap

@@ -212,3 +212,62 @@ def test_the_service_gauge_publishes_the_forecast() -> None:
     exported = registry.get_sample_value(catalog.SERVICE_TIME.name)
     assert exported == pytest.approx(state.forecast_service_s)
     assert exported < state.service_s / 4
+
+
+def _half_load_state(kv_usage: float) -> SaturationState:
+    """A step at half load (4 of 8 slots running, each request served in 1 s, 96 tokens), two
+    requests reported waiting: they arrived while the step ran."""
+    meter = SaturationMeter(keep=32, min_finished=3)
+    now = 0.0
+    meter.observe(now, 4, 0, [], kv_usage=kv_usage)
+    for _ in range(40):
+        now += 0.25
+        meter.observe(now, 4, 0, [(96, 0.0, 1.0)], kv_usage=kv_usage)
+    now += 0.01
+    return meter.observe(now, 4, 2, [], kv_usage=kv_usage)
+
+
+# 48 blocks of 16 tokens: a typical request (96 tokens) takes 6.
+KV_BLOCKS = (48, 16)
+
+
+def test_requests_that_arrived_during_a_step_are_not_a_queue_at_a_light_load() -> None:
+    """vLLM reports a request that arrived while a step ran as waiting until the next step
+    starts it. Counted as a queue for a slot to free, a request arriving beside two of them at
+    half load was forecast a whole batch's wait (1 s) plus its service (1 s), over an SLO of
+    1.5 s, and refused at 0.5x (run 15). They have free slots and KV blocks: none waits."""
+    state = _half_load_state(kv_usage=0.3)
+    assert state.kv_usage == 0.3
+    live = with_live_queue(state, in_flight=6, capacity=8, kv_blocks=KV_BLOCKS)
+    assert (live.running, live.waiting) == (6, 0)
+    assert live.queue_wait_s == 0.0
+    assert breach(SaturationSettings(latency_slo_s=1.5), live) is None
+    # Without the cache's geometry the two are taken to wait for a slot, as before; each
+    # counted once (they were counted running and waiting both).
+    unknown = with_live_queue(state, in_flight=6, capacity=8)
+    assert (unknown.running, unknown.waiting) == (4, 2)
+    found = breach(SaturationSettings(latency_slo_s=1.5), unknown)
+    assert found is not None and found.signal == "latency_s"
+
+
+def test_a_queue_held_back_by_the_kv_cache_still_waits() -> None:
+    """Free slots but no free KV blocks (a loaded GPU's usual state: the cache, not the batch
+    size, is the limit): the requests reported waiting stay waiting, and so does a new one."""
+    state = _half_load_state(kv_usage=0.95)  # 2 free blocks: not one typical request
+    live = with_live_queue(state, in_flight=6, capacity=8, kv_blocks=KV_BLOCKS)
+    assert (live.running, live.waiting) == (4, 2)
+    assert live.queue_wait_s == pytest.approx(1.0, rel=0.01)  # the batch ahead: 4 slots at 4/s
+    found = breach(SaturationSettings(latency_slo_s=1.5), live)
+    assert found is not None and found.signal == "latency_s"
+    # Room for one of the two: one starts, the other still waits.
+    one = with_live_queue(
+        dataclasses.replace(state, kv_usage=0.8), in_flight=6, capacity=8, kv_blocks=KV_BLOCKS
+    )
+    assert (one.running, one.waiting) == (5, 1)
+
+
+def test_the_step_monitor_hands_the_kv_use_to_the_saturation_state() -> None:
+    now = [1000.0]
+    monitor = _monitor(now)
+    now[0] += 0.1
+    assert monitor.on_step(running=2, waiting=1, kv_usage=0.4).saturation.kv_usage == 0.4

@@ -364,7 +364,8 @@ class Controller:
         capacity = vllm_compat.max_num_seqs(self.engine_client)
         if held and capacity is not None and in_flight >= capacity:
             in_flight += self.retry_schedule.expected_returns(self.clock())
-        return with_live_queue(self.saturation, in_flight, capacity)
+        kv_blocks = vllm_compat.kv_geometry(self.engine_client)
+        return with_live_queue(self.saturation, in_flight, capacity, kv_blocks)
 
     @contextlib.contextmanager
     def serving(self, request_key: int | None = None) -> Iterator[None]:

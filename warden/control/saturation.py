@@ -4,7 +4,9 @@ Pure decisions on the measurements of exporter/saturation.py (clock values passe
 
 - ``with_live_queue``: the last step's counts brought up to this instant with the requests in
   flight now. Requests that arrive together (the clients of a batch that just finished) are
-  each judged with the others already counted, not on the same stale step.
+  each judged with the others already counted, not on the same stale step. The requests
+  vLLM reported waiting that it starts at its next step (a free slot and KV blocks for each:
+  ``startable_now``) are not a queue.
 - ``predicted_wait`` (exporter/saturation.py, so the exported gauge is the same number):
   how long a request would sit in vLLM's queue, counted in whole batches.
 - ``Limits.exceeded``: the first configured limit a request would break (latency = wait +
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import math
 import threading
 import time
 from collections import deque
@@ -46,19 +49,48 @@ from warden.control.config import SaturationSettings
 NORMAL, SATURATED = SATURATION_STATES
 
 
+def startable_now(state: SaturationState, capacity: int, kv_blocks: tuple[int, int] | None) -> int:
+    """How many of the requests vLLM reported waiting it starts at its next step: those with a
+    free slot and, each, room for a typical request (prompt and output) in the free KV blocks.
+    vLLM counts a request that arrived while a step ran as waiting until the next step starts
+    it; at a light load that is most of its queue, and judged as waiting for a slot to free, a
+    request arriving beside them was forecast a whole batch's wait and refused at 0.5x
+    (benchmarks/README.md, run 15). A queue held back by the KV cache (the engine full of
+    long sequences: most of a loaded GPU's) has no free blocks: none start. Unknown cache
+    geometry or use: none (the worst case, as before)."""
+    if state.waiting <= 0 or kv_blocks is None or state.kv_usage is None:
+        return 0
+    if not state.tokens_per_request:
+        return 0
+    total_blocks, block_size = kv_blocks
+    free_blocks = int(total_blocks * (1.0 - state.kv_usage))
+    per_request = max(1, math.ceil(state.tokens_per_request / block_size))
+    return max(0, min(state.waiting, capacity - state.running, free_blocks // per_request))
+
+
 def with_live_queue(
-    state: SaturationState, in_flight: int, capacity: int | None
+    state: SaturationState,
+    in_flight: int,
+    capacity: int | None,
+    kv_blocks: tuple[int, int] | None = None,
 ) -> SaturationState:
     """``state`` with the batch and queue this instant: ``in_flight`` requests unfinished now
-    (this request not among them), at most ``capacity`` (max_num_seqs) of them running. The
-    queue is never taken below what the engine last reported (another API server's requests
-    are only in that); without a capacity the state is left as measured."""
+    (this request not among them), at most ``capacity`` (max_num_seqs) of them running.
+
+    The requests vLLM reported waiting are still waiting, unless it starts them at its next
+    step (``startable_now``, from ``kv_blocks``: the cache's blocks and tokens per block),
+    and are not also counted running: requests that arrived since take the free slots, then
+    queue. The queue is never taken below what the engine last reported (another API
+    server's requests are only in that); without a capacity the state is left as measured."""
     if capacity is None or capacity <= 0:
         return state
+    in_flight = max(in_flight, 0)
+    waiting = state.waiting - startable_now(state, capacity, kv_blocks)
+    running = min(max(in_flight - waiting, min(in_flight, state.running)), capacity)
     return dataclasses.replace(
         state,
-        running=min(max(in_flight, 0), capacity),
-        waiting=max(state.waiting, in_flight - capacity),
+        running=running,
+        waiting=max(waiting, in_flight - running),
         capacity=capacity,
     )
 
