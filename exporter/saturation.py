@@ -138,6 +138,7 @@ class SaturationState:
             "recompute_ratio": _rounded(self.recompute_ratio),
             "capacity": self.capacity,
             "slot_rate_per_s": _rounded(self.slot_rate),
+            "kv_usage": _rounded(self.kv_usage),
         }
 
 

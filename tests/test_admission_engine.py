@@ -219,6 +219,23 @@ def generated(response: httpx.Response) -> int:
     return int(usage.get("completion_tokens", usage.get("output_tokens", -1)))
 
 
+def test_the_api_server_reads_what_tells_a_queue_from_requests_about_to_start(
+    engine: EngineProcess,
+) -> None:
+    """Admission takes a request vLLM reported waiting for one it starts at its next step when
+    a slot and KV blocks are free (warden.control.saturation.startable_now). Its inputs, the
+    cache's geometry in the API server and the KV use at each step, must come from the real
+    engine: without them every such request is taken for a queue, and a light load is refused
+    under an SLO (benchmarks/README.md, run 15)."""
+    body = {"model": model(engine), "prompt": "a", "max_tokens": 4, "ignore_eos": True}
+    assert post(engine, "/v1/completions", body).status_code == 200
+    saturation = state(engine)["saturation"]
+    blocks, block_size = saturation["kv_blocks"]
+    assert blocks > 0 and block_size > 0
+    assert 0.0 <= saturation["measured"]["kv_usage"] <= 1.0
+    assert saturation["startable_now"] == 0  # nothing waits on an idle engine
+
+
 def test_caps_follow_vllms_precedence_and_only_lower(engine: EngineProcess) -> None:
     name = model(engine)
     hi = [{"role": "user", "content": "hi"}]

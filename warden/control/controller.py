@@ -52,6 +52,7 @@ from warden.control.saturation import (
     RetrySchedule,
     SaturationChange,
     SaturationJudge,
+    startable_now,
     with_live_queue,
 )
 
@@ -460,6 +461,8 @@ class Controller:
     def saturation_json(self) -> dict[str, Any]:
         judge = self.saturation_judge
         limits = self.config.admission.saturation
+        kv_blocks = vllm_compat.kv_geometry(self.engine_client)
+        capacity = vllm_compat.max_num_seqs(self.engine_client)
         return {
             "state": judge.state if judge is not None else "normal",
             "since": judge.since if judge is not None else None,
@@ -474,6 +477,11 @@ class Controller:
                 "max_queue_depth": limits.max_queue_depth,
             },
             "measured": self.saturation.to_json(),
+            # The KV cache's blocks and tokens per block, as this API server knows them: without
+            # them every request vLLM reported waiting is taken to wait for a slot to free.
+            "kv_blocks": kv_blocks,
+            # Of those reported waiting, how many vLLM starts at its next step (no queue).
+            "startable_now": startable_now(self.saturation, capacity, kv_blocks) if capacity else 0,
             # What admission judges the queue from between two steps (live_saturation).
             "in_flight": {
                 "admitted": self.admitted_in_flight,

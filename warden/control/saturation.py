@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import math
 import threading
 import time
 from collections import deque
@@ -62,10 +61,9 @@ def startable_now(state: SaturationState, capacity: int, kv_blocks: tuple[int, i
         return 0
     if not state.tokens_per_request:
         return 0
-    total_blocks, block_size = kv_blocks
-    free_blocks = int(total_blocks * (1.0 - state.kv_usage))
-    per_request = max(1, math.ceil(state.tokens_per_request / block_size))
-    return max(0, min(state.waiting, capacity - state.running, free_blocks // per_request))
+    kv = KvState(kv_blocks[0], kv_blocks[1], state.kv_usage)
+    fits = kv.free_blocks(0) // max(1, kv.blocks_for(state.tokens_per_request))
+    return max(0, min(state.waiting, capacity - state.running, fits))
 
 
 def with_live_queue(
