@@ -357,3 +357,22 @@ def test_a_refused_notification_says_why_in_its_span(
 ) -> None:
     assert post_notification(webhook_client, body, token) in (400, 401)
     has(only(spans, "warden.webhook"), outcome=outcome)
+
+
+def test_without_an_exporter_no_span_is_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nowhere to send spans (no OTLP variable, no exporter added): the tracer is a no-op, so
+    a refusal costs no span; once an exporter is added, spans are made and reach it."""
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
+    monkeypatch.setattr(telemetry, "_provider", None)
+    monkeypatch.setattr(telemetry, "_tracer", None)
+    monkeypatch.setattr(telemetry, "_exporting", False)
+    with telemetry.tracer().start_as_current_span("warden.reject") as span:
+        assert not span.is_recording()
+    memory = InMemorySpanExporter()
+    telemetry.add_exporter(memory)
+    with telemetry.tracer().start_as_current_span("warden.reject") as span:
+        assert span.is_recording()
+    assert [s.name for s in memory.get_finished_spans()] == ["warden.reject"]
+    memory.shutdown()
