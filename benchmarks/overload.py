@@ -23,7 +23,11 @@ core of its own (``--client-cpus``, default: the last core; the engine's process
 vLLM's client keeps an absolute arrival schedule, and starved of CPU it sends late and in
 bursts and reads its answers late, so its latencies would measure itself (benchmarks/README.md).
 Capacity is measured the same way: plain vLLM with its batch kept full, completions per second
-of the window. The SLO is set from
+of the window, at the start and again right before each point of each pair (``capacity_at``;
+``--capacity-once`` keeps the first): this machine's speed drifts by tens of percent within
+minutes, and a capacity measured once at a fast moment made every later "0.5x" nearer 1x
+(run 17, benchmarks/README.md). Each point's rate, and its goodput's share of capacity, are
+of the capacity measured right before it. The SLO is set from
 the engine, not by hand: twice plain vLLM's p99 end-to-end latency at 0.5x (``--slo-factor``),
 printed; ``--slo-s`` overrides it. Warden runs in each configuration of ``--configs``: its
 ``default`` config (no admission limit: it must be invisible) and ``slo``, with
@@ -403,7 +407,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 )  # fmt: skip
                 # As warm as plain after its calibration runs.
                 bench_serve(up[side].base_url, model, None, 16, root / "warm.json", None, 8)
-            plan = Plan(model, points, honour_points, capacity, slo_s, args.prompts, root)
+            plan = Plan(
+                model, points, honour_points, capacity, slo_s, args.prompts, root,
+                args.capacity_once,
+            )  # fmt: skip
             for pair in range(args.pairs):
                 results["pairs"].append(measure_pair(up, pair, plan))
                 log(f"pair {pair + 1} done")
@@ -423,6 +430,7 @@ class Plan:
     slo_s: float
     prompts: Callable[[float], int]
     root: Path
+    capacity_once: bool = False  # the start's capacity for every point (no re-measuring)
 
 
 def measure_pair(up: dict[str, Any], pair: int, plan: Plan) -> dict[str, list[dict[str, Any]]]:
@@ -438,13 +446,16 @@ def measure_pair(up: dict[str, Any], pair: int, plan: Plan) -> dict[str, list[di
     honoured: dict[float, dict[str, Any]] = {}
 
     def honour(point: float) -> None:
-        rate = plan.capacity * point
+        capacity = capacities.get(point) or capacity_at(up["plain"], plan, pair, point)
+        rate = capacity * point
         client = _honouring(up[honouring].base_url, plan.model, rate, plan.prompts(rate), slo)
-        honoured[point] = measure(up[honouring], rate, client, slo)
+        honoured[point] = {**measure(up[honouring], rate, client, slo), "capacity_per_s": capacity}
 
     slo = plan.slo_s
+    capacities: dict[float, float] = {}
     for index, point in enumerate(plan.points):
-        rate = plan.capacity * point
+        capacity = capacities[point] = capacity_at(up["plain"], plan, pair, point)
+        rate = capacity * point
         for side in sides if (pair + index) % 2 == 0 else reversed(sides):
             engine = up[side]
             if side != "plain":
@@ -452,7 +463,9 @@ def measure_pair(up: dict[str, Any], pair: int, plan: Plan) -> dict[str, list[di
             out = plan.root / f"pair{pair}-{side}" / f"x{point:g}.json"
             out.parent.mkdir(parents=True, exist_ok=True)
             client = _ignoring(engine.base_url, plan.model, rate, plan.prompts(rate), out, slo)
-            measured[side].append(measure(engine, rate, client, slo))
+            measured[side].append(
+                {**measure(engine, rate, client, slo), "capacity_per_s": capacity}
+            )
             if side == honouring and point in plan.honour_points:
                 honour(point)
     if honouring in up and plan.honour_points:
@@ -461,6 +474,23 @@ def measure_pair(up: dict[str, Any], pair: int, plan: Plan) -> dict[str, list[di
                 honour(point)
         measured[f"{honouring}_honouring"] = [honoured[point] for point in plan.honour_points]
     return measured
+
+
+def capacity_at(plain: Any, plan: Plan, pair: int, point: float) -> float:
+    """Plain vLLM's capacity now: its batch kept full for about half a point's duration
+    (the start's capacity under ``capacity_once``). The points are multiples of the capacity
+    measured right before them, so a drift of the machine's speed between points moves the
+    rate with it instead of turning 0.5x into 1x."""
+    if plan.capacity_once:
+        return plan.capacity
+    out = plan.root / f"pair{pair}-capacity" / f"x{point:g}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result = bench_serve(
+        plain.base_url, plan.model, None, plan.prompts(plan.capacity / 2), out, None, 8
+    )
+    capacity = completed_per_s(result)
+    log(f"pair {pair + 1}, {point:g}x: capacity {capacity:.2f} requests/s")
+    return capacity
 
 
 def completed_per_s(result: dict[str, Any]) -> float:
@@ -532,11 +562,17 @@ def _ratio(pairs: list[dict[str, Any]], index: int, key: str, side: str = "warde
 def report(results: dict[str, Any]) -> str:
     """One table per warden configuration, against the same plain runs."""
     capacity = results["capacity_per_s"]
+    measured = _capacities(results)
     text = (
         f"capacity {capacity:.2f} requests/s (plain, batch full), SLO {results['slo_s']:.2f} s "
         f"(2x plain's p99 at 0.5x), {len(results['pairs'])} pairs; ratios: median (min-max); "
         "engine tok/s and goodput while the load is offered (first request sent to last)"
     )
+    if measured and (min(measured) != capacity or max(measured) != capacity):
+        text += (
+            f"; capacity re-measured before each point: {min(measured):.2f}-"
+            f"{max(measured):.2f} requests/s (the points and goodput / capacity are of it)"
+        )
     cpus = results.get("cpus")
     if cpus:
         text += f"; engine on cores {cpus['engine']}, client on {cpus['client']}"
@@ -559,7 +595,7 @@ def report_config(results: dict[str, Any], name: str) -> str:
             for w in warden
             if w.get("server_within_slo_share") is not None
         ]
-        goodputs = [(w["goodput_per_s"] or 0.0) / capacity for w in warden]
+        goodputs = [(w["goodput_per_s"] or 0.0) / w.get("capacity_per_s", capacity) for w in warden]
         rows.append(
             [
                 f"{point:g}x",
@@ -590,6 +626,16 @@ def report_config(results: dict[str, Any], name: str) -> str:
         else "default config"
     )
     return head + "\n" + table(headers, rows)
+
+
+def _capacities(results: dict[str, Any]) -> list[float]:
+    """The capacities the points were run at (one per point and pair)."""
+    return [
+        run["capacity_per_s"]
+        for sides in results["pairs"]
+        for run in sides.get("plain", [])
+        if run.get("capacity_per_s")
+    ]
 
 
 def _latest(runs: list[dict[str, Any]]) -> str:
@@ -714,6 +760,12 @@ def main(argv: list[str] | None = None) -> int:
         "--client-cpus",
         default="auto",
         help="cores of the client (the engine gets the others): auto (the last), none, or a list",
+    )
+    parser.add_argument(
+        "--capacity-once",
+        action="store_true",
+        help="run every point at the capacity measured at the start (default: re-measured "
+        "on plain vLLM right before each point)",
     )
     parser.add_argument("--model", help="model dir (default: build the tiny model)")
     parser.add_argument("--workdir", help="keep engine logs and results here")

@@ -17,6 +17,7 @@ from benchmarks.overload import (
     cpu_split,
     goodput_in,
     offered_window,
+    report,
     value_at,
     within_slo_share,
 )
@@ -82,3 +83,35 @@ def test_the_client_gets_a_core_of_its_own_and_the_engine_the_others(
         cpu_split("0,1,2,3")
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
     assert cpu_split("auto") is None
+
+
+def _point(goodput: float, capacity: float) -> dict[str, float | int | None]:
+    return {
+        "engine_tokens_per_s": 100.0,
+        "goodput_per_s": goodput,
+        "api_cpu_ms_per_request": 10.0,
+        "core_cpu_ms_per_request": 5.0,
+        "within_slo_share": 1.0,
+        "server_within_slo_share": 1.0,
+        "refused": 0,
+        "lost": 0,
+        "client_late_s": 0.0,
+        "capacity_per_s": capacity,
+    }
+
+
+def test_goodput_is_a_share_of_the_capacity_measured_right_before_its_point() -> None:
+    """The machine slowed from 10 to 6 requests/s after the start: the point run at 6 is
+    judged against 6, not against the start's 10 (which would read 0.50 for 0.83)."""
+    results = {
+        "capacity_per_s": 10.0,
+        "slo_s": 2.0,
+        "configs": ["slo"],
+        "points": [2.0],
+        "honour_points": [],
+        "pairs": [{"plain": [_point(0.5, 6.0)], "warden_slo": [_point(5.0, 6.0)]}],
+    }
+    text = report(results)
+    assert "capacity re-measured before each point: 6.00-6.00 requests/s" in text
+    row = next(line for line in text.splitlines() if line.startswith("| 2x"))
+    assert "| 0.83 |" in row and "| 0.50 |" not in row
