@@ -73,6 +73,9 @@ class SaturationState:
     batch_peaks: BatchPeaks | None = field(default=None, hash=False, compare=False)
     measured_at: float = 0.0
     kv_usage: float | None = None  # the KV cache's use (0..1) at the step, when known
+    # Requests waited at the step observed before and vLLM started fewer than those since:
+    # its scheduler passed them over (no KV blocks, no token budget), they are held back.
+    queue_held_over: bool = False
 
     @property
     def recent_peak(self) -> int:
@@ -323,6 +326,9 @@ class SaturationMeter:
         that changed nothing are counted, not observed: exporter/step_monitor.py); the KV
         cache's use at it, when known."""
         last = self._last
+        # Started since the last observed step: the batch's growth, plus what left it.
+        started = running - last[1] + len(finished) + preempted if last is not None else 0
+        held_over = last is not None and waiting > 0 and 0 <= started < last[2]
         if last is not None and last[1] + last[2] > 0:
             elapsed = max(0.0, now - last[0])
             self._busy += elapsed
@@ -341,7 +347,7 @@ class SaturationMeter:
             self._summary = self._summarize()
         summary = self._summary
         if summary.count < self.min_finished:
-            return SaturationState(running, waiting, kv_usage=kv_usage)
+            return SaturationState(running, waiting, kv_usage=kv_usage, queue_held_over=held_over)
         # The rate counts completions after the reference point, over the busy time since.
         span = max(self._busy - summary.reference, 1e-3)
         slot_span = self._slot_s - summary.slot_reference
@@ -359,6 +365,7 @@ class SaturationMeter:
             batch_peaks=self.batch_peaks,
             measured_at=now,
             kv_usage=kv_usage,
+            queue_held_over=held_over,
         )
 
     def _checkpoint(self, now: float, running: int) -> None:

@@ -266,6 +266,35 @@ def test_a_queue_held_back_by_the_kv_cache_still_waits() -> None:
     assert (one.running, one.waiting) == (5, 1)
 
 
+def test_a_queue_vllm_passed_over_waits_whatever_the_free_blocks_say() -> None:
+    """Free blocks for a typical finished request (short ones finished of late), but the
+    queue was there at the step before as well and vLLM started none of it: its scheduler
+    held it back (long prompts that do not fit, as in a flood of them after short requests).
+    None of it starts, and a new request queues behind it. The same two requests seen for the
+    first time would start."""
+    first = _half_load_state(kv_usage=0.3)
+    assert not first.queue_held_over
+    assert with_live_queue(first, in_flight=6, capacity=8, kv_blocks=KV_BLOCKS).waiting == 0
+    meter = SaturationMeter(keep=32, min_finished=3)
+    now = 0.0
+    meter.observe(now, 4, 0, [], kv_usage=0.3)
+    for _ in range(40):
+        now += 0.25
+        meter.observe(now, 4, 0, [(96, 0.0, 1.0)], kv_usage=0.3)
+    meter.observe(now + 0.01, 4, 2, [], kv_usage=0.3)
+    held = meter.observe(now + 0.26, 4, 2, [], kv_usage=0.3)
+    assert held.queue_held_over
+    live = with_live_queue(held, in_flight=6, capacity=8, kv_blocks=KV_BLOCKS)
+    assert (live.running, live.waiting) == (4, 2)
+    found = breach(SaturationSettings(latency_slo_s=1.5), live)
+    assert found is not None and found.signal == "latency_s"
+    # One of two started since: the other was passed over again.
+    assert meter.observe(now + 0.3, 5, 1, [], kv_usage=0.35).queue_held_over
+    # It started too (one finished beside it), and a new one came: that one is not held over.
+    fresh = meter.observe(now + 0.35, 5, 1, [(96, 0.0, 1.0)], kv_usage=0.35)
+    assert not fresh.queue_held_over
+
+
 def test_the_step_monitor_hands_the_kv_use_to_the_saturation_state() -> None:
     now = [1000.0]
     monitor = _monitor(now)

@@ -56,8 +56,14 @@ def startable_now(state: SaturationState, capacity: int, kv_blocks: tuple[int, i
     request arriving beside them was forecast a whole batch's wait and refused at 0.5x
     (benchmarks/README.md, run 15). A queue held back by the KV cache (the engine full of
     long sequences: most of a loaded GPU's) has no free blocks: none start. Unknown cache
-    geometry or use: none (the worst case, as before)."""
+    geometry or use: none (the worst case, as before). A queue vLLM's scheduler already
+    passed over (``queue_held_over``: fewer started since the step before than waited
+    there) is held back by something: none start, whatever the blocks say. The blocks are
+    counted for a typical finished request, and a burst of long prompts after short ones
+    would otherwise be taken to fit (a flood held back by a small cache was admitted)."""
     if state.waiting <= 0 or kv_blocks is None or state.kv_usage is None:
+        return 0
+    if state.queue_held_over:
         return 0
     if not state.tokens_per_request:
         return 0
