@@ -25,7 +25,12 @@ statistics, in the API process; admission (warden/control/admission.py) decides 
   light load was forecast the burst's service time, refused whenever anything ran, and,
   refusing, finished too few requests to learn otherwise (benchmarks/README.md, run 13). The
   batch it joins alone is too small under overload: the batch fills before the request ends
-  (run 5). Never scaled up: under steady load the forecast is the measured quantile itself.
+  (run 5). Never scaled up for the batch: under steady load the forecast is the measured
+  quantile itself.
+- slowdown: when the engine's steps take measurably longer now than when the recent
+  requests finished (``SaturationState.slowdown``), the service forecast is that many times
+  longer and the drain rate that many times lower, from the step times, within about 20
+  steps: the completions alone follow a slower engine only a batch later (run 18).
 - preemption (recompute) rate: preemptions per busy second and per finished request.
 - ``predicted_wait``: how long a request would sit in vLLM's queue: the requests ahead of it,
   plus, when its prompt does not fit in the free KV blocks, the requests that must finish to
@@ -44,6 +49,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -67,6 +73,8 @@ class SaturationState:
     slot_rate: float | None = None  # requests finished per busy slot-second (per running one)
     # (seconds served, the mean batch it was served in) of the same completions.
     recent_service: tuple[tuple[float, int], ...] = ()
+    # Seconds a step took at that batch when each of them finished (None: not timed yet).
+    finish_step_s: tuple[float | None, ...] = ()
     # Seconds per engine step by batch size, the meter's own (live: the engine's speed now).
     step_times: StepTimes | None = field(default=None, hash=False)
     # The meter's record of recent batch sizes (live), and when this state was measured.
@@ -108,10 +116,11 @@ class SaturationState:
         times = self.step_times
         if times is None or not self.recent_service or self.service_s is None:
             return self.service_s
+        slowdown = self.slowdown
         serving = self.serving_batch
         step_s = times.at(serving)
         if step_s is None:
-            return self.service_s
+            return self.service_s * slowdown
         factors: dict[int, float] = {}
         scaled = []
         for served, batch in self.recent_service:
@@ -120,7 +129,33 @@ class SaturationState:
                 then = times.at(batch) if batch > serving else None
                 factor = factors[batch] = min(1.0, step_s / then) if then else 1.0
             scaled.append(served * factor)
-        return _quantile(scaled, SERVICE_QUANTILE)
+        return _quantile(scaled, SERVICE_QUANTILE) * slowdown
+
+    @property
+    def slowdown(self) -> float:
+        """How many times longer the engine's steps take now than when the recent requests
+        finished: the median, over those requests, of the step time at the batch each was
+        served in now over the same when it finished. Under ``1 + SLOWDOWN_NOISE`` it is 1.0
+        (the step times' own noise), and it is never below 1: a faster engine is learned as
+        its requests finish, as before. The service times and
+        the drain rate are the last completions', as fast as the engine was while they ran;
+        when it slows (a neighbour on the machine, a throttled device, long contexts joining
+        the batch), the forecast would follow only as slower requests finish, about one batch
+        later, and the requests admitted meanwhile missed the SLO (benchmarks/README.md, run
+        18: steps 1.7x slower at a point's start than at the previous point's end). The step
+        times follow within about 20 steps."""
+        times = self.step_times
+        if times is None or not self.finish_step_s:
+            return 1.0
+        ratios = []
+        for (_served, batch), then in zip(self.recent_service, self.finish_step_s, strict=False):
+            now = times.at(batch) if then else None
+            if now is not None and then:
+                ratios.append(now / then)
+        if not ratios:
+            return 1.0
+        ratio = statistics.median(ratios)
+        return ratio if ratio >= 1.0 + SLOWDOWN_NOISE else 1.0
 
     @property
     def queue_wait_s(self) -> float | None:
@@ -128,7 +163,7 @@ class SaturationState:
         its prompt): ``predicted_wait``, the number the saturation judge decides on."""
         return predicted_wait(self)
 
-    def to_json(self) -> dict[str, float | int | None]:
+    def to_json(self) -> dict[str, float | int | bool | None]:
         return {
             "running": self.running,
             "waiting": self.waiting,
@@ -142,6 +177,11 @@ class SaturationState:
             "capacity": self.capacity,
             "slot_rate_per_s": _rounded(self.slot_rate),
             "kv_usage": _rounded(self.kv_usage),
+            # Steps this many times slower than when the recent requests finished (1.0: not
+            # measurably): the forecast and the drain rate above are scaled by it.
+            "slowdown": _rounded(self.slowdown),
+            # vLLM passed over its queue at the last step: none of it starts at the next one.
+            "queue_held_over": self.queue_held_over,
         }
 
 
@@ -188,10 +228,15 @@ def predicted_wait(
 
 def batch_drain_rate(state: SaturationState, slots: int) -> float | None:
     """Requests a batch of ``slots`` finishes per second: the measured drain rate, or, when it
-    was measured on a smaller batch, ``slots`` times the rate per running request."""
+    was measured on a smaller batch, ``slots`` times the rate per running request; slower by
+    the engine's ``slowdown`` since those requests finished."""
     if state.slot_rate is None:
-        return state.drain_rate
-    return max(state.drain_rate or 0.0, state.slot_rate * slots)
+        rate = state.drain_rate
+    else:
+        rate = max(state.drain_rate or 0.0, state.slot_rate * slots)
+    if not rate:
+        return rate
+    return rate / state.slowdown
 
 
 def _rounded(value: float | None) -> float | None:
@@ -199,6 +244,10 @@ def _rounded(value: float | None) -> float | None:
 
 
 SERVICE_QUANTILE = 0.99
+# A slowdown of the engine's steps smaller than this share is taken for noise (``slowdown``):
+# a step's time moves with the prefills in it, the moving average of ~20 steps by about a
+# tenth under a steady load, more at a burst of arrivals.
+SLOWDOWN_NOISE = 0.2
 # Each step's duration moves its batch size's average by this share: about the last 20 steps.
 STEP_WEIGHT = 0.05
 # Batch sizes up to this are timed one by one; above it in quarter octaves (about 19% apart),
@@ -306,7 +355,9 @@ class SaturationMeter:
         # (busy clock, slot clock, tokens, service seconds, mean batch served in) of recent
         # completions; one more than ``keep``: the oldest is the reference the rates are
         # measured from.
-        self._done: deque[tuple[float, float, int, float, int]] = deque(maxlen=keep + 1)
+        self._done: deque[tuple[float, float, int, float, int, float | None]] = deque(
+            maxlen=keep + 1
+        )
         self._preempted: deque[tuple[float, int]] = deque()
         # What the recent completions add up to, kept until one finishes or is preempted:
         # most steps finish nothing, and this runs on every step.
@@ -340,7 +391,8 @@ class SaturationMeter:
         self._checkpoint(now, running)
         for tokens, _queued, served in finished:
             batch = self._mean_batch(now, served) if served > 0 else max(running, 1)
-            self._done.append((self._busy, self._slot_s, tokens, served, batch))
+            step_s = self.step_times.at(batch)
+            self._done.append((self._busy, self._slot_s, tokens, served, batch, step_s))
         if preempted:
             self._preempted.append((self._busy, preempted))
         if finished or preempted or self._summary is None:
@@ -361,6 +413,7 @@ class SaturationMeter:
             recompute_ratio=summary.preemptions / summary.count,
             slot_rate=summary.count / slot_span if slot_span > 1e-3 else None,
             recent_service=summary.recent_service,
+            finish_step_s=summary.finish_step_s,
             step_times=self.step_times,
             batch_peaks=self.batch_peaks,
             measured_at=now,
@@ -411,6 +464,7 @@ class SaturationMeter:
             slot_reference=slot_reference,
             service_s=_quantile([entry[3] for entry in counted], SERVICE_QUANTILE),
             recent_service=tuple((entry[3], entry[4]) for entry in counted),
+            finish_step_s=tuple(entry[5] for entry in counted),
             tokens_per_request=sum(entry[2] for entry in counted) / len(counted),
             preemptions=sum(n for _at, n in self._preempted),
         )
@@ -426,5 +480,6 @@ class _Completions:
     slot_reference: float = 0.0
     service_s: float | None = None
     recent_service: tuple[tuple[float, int], ...] = ()
+    finish_step_s: tuple[float | None, ...] = ()
     tokens_per_request: float | None = None
     preemptions: int = 0

@@ -234,6 +234,8 @@ def test_the_api_server_reads_what_tells_a_queue_from_requests_about_to_start(
     assert blocks > 0 and block_size > 0
     assert 0.0 <= saturation["measured"]["kv_usage"] <= 1.0
     assert saturation["startable_now"] == 0  # nothing waits on an idle engine
+    assert saturation["measured"]["queue_held_over"] is False
+    assert saturation["measured"]["slowdown"] >= 1.0
 
 
 def test_caps_follow_vllms_precedence_and_only_lower(engine: EngineProcess) -> None:

@@ -164,6 +164,61 @@ def test_under_steady_load_the_forecast_is_the_measured_quantile() -> None:
     assert full.forecast_service_s == full.service_s == 6.0
 
 
+def test_an_engine_that_slows_is_forecast_slower_within_a_few_dozen_steps() -> None:
+    """Steps 1.7x slower than while the recent requests were served (the machine's speed
+    moved between two loads, run 18) raise the service forecast and the queue's wait within
+    about 30 steps, before any slower request finishes: a request admitted at the old speed's
+    edge of the SLO is refused."""
+    now = [1000.0]
+    monitor = _monitor(now)
+    _burst(monitor, now)  # 0.1 s steps, 4.45 s served, 2 finished per second
+    before = with_live_queue(monitor.snapshot.saturation, in_flight=8, capacity=8)
+    assert before.slowdown == 1.0
+    assert before.forecast_service_s == pytest.approx(4.45)
+    wait = predicted_wait(before)  # one batch of 8 at about 2 finished per second
+    assert wait == pytest.approx(4.0, rel=0.05)
+    settings = SaturationSettings(latency_slo_s=10.0)
+    assert breach(settings, before) is None  # about 8.5 s
+    for _ in range(30):  # nothing finishes yet
+        now[0] += 0.17
+        monitor.on_step(running=8, waiting=0, kv_usage=0.9)
+    after = with_live_queue(monitor.snapshot.saturation, in_flight=8, capacity=8)
+    # 30 steps move the step time's average 79% of the way from 0.1 s to 0.17 s.
+    expected = (0.1 + 0.07 * (1 - 0.95**30)) / 0.1
+    assert after.slowdown == pytest.approx(expected, rel=0.01)
+    assert after.service_s == pytest.approx(4.45)  # the measured seconds are kept as measured
+    assert after.forecast_service_s == pytest.approx(4.45 * expected, rel=0.01)
+    # The drain rate falls by the slowdown, on top of its decay while none finishes.
+    unslowed = dataclasses.replace(after, finish_step_s=())
+    assert unslowed.slowdown == 1.0
+    assert predicted_wait(after) == pytest.approx(predicted_wait(unslowed) * expected, rel=0.01)
+    assert breach(settings, unslowed) is None  # unslowed, still admitted
+    found = breach(settings, after)
+    assert found is not None and found.signal == "latency_s"
+    assert found.value == pytest.approx(predicted_wait(after) + 4.45 * expected, rel=0.01)
+
+
+def test_step_times_that_only_jitter_are_no_slowdown() -> None:
+    """Prefills make single steps slower; a steady load whose steps jitter by a third keeps
+    the forecast the measured quantile (no refusal for noise), and an engine that got faster
+    is not forecast faster before its requests show it."""
+    meter = SaturationMeter(keep=32, min_finished=3)
+    now = 0.0
+    state = meter.observe(now, 8, 0, [])
+    for index in range(600):
+        now += 0.13 if index % 3 == 0 else 0.085
+        finished = [(96, 0.0, 2.0)] if index % 5 == 0 else []
+        state = meter.observe(now, 8, 0, finished)
+        if index > 200:
+            assert state.slowdown == 1.0
+    assert state.forecast_service_s == 2.0
+    for _ in range(40):
+        now += 0.05
+        state = meter.observe(now, 8, 0, [])
+    assert state.slowdown == 1.0
+    assert state.forecast_service_s == 2.0
+
+
 def test_quiet_steps_are_counted_as_steps() -> None:
     """Steps that change nothing are recorded as quiet (not observed in full), yet each is a
     step the batch's speed is measured on."""
