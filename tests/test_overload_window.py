@@ -18,6 +18,7 @@ from benchmarks.overload import (
     goodput_in,
     offered_window,
     report,
+    slo_from,
     value_at,
     within_slo_share,
 )
@@ -115,3 +116,11 @@ def test_goodput_is_a_share_of_the_capacity_measured_right_before_its_point() ->
     assert "capacity re-measured before each point: 6.00-6.00 requests/s" in text
     row = next(line for line in text.splitlines() if line.startswith("| 2x"))
     assert "| 0.83 |" in row and "| 0.50 |" not in row
+
+
+def test_the_slo_is_twice_the_slower_half_load_p99() -> None:
+    """Measured once at a fast moment the SLO was one plain vLLM itself missed at 0.5x minutes
+    later (run 19): the slower of the measurements sets it."""
+    assert slo_from([0.66, 0.95], 2.0) == pytest.approx(1.9)
+    assert slo_from([0.95, 0.66], 2.0) == pytest.approx(1.9)
+    assert slo_from([0.8], 1.5) == pytest.approx(1.2)
