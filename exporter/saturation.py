@@ -25,8 +25,10 @@ statistics, in the API process; admission (warden/control/admission.py) decides 
   light load was forecast the burst's service time, refused whenever anything ran, and,
   refusing, finished too few requests to learn otherwise (benchmarks/README.md, run 13). The
   batch it joins alone is too small under overload: the batch fills before the request ends
-  (run 5). Never scaled up for the batch: under steady load the forecast is the measured
-  quantile itself.
+  (run 5). Scaled up only when the request joins a batch whose steps take measurably longer
+  (``SLOWDOWN_NOISE``) than the batch a recent request was served in: at an overload's onset,
+  the batch full behind a queue after a load at capacity (run 20). Under steady load the
+  forecast is the measured quantile itself.
 - slowdown: when the engine's steps take measurably longer now than when the recent
   requests finished (``SaturationState.slowdown``), the service forecast is that many times
   longer and the drain rate that many times lower, from the step times, within about 20
@@ -121,15 +123,37 @@ class SaturationState:
         step_s = times.at(serving)
         if step_s is None:
             return self.service_s * slowdown
+        joining = self.joining_batch
         factors: dict[int, float] = {}
         scaled = []
         for served, batch in self.recent_service:
             factor = factors.get(batch)
             if factor is None:
-                then = times.at(batch) if batch > serving else None
-                factor = factors[batch] = min(1.0, step_s / then) if then else 1.0
+                if batch > serving:
+                    then = times.at(batch)
+                    factor = min(1.0, step_s / then) if then else 1.0
+                else:
+                    factor = self.batch_growth(batch, joining)
+                factors[batch] = factor
             scaled.append(served * factor)
         return _quantile(scaled, SERVICE_QUANTILE) * slowdown
+
+    def batch_growth(self, batch: int, joining: int) -> float:
+        """How many times longer a step of the batch a request joins takes now than one of the
+        smaller ``batch`` a recent request was served in: 1.0 under ``1 + SLOWDOWN_NOISE``
+        or when either is unmeasured. Requests served at a part-full batch (a load at
+        capacity) say little of a full one: at an overload's onset the batch fills, each step
+        carries more prefills and decodes, and the steps of the smaller batch, no longer made,
+        keep their old time, so the slowdown stays 1.0 (run 20: 14 of the 16 misses at 2x in
+        a point's first 4 s, the time per token 8.3 ms at 1x's end and 13.5 ms there)."""
+        times = self.step_times
+        if times is None or joining <= batch:
+            return 1.0
+        then, now = times.at(batch), times.at(joining)
+        if not then or now is None:
+            return 1.0
+        ratio = now / then
+        return ratio if ratio >= 1.0 + SLOWDOWN_NOISE else 1.0
 
     @property
     def slowdown(self) -> float:
@@ -228,12 +252,17 @@ def predicted_wait(
 
 def batch_drain_rate(state: SaturationState, slots: int) -> float | None:
     """Requests a batch of ``slots`` finishes per second: the measured drain rate, or, when it
-    was measured on a smaller batch, ``slots`` times the rate per running request; slower by
-    the engine's ``slowdown`` since those requests finished."""
+    was measured on a smaller batch, ``slots`` times the rate per running request, slower by
+    the time a step of the larger batch takes (``batch_growth``); slower by the engine's
+    ``slowdown`` since those requests finished."""
     if state.slot_rate is None:
         rate = state.drain_rate
     else:
         rate = max(state.drain_rate or 0.0, state.slot_rate * slots)
+        mean_batch = (state.drain_rate or 0.0) / state.slot_rate if state.slot_rate > 0 else 0.0
+        if slots > mean_batch >= 1:
+            # More slots than it was measured on: each of their steps may take longer.
+            rate /= state.batch_growth(round(mean_batch), slots)
     if not rate:
         return rate
     return rate / state.slowdown

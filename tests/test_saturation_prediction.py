@@ -16,6 +16,7 @@ from exporter.saturation import (
     SaturationState,
     StepTimes,
     batch_bucket,
+    batch_drain_rate,
     predicted_wait,
 )
 from exporter.settings import WardenSettings
@@ -355,3 +356,69 @@ def test_the_step_monitor_hands_the_kv_use_to_the_saturation_state() -> None:
     monitor = _monitor(now)
     now[0] += 0.1
     assert monitor.on_step(running=2, waiting=1, kv_usage=0.4).saturation.kv_usage == 0.4
+
+
+def _at_capacity(
+    meter: SaturationMeter, now: float, step_s: float
+) -> tuple[float, SaturationState]:
+    """A load at capacity: a batch of 5 of 8, no queue, ``step_s`` steps, a request served
+    in 2 s finishing every fifth step."""
+    state = meter.observe(now, 5, 0, [])
+    for index in range(300):
+        now += step_s
+        finished = [(96, 0.0, 2.0)] if index % 5 == 0 else []
+        state = meter.observe(now, 5, 0, finished)
+    return now, state
+
+
+def test_at_an_overloads_onset_the_full_batchs_slower_steps_are_forecast() -> None:
+    """After a load at capacity served at a batch of 5, the batch fills behind a queue and
+    each step takes 0.1 s instead of 0.06 s. The batch of 5 makes no more steps, so its time
+    stays as it was and the slowdown 1.0; the step times of the full batch say it: within a
+    few steps the service forecast is 2 s x 0.1 / 0.06 and the batch drains that much slower.
+    Before, the requests admitted at that onset were forecast at 1x's speed and missed the SLO
+    (run 20: 14 of 16 misses at 2x in a point's first 4 s)."""
+    meter = SaturationMeter(keep=32, min_finished=3)
+    now, steady = _at_capacity(meter, 0.0, 0.06)
+    steady = with_live_queue(steady, in_flight=5, capacity=8)
+    assert steady.forecast_service_s == 2.0
+    rate_before = batch_drain_rate(steady, 8)
+    assert rate_before is not None
+    state = steady
+    for _ in range(5):  # the batch fills behind a queue; nothing finishes yet
+        now += 0.1
+        state = meter.observe(now, 8, 6, [])
+    onset = with_live_queue(state, in_flight=14, capacity=8)
+    assert onset.slowdown == 1.0  # the batch of 5's steps are as they were
+    # (The step the batch grew in is counted to the batch of 5: 0.1 s moved its average.)
+    times = onset.step_times
+    assert times is not None and times.at(8) == pytest.approx(0.1)
+    growth = 0.1 / times.at(5)
+    assert growth > 1.6
+    assert onset.batch_growth(5, 8) == pytest.approx(growth)
+    assert onset.forecast_service_s == pytest.approx(2.0 * growth)
+    # Eight slots at the batch of 5's rate per slot, each step that much longer.
+    assert onset.slot_rate is not None
+    assert batch_drain_rate(onset, 8) == pytest.approx(onset.slot_rate * 8 / growth)
+    settings = SaturationSettings(latency_slo_s=4.0)
+    found = breach(settings, onset)
+    assert found is not None and found.signal == "latency_s"
+    # Unscaled (the step times unknown), the same request was admitted: 2 s served, a wait
+    # of a batch at 1x's rate.
+    assert breach(settings, dataclasses.replace(onset, step_times=None)) is None
+
+
+def test_a_fuller_batch_whose_steps_take_about_as_long_changes_nothing() -> None:
+    """At capacity the batch runs 5 to 8 and a queue forms now and then; a full batch's steps
+    a tenth slower than the batch of 5's are within the step times' noise: the forecast is
+    the measured quantile, no request refused for it."""
+    meter = SaturationMeter(keep=32, min_finished=3)
+    now, state = _at_capacity(meter, 0.0, 0.06)
+    for _ in range(40):
+        now += 0.066
+        state = meter.observe(now, 8, 1, [])
+    full = with_live_queue(state, in_flight=9, capacity=8)
+    assert full.batch_growth(5, 8) == 1.0
+    assert full.forecast_service_s == 2.0
+    assert full.slot_rate is not None
+    assert batch_drain_rate(full, 8) == pytest.approx(full.slot_rate * 8)
