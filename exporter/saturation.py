@@ -25,10 +25,11 @@ statistics, in the API process; admission (warden/control/admission.py) decides 
   light load was forecast the burst's service time, refused whenever anything ran, and,
   refusing, finished too few requests to learn otherwise (benchmarks/README.md, run 13). The
   batch it joins alone is too small under overload: the batch fills before the request ends
-  (run 5). Scaled up only when the request joins a batch whose steps take measurably longer
-  (``SLOWDOWN_NOISE``) than the batch a recent request was served in: at an overload's onset,
-  the batch full behind a queue after a load at capacity (run 20). Under steady load the
-  forecast is the measured quantile itself.
+  (run 5). Scaled up only when the request joins a batch the engine has held for half a
+  service time and whose steps take measurably longer (``SLOWDOWN_NOISE``) than those of the
+  batch a recent request was served in: at an overload's onset, the batch full behind a
+  queue after a load at capacity (run 20), not a light load's moment of queue (run 21).
+  Under steady load the forecast is the measured quantile itself.
 - slowdown: when the engine's steps take measurably longer now than when the recent
   requests finished (``SaturationState.slowdown``), the service forecast is that many times
   longer and the drain rate that many times lower, from the step times, within about 20
@@ -86,6 +87,8 @@ class SaturationState:
     # Requests waited at the step observed before and vLLM started fewer than those since:
     # its scheduler passed them over (no KV blocks, no token budget), they are held back.
     queue_held_over: bool = False
+    # The mean batch over the last ``SUSTAINED_SHARE`` of the service time (0: not measured).
+    sustained_batch: int = 0
 
     @property
     def recent_peak(self) -> int:
@@ -123,7 +126,7 @@ class SaturationState:
         step_s = times.at(serving)
         if step_s is None:
             return self.service_s * slowdown
-        joining = self.joining_batch
+        growing = self.growing_batch
         factors: dict[int, float] = {}
         scaled = []
         for served, batch in self.recent_service:
@@ -133,23 +136,32 @@ class SaturationState:
                     then = times.at(batch)
                     factor = min(1.0, step_s / then) if then else 1.0
                 else:
-                    factor = self.batch_growth(batch, joining)
+                    factor = self.batch_growth(batch, growing)
                 factors[batch] = factor
             scaled.append(served * factor)
         return _quantile(scaled, SERVICE_QUANTILE) * slowdown
 
-    def batch_growth(self, batch: int, joining: int) -> float:
-        """How many times longer a step of the batch a request joins takes now than one of the
-        smaller ``batch`` a recent request was served in: 1.0 under ``1 + SLOWDOWN_NOISE``
-        or when either is unmeasured. Requests served at a part-full batch (a load at
-        capacity) say little of a full one: at an overload's onset the batch fills, each step
-        carries more prefills and decodes, and the steps of the smaller batch, no longer made,
-        keep their old time, so the slowdown stays 1.0 (run 20: 14 of the 16 misses at 2x in
-        a point's first 4 s, the time per token 8.3 ms at 1x's end and 13.5 ms there)."""
+    @property
+    def growing_batch(self) -> int:
+        """The larger batch a request arriving now is forecast to be served in: the one it
+        joins, as far as the engine has held it (``sustained_batch``). A queue that a burst
+        of a light load made for a moment drains again before the request ends; a batch held
+        full for half a service time stays full (run 21: forecast at the batch joined, 2 of
+        96 requests were refused at 0.5x)."""
+        return min(self.joining_batch, self.sustained_batch)
+
+    def batch_growth(self, batch: int, larger: int) -> float:
+        """How many times longer a step of the ``larger`` batch takes now than one of the
+        ``batch`` a recent request was served in: 1.0 under ``1 + SLOWDOWN_NOISE`` or when
+        either is unmeasured. Requests served at a part-full batch (a load at capacity) say
+        little of a full one: at an overload's onset the batch fills, each step carries more
+        prefills and decodes, and the steps of the smaller batch, no longer made, keep their
+        old time, so the slowdown stays 1.0 (run 20: 14 of the 16 misses at 2x in a point's
+        first 4 s, the time per token 8.3 ms at 1x's end and 13.5 ms there)."""
         times = self.step_times
-        if times is None or joining <= batch:
+        if times is None or larger <= batch:
             return 1.0
-        then, now = times.at(batch), times.at(joining)
+        then, now = times.at(batch), times.at(larger)
         if not then or now is None:
             return 1.0
         ratio = now / then
@@ -262,7 +274,7 @@ def batch_drain_rate(state: SaturationState, slots: int) -> float | None:
         mean_batch = (state.drain_rate or 0.0) / state.slot_rate if state.slot_rate > 0 else 0.0
         if slots > mean_batch >= 1:
             # More slots than it was measured on: each of their steps may take longer.
-            rate /= state.batch_growth(round(mean_batch), slots)
+            rate /= state.batch_growth(round(mean_batch), min(slots, state.sustained_batch))
     if not rate:
         return rate
     return rate / state.slowdown
@@ -273,6 +285,9 @@ def _rounded(value: float | None) -> float | None:
 
 
 SERVICE_QUANTILE = 0.99
+# The share of the service time over which the batch held is the one a request is forecast
+# to be served in when it is larger than recent requests' (``SaturationState.growing_batch``).
+SUSTAINED_SHARE = 0.5
 # A slowdown of the engine's steps smaller than this share is taken for noise (``slowdown``):
 # a step's time moves with the prefills in it, the moving average of ~20 steps by about a
 # tenth under a steady load, more at a burst of arrivals.
@@ -448,6 +463,9 @@ class SaturationMeter:
             measured_at=now,
             kv_usage=kv_usage,
             queue_held_over=held_over,
+            sustained_batch=self._mean_batch(now, SUSTAINED_SHARE * summary.service_s)
+            if summary.service_s
+            else 0,
         )
 
     def _checkpoint(self, now: float, running: int) -> None:

@@ -374,21 +374,27 @@ def _at_capacity(
 def test_at_an_overloads_onset_the_full_batchs_slower_steps_are_forecast() -> None:
     """After a load at capacity served at a batch of 5, the batch fills behind a queue and
     each step takes 0.1 s instead of 0.06 s. The batch of 5 makes no more steps, so its time
-    stays as it was and the slowdown 1.0; the step times of the full batch say it: within a
-    few steps the service forecast is 2 s x 0.1 / 0.06 and the batch drains that much slower.
-    Before, the requests admitted at that onset were forecast at 1x's speed and missed the SLO
-    (run 20: 14 of 16 misses at 2x in a point's first 4 s)."""
+    stays as it was and the slowdown 1.0; the step times of the full batch say it: once the
+    batch has been full for half a service time (1 s), the service forecast is 2 s x 0.1 /
+    0.06 and the batch drains that much slower. Before, the requests admitted at that onset
+    were forecast at 1x's speed and missed the SLO (run 20: 14 of 16 misses at 2x in a
+    point's first 4 s)."""
     meter = SaturationMeter(keep=32, min_finished=3)
     now, steady = _at_capacity(meter, 0.0, 0.06)
     steady = with_live_queue(steady, in_flight=5, capacity=8)
     assert steady.forecast_service_s == 2.0
-    rate_before = batch_drain_rate(steady, 8)
-    assert rate_before is not None
     state = steady
-    for _ in range(5):  # the batch fills behind a queue; nothing finishes yet
+    for _ in range(3):  # the batch fills behind a queue; nothing finishes yet
+        now += 0.1
+        state = meter.observe(now, 8, 6, [])
+    # Full for 0.3 s of the last 1 s: forecast at the batch held, 6, not yet at 8.
+    early = with_live_queue(state, in_flight=14, capacity=8)
+    assert (early.joining_batch, early.sustained_batch, early.growing_batch) == (8, 6, 6)
+    for _ in range(9):
         now += 0.1
         state = meter.observe(now, 8, 6, [])
     onset = with_live_queue(state, in_flight=14, capacity=8)
+    assert onset.growing_batch == 8
     assert onset.slowdown == 1.0  # the batch of 5's steps are as they were
     # (The step the batch grew in is counted to the batch of 5: 0.1 s moved its average.)
     times = onset.step_times
@@ -398,14 +404,34 @@ def test_at_an_overloads_onset_the_full_batchs_slower_steps_are_forecast() -> No
     assert onset.batch_growth(5, 8) == pytest.approx(growth)
     assert onset.forecast_service_s == pytest.approx(2.0 * growth)
     # Eight slots at the batch of 5's rate per slot, each step that much longer.
-    assert onset.slot_rate is not None
-    assert batch_drain_rate(onset, 8) == pytest.approx(onset.slot_rate * 8 / growth)
+    assert onset.slot_rate is not None and onset.drain_rate is not None
+    unscaled = max(onset.drain_rate, onset.slot_rate * 8)
+    assert batch_drain_rate(onset, 8) == pytest.approx(unscaled / growth)
     settings = SaturationSettings(latency_slo_s=4.0)
     found = breach(settings, onset)
     assert found is not None and found.signal == "latency_s"
     # Unscaled (the step times unknown), the same request was admitted: 2 s served, a wait
     # of a batch at 1x's rate.
     assert breach(settings, dataclasses.replace(onset, step_times=None)) is None
+
+
+def test_a_light_loads_moment_of_queue_is_not_forecast_at_the_full_batch() -> None:
+    """A burst of a light load fills the batch for a moment and queues one request; the
+    batch drains again long before a request admitted then ends, so it is forecast at the
+    batch the engine held over the last half service time, not at the full one (run 21:
+    forecast at the batch joined, 2 of 96 requests were refused at 0.5x)."""
+    meter = SaturationMeter(keep=32, min_finished=3)
+    now, state = _at_capacity(meter, 0.0, 0.06)
+    for _ in range(3):
+        now += 0.1
+        state = meter.observe(now, 8, 1, [])
+    burst = with_live_queue(state, in_flight=9, capacity=8)
+    assert burst.joining_batch == 8
+    assert burst.sustained_batch < 8
+    assert burst.forecast_service_s == pytest.approx(
+        2.0 * burst.batch_growth(5, burst.sustained_batch)
+    )
+    assert burst.forecast_service_s < 2.0 * burst.batch_growth(5, 8)
 
 
 def test_a_fuller_batch_whose_steps_take_about_as_long_changes_nothing() -> None:
