@@ -173,13 +173,15 @@ class SaturationState:
         finished: the median, over those requests, of the step time at the batch each was
         served in now over the same when it finished. Under ``1 + SLOWDOWN_NOISE`` it is 1.0
         (the step times' own noise), and it is never below 1: a faster engine is learned as
-        its requests finish, as before. The service times and
-        the drain rate are the last completions', as fast as the engine was while they ran;
-        when it slows (a neighbour on the machine, a throttled device, long contexts joining
-        the batch), the forecast would follow only as slower requests finish, about one batch
-        later, and the requests admitted meanwhile missed the SLO (benchmarks/README.md, run
-        18: steps 1.7x slower at a point's start than at the previous point's end). The step
-        times follow within about 20 steps."""
+        its requests finish, as before.
+
+        The service times and the drain rate are the last completions', as fast as the engine
+        was while they ran. When it slows (a neighbour on the machine, a throttled device, long
+        contexts joining the batch), the forecast would follow only as slower requests finish,
+        about one batch later, and the requests admitted meanwhile missed the SLO
+        (benchmarks/README.md, run 18: steps 1.7x slower at a point's start than at the
+        previous point's end). The step times follow within about 20 steps. A batch larger
+        than the recent requests' makes steps of its own: ``batch_growth`` compares those."""
         times = self.step_times
         if times is None or not self.finish_step_s:
             return 1.0
@@ -218,6 +220,9 @@ class SaturationState:
             "slowdown": _rounded(self.slowdown),
             # vLLM passed over its queue at the last step: none of it starts at the next one.
             "queue_held_over": self.queue_held_over,
+            # The mean batch over the last half service time: a request that joins a larger
+            # one is forecast at most at this one's step time (``growing_batch``).
+            "sustained_batch": self.sustained_batch,
         }
 
 

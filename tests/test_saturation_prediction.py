@@ -395,6 +395,7 @@ def test_at_an_overloads_onset_the_full_batchs_slower_steps_are_forecast() -> No
         state = meter.observe(now, 8, 6, [])
     onset = with_live_queue(state, in_flight=14, capacity=8)
     assert onset.growing_batch == 8
+    assert onset.to_json()["sustained_batch"] == 8  # /warden/state shows what it is forecast at
     assert onset.slowdown == 1.0  # the batch of 5's steps are as they were
     # (The step the batch grew in is counted to the batch of 5: 0.1 s moved its average.)
     times = onset.step_times
