@@ -371,6 +371,17 @@ def _at_capacity(
     return now, state
 
 
+def _full_after_capacity(steps: int, step_s: float) -> SaturationState:
+    """The load at capacity, then ``steps`` steps of ``step_s`` at a full batch with one
+    request waiting, as a request arriving then sees it."""
+    meter = SaturationMeter(keep=32, min_finished=3)
+    now, state = _at_capacity(meter, 0.0, 0.06)
+    for _ in range(steps):
+        now += step_s
+        state = meter.observe(now, 8, 1, [])
+    return with_live_queue(state, in_flight=9, capacity=8)
+
+
 def test_at_an_overloads_onset_the_full_batchs_slower_steps_are_forecast() -> None:
     """After a load at capacity served at a batch of 5, the batch fills behind a queue and
     each step takes 0.1 s instead of 0.06 s. The batch of 5 makes no more steps, so its time
@@ -421,12 +432,7 @@ def test_a_light_loads_moment_of_queue_is_not_forecast_at_the_full_batch() -> No
     batch drains again long before a request admitted then ends, so it is forecast at the
     batch the engine held over the last half service time, not at the full one (run 21:
     forecast at the batch joined, 2 of 96 requests were refused at 0.5x)."""
-    meter = SaturationMeter(keep=32, min_finished=3)
-    now, state = _at_capacity(meter, 0.0, 0.06)
-    for _ in range(3):
-        now += 0.1
-        state = meter.observe(now, 8, 1, [])
-    burst = with_live_queue(state, in_flight=9, capacity=8)
+    burst = _full_after_capacity(steps=3, step_s=0.1)
     assert burst.joining_batch == 8
     assert burst.sustained_batch < 8
     assert burst.forecast_service_s == pytest.approx(
@@ -439,12 +445,7 @@ def test_a_fuller_batch_whose_steps_take_about_as_long_changes_nothing() -> None
     """At capacity the batch runs 5 to 8 and a queue forms now and then; a full batch's steps
     a tenth slower than the batch of 5's are within the step times' noise: the forecast is
     the measured quantile, no request refused for it."""
-    meter = SaturationMeter(keep=32, min_finished=3)
-    now, state = _at_capacity(meter, 0.0, 0.06)
-    for _ in range(40):
-        now += 0.066
-        state = meter.observe(now, 8, 1, [])
-    full = with_live_queue(state, in_flight=9, capacity=8)
+    full = _full_after_capacity(steps=40, step_s=0.066)
     assert full.batch_growth(5, 8) == 1.0
     assert full.forecast_service_s == 2.0
     assert full.slot_rate is not None
