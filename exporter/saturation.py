@@ -164,8 +164,7 @@ class SaturationState:
         then, now = times.at(batch), times.at(larger)
         if not then or now is None:
             return 1.0
-        ratio = now / then
-        return ratio if ratio >= 1.0 + SLOWDOWN_NOISE else 1.0
+        return _beyond_noise(now / then)
 
     @property
     def slowdown(self) -> float:
@@ -192,8 +191,7 @@ class SaturationState:
                 ratios.append(now / then)
         if not ratios:
             return 1.0
-        ratio = statistics.median(ratios)
-        return ratio if ratio >= 1.0 + SLOWDOWN_NOISE else 1.0
+        return _beyond_noise(statistics.median(ratios))
 
     @property
     def queue_wait_s(self) -> float | None:
@@ -283,6 +281,11 @@ def batch_drain_rate(state: SaturationState, slots: int) -> float | None:
     if not rate:
         return rate
     return rate / state.slowdown
+
+
+def _beyond_noise(ratio: float) -> float:
+    """A ratio of step times, or 1.0 when it is within their noise (``SLOWDOWN_NOISE``)."""
+    return ratio if ratio >= 1.0 + SLOWDOWN_NOISE else 1.0
 
 
 def _rounded(value: float | None) -> float | None:
