@@ -195,6 +195,35 @@ def unfinished_requests(engine_client: Any) -> int | None:
         return None
 
 
+def served_ages(engine_client: Any) -> tuple[float, ...]:
+    """Seconds each unfinished request of this API process has been served (since the engine
+    first scheduled it), oldest first; empty when unknown (stats off, nothing scheduled).
+
+    Both ends are the engine core's own timestamps (its scheduling events, and its latest
+    output any request has seen), never this process's clock, which vLLM warns is not to be
+    compared with the engine core's. The ages lag by at most the time since that output: too
+    young, never too old. A request preempted since is left out: it may be back in the queue,
+    holding no slot, and its age counts time it was not served."""
+    processor = getattr(engine_client, "output_processor", None)
+    states = getattr(processor, "request_states", None)
+    if not states:
+        return ()
+    scheduled: list[float] = []
+    latest = 0.0
+    try:
+        for state in list(states.values()):
+            stats = state.stats
+            if stats is None:
+                continue
+            latest = max(latest, stats.last_token_ts, stats.scheduled_ts)
+            if stats.scheduled_ts > 0.0 and not stats.num_preemptions:
+                scheduled.append(stats.scheduled_ts)
+    except Exception:
+        return ()
+    scheduled.sort()
+    return tuple(max(0.0, latest - at) for at in scheduled)
+
+
 def kv_geometry(engine_client: Any) -> tuple[int, int] | None:
     """(total KV blocks, tokens per block) once the engine has profiled its cache."""
     try:

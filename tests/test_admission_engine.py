@@ -238,6 +238,35 @@ def test_the_api_server_reads_what_tells_a_queue_from_requests_about_to_start(
     assert saturation["measured"]["slowdown"] >= 1.0
 
 
+def test_the_api_server_reads_how_long_each_running_request_has_been_served(
+    engine: EngineProcess,
+) -> None:
+    """A full batch frees its first slot when its oldest request ends (predicted_wait): the
+    ages come from vLLM's own scheduling timestamps in the API server, which are there only
+    with its stats on and are the engine core's clock, not this process's."""
+    assert state(engine)["saturation"]["in_flight"]["served_s"] == []  # nothing in flight
+    body = {
+        "model": model(engine),
+        "prompt": "a",
+        "max_tokens": 120,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    sent = time.monotonic()
+    with httpx.stream(
+        "POST", engine.base_url + "/v1/completions", json=body, headers=key(), timeout=120
+    ) as response:
+        assert response.status_code == 200
+        chunks = response.iter_lines()
+        next(line for line in chunks if line.startswith("data: "))  # the first token is out
+        served = state(engine)["saturation"]["in_flight"]["served_s"]
+        elapsed = time.monotonic() - sent
+        for _line in chunks:
+            pass
+    assert len(served) == 1, served  # one request started, not yet finished
+    assert 0.0 <= served[0] <= elapsed
+
+
 def test_caps_follow_vllms_precedence_and_only_lower(engine: EngineProcess) -> None:
     name = model(engine)
     hi = [{"role": "user", "content": "hi"}]

@@ -49,6 +49,55 @@ def test_a_partial_batch_waits_a_whole_batch_not_littles_law() -> None:
     assert state.queue_wait_s == pytest.approx(2.0)
 
 
+def _full_batch(ages: tuple[float, ...], waiting: int = 0) -> SaturationState:
+    """A full batch of 8 draining 4 requests/s (a whole batch: 2 s), served 1.5 s at p99."""
+    return SaturationState(
+        running=8,
+        waiting=waiting,
+        drain_rate=4.0,
+        service_s=1.5,
+        capacity=8,
+        served_ages=ages,
+    )
+
+
+def test_a_full_batch_frees_its_first_slot_when_its_oldest_request_ends() -> None:
+    """A momentary full batch at a light load (run 23, 0.5x): its requests started at
+    different times, and the first slot frees within the service forecast of the oldest's
+    start, not a whole batch later."""
+    ages = (1.2, 0.9, 0.7, 0.5, 0.4, 0.3, 0.2, 0.1)
+    assert _full_batch(()).queue_wait_s == pytest.approx(2.0)  # ages unknown: a whole batch
+    assert _full_batch(ages).queue_wait_s == pytest.approx(0.3)  # 1.5 - 1.2
+    # The third request waiting takes the third slot to free: the third oldest's.
+    assert predicted_wait(_full_batch(ages, waiting=2)) == pytest.approx(1.5 - 0.7)
+    # A request served past the forecast already: its slot is due now.
+    assert _full_batch((1.8, *ages[1:])).queue_wait_s == 0.0
+    # Requests that started together (an overload's batch) wait the whole batch, never more.
+    assert _full_batch((0.1,) * 8).queue_wait_s == pytest.approx(1.4)
+    assert _full_batch((0.0,) * 8).queue_wait_s == pytest.approx(1.5)
+    # Fewer ages than the slot asks (another API server's requests, not yet started): the
+    # whole batch's wait, as before.
+    assert predicted_wait(_full_batch(ages[:2], waiting=2)) == pytest.approx(2.0)
+
+
+def test_a_queue_longer_than_the_batch_still_waits_whole_batches() -> None:
+    ages = (1.2, 0.9, 0.7, 0.5, 0.4, 0.3, 0.2, 0.1)
+    # The 9th waiting needs the slot after a whole batch has turned over: 2 batches, 4 s.
+    assert predicted_wait(_full_batch(ages, waiting=8)) == pytest.approx(4.0)
+
+
+def test_the_oldest_requests_slot_decides_admission_at_the_slo() -> None:
+    settings = SaturationSettings(latency_slo_s=2.5)
+    young = with_live_queue(_full_batch(()), in_flight=8, capacity=8, served_ages=(0.2,) * 8)
+    found = breach(settings, young)  # 1.3 s for the first slot + 1.5 s served: refused
+    assert found is not None and found.value == pytest.approx(2.8)
+    staggered = with_live_queue(
+        _full_batch(()), in_flight=8, capacity=8, served_ages=(1.2, 0.9, 0.7, 0.5, 0.4, 0.3)
+    )
+    assert staggered.served_ages[0] == 1.2
+    assert breach(settings, staggered) is None  # 0.3 s + 1.5 s
+
+
 def test_the_gauge_publishes_the_prediction() -> None:
     registry = CollectorRegistry()
     now = [1000.0]

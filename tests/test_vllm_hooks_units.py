@@ -53,6 +53,33 @@ def test_every_hook_point_exists_in_the_installed_vllm() -> None:
     assert missing == {p.name: None for p in vllm_compat.HOOK_POINTS}
 
 
+def test_served_ages_are_read_on_the_engine_cores_clock() -> None:
+    """vLLM's request states in the API server: the ages count from each request's first
+    scheduling to the engine core's latest output, its own clock, oldest first; a request not
+    scheduled yet, preempted since (maybe back in the queue), or whose stats are off, has
+    none."""
+    from types import SimpleNamespace
+
+    from vllm.v1.metrics.stats import RequestStateStats
+
+    def request(scheduled: float, last_token: float = 0.0, preempted: int = 0) -> SimpleNamespace:
+        stats = RequestStateStats(
+            scheduled_ts=scheduled, last_token_ts=last_token, num_preemptions=preempted
+        )
+        return SimpleNamespace(stats=stats)
+
+    states = {
+        "young": request(scheduled=5000.4, last_token=5001.0),
+        "old": request(scheduled=5000.1, last_token=5000.9),
+        "queued": request(scheduled=0.0),
+        "preempted": request(scheduled=4999.0, last_token=5000.0, preempted=1),
+        "no-stats": SimpleNamespace(stats=None),
+    }
+    client = SimpleNamespace(output_processor=SimpleNamespace(request_states=states))
+    assert vllm_compat.served_ages(client) == pytest.approx((0.9, 0.6))
+    assert vllm_compat.served_ages(SimpleNamespace()) == ()  # no output processor: unknown
+
+
 def test_version_series() -> None:
     assert vllm_compat.version_supported("0.32.0")
     assert vllm_compat.version_supported("0.32.3+cu129")

@@ -358,7 +358,7 @@ class Controller:
         admitted and not yet answered, or vLLM's own unfinished count if higher, and, while
         the batch is full and ``held``, the places held for refused requests whose clients
         are expected back (a free slot is taken at once: places held never leave the engine
-        idle)."""
+        idle), and how long each started request has been served."""
         in_flight = max(
             self.admitted_in_flight, vllm_compat.unfinished_requests(self.engine_client) or 0
         )
@@ -366,7 +366,8 @@ class Controller:
         if held and capacity is not None and in_flight >= capacity:
             in_flight += self.retry_schedule.expected_returns(self.clock())
         kv_blocks = vllm_compat.kv_geometry(self.engine_client)
-        return with_live_queue(self.saturation, in_flight, capacity, kv_blocks)
+        ages = vllm_compat.served_ages(self.engine_client)
+        return with_live_queue(self.saturation, in_flight, capacity, kv_blocks, ages)
 
     @contextlib.contextmanager
     def serving(self, request_key: int | None = None) -> Iterator[None]:
@@ -486,6 +487,9 @@ class Controller:
             "in_flight": {
                 "admitted": self.admitted_in_flight,
                 "engine": vllm_compat.unfinished_requests(self.engine_client),
+                # Seconds each started request has been served, oldest first: the batch's
+                # first slots free when these end (predicted_wait).
+                "served_s": [round(age, 3) for age in vllm_compat.served_ages(self.engine_client)],
                 # Refused requests told when to come back: new arrivals queue behind them.
                 "places_held": self.retry_schedule.held(self.clock()),
                 # The share of recent places whose client came back: how many of those held

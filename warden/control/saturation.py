@@ -77,9 +77,12 @@ def with_live_queue(
     in_flight: int,
     capacity: int | None,
     kv_blocks: tuple[int, int] | None = None,
+    served_ages: tuple[float, ...] = (),
 ) -> SaturationState:
     """``state`` with the batch and queue this instant: ``in_flight`` requests unfinished now
-    (this request not among them), at most ``capacity`` (max_num_seqs) of them running.
+    (this request not among them), at most ``capacity`` (max_num_seqs) of them running, and
+    the seconds each started one has been served (``served_ages``, oldest first: when the
+    batch frees its next slots).
 
     The requests vLLM reported waiting are still waiting, unless it starts them at its next
     step (``startable_now``, from ``kv_blocks``: the cache's blocks and tokens per block),
@@ -96,6 +99,7 @@ def with_live_queue(
         running=running,
         waiting=max(waiting, in_flight - running),
         capacity=capacity,
+        served_ages=served_ages,
     )
 
 
