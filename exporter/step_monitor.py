@@ -93,6 +93,10 @@ class StepMonitor:
         self._peak = metrics.get(catalog.MEMORY_WATERMARK_PEAK)
         self._peak.set(0)
         self.inflight: Callable[[], int] | None = None
+        # Seconds each started request has been served, oldest first (set where the engine
+        # client is known): with a queue, its first slots free as these end (predicted_wait),
+        # the same inputs admission reads, so the gauge is the number admission decides on.
+        self.served_ages: Callable[[], tuple[float, ...]] | None = None
         self.stall_reason = ""  # the stall check's last verdict, for readiness to say why
         self.watermark_changed_at: float | None = None
         # Recent changes as (time, level entered, deciding signal, its risk), for
@@ -144,6 +148,8 @@ class StepMonitor:
                 self._quiet_steps + 1,
                 snap.kv_cache_usage,
             )
+            if snap.waiting > 0 and self.served_ages is not None:
+                snap.saturation = replace(snap.saturation, served_ages=self.served_ages())
             self._quiet_steps = 0
             self.snapshot = snap
         if now - self._published_at >= PUBLISH_EVERY_S or now < self._published_at:

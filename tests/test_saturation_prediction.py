@@ -112,6 +112,27 @@ def test_the_gauge_publishes_the_prediction() -> None:
     assert exported == pytest.approx(8 / snap.saturation.drain_rate)
 
 
+def test_the_gauge_counts_the_oldest_requests_slot_as_admission_does() -> None:
+    """The exported wait reads the same ages admission reads (``served_ages``): with a queue,
+    the gauge is the number admission decides on, not a whole batch's wait."""
+    registry = CollectorRegistry()
+    now = [1000.0]
+    monitor = StepMonitor(WardenSettings(), WardenMetrics(registry), None, clock=lambda: now[0])
+    monitor.served_ages = lambda: (1.9, 1.8, 1.5, 1.0, 0.8, 0.6, 0.4, 0.2)
+    for _ in range(10):
+        now[0] += 0.25
+        monitor.on_step(running=8, waiting=0, kv_usage=0.5, finished=[(96, 0.0, 2.0)])
+    now[0] += 0.25
+    snap = monitor.on_step(running=8, waiting=2, kv_usage=0.9)
+    exported = registry.get_sample_value(catalog.QUEUE_WAIT_PREDICTED.name)
+    assert snap.saturation.served_ages[0] == 1.9
+    # A request behind the two waiting takes the third slot to free: 2.0 s at p99, 1.5 s gone.
+    assert exported == pytest.approx(0.5)
+    assert exported == pytest.approx(predicted_wait(snap.saturation))
+    live = with_live_queue(snap.saturation, 10, 8, served_ages=monitor.served_ages())
+    assert exported == pytest.approx(predicted_wait(live))
+
+
 # --- service time forecast in engine steps ------------------------------------------------------
 
 SLO_S = 4.0  # under the burst's service time, as in run 13
