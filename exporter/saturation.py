@@ -39,12 +39,13 @@ statistics, in the API process; admission (warden/control/admission.py) decides 
   plus, when its prompt does not fit in the free KV blocks, the requests that must finish to
   free them. Slots free up in batches (requests admitted together finish together), so the
   wait is counted in whole batches of the running size, each lasting ``running / drain rate``
-  (the drain rate of that batch, ``batch_drain_rate``):
-  the worst case, since admission promises the SLO to the requests it admits. Preemptions are
-  in it twice: preempted requests wait again in the queue, and recomputation lowers the drain
-  rate. There is one prediction: admission (warden/control/saturation.py) judges with it, and
-  ``warden_queue_wait_predicted_seconds`` exports it for a typical request, so the dashboard
-  and the alerts show the number admission decided on.
+  (the drain rate of that batch, ``batch_drain_rate``): the worst case, since admission
+  promises the SLO to the requests it admits. A slot within the running batch frees sooner,
+  as its requests end, from how long each has run (``served_ages``, ``_slot_freed_by``).
+  Preemptions are in it twice: preempted requests wait again in the queue, and recomputation
+  lowers the drain rate. There is one prediction: admission (warden/control/saturation.py)
+  judges with it, and ``warden_queue_wait_predicted_seconds`` exports it for a typical
+  request, so the dashboard and the alerts show the number admission decided on.
 Pure arithmetic on numbers the stat logger hands over: no I/O, no device access.
 """
 
@@ -121,14 +122,26 @@ class SaturationState:
         """Service time forecast for a request arriving now: the ``SERVICE_QUANTILE`` of the
         recent service times, each scaled down to the batch it will be served in when that is
         smaller than the one it was served in; the measured quantile where nothing scales."""
+        times = self.forecast_service_times
+        if times:
+            return _quantile(times, SERVICE_QUANTILE)
+        if self.service_s is None or self.step_times is None or not self.recent_service:
+            return self.service_s
+        return self.service_s * self.slowdown  # the serving batch's steps are not timed yet
+
+    @property
+    def forecast_service_times(self) -> list[float]:
+        """The recent service times as a request arriving now is forecast to take them (each
+        scaled as ``forecast_service_s`` says, and by the ``slowdown``), sorted; empty where
+        they cannot be scaled (no step timed at the batch it will be served in)."""
         times = self.step_times
         if times is None or not self.recent_service or self.service_s is None:
-            return self.service_s
-        slowdown = self.slowdown
+            return []
         serving = self.serving_batch
         step_s = times.at(serving)
         if step_s is None:
-            return self.service_s * slowdown
+            return []
+        slowdown = self.slowdown
         growing = self.growing_batch
         factors: dict[int, float] = {}
         scaled = []
@@ -140,9 +153,11 @@ class SaturationState:
                     factor = min(1.0, step_s / then) if then else 1.0
                 else:
                     factor = self.batch_growth(batch, growing)
+                factor *= slowdown
                 factors[batch] = factor
             scaled.append(served * factor)
-        return _quantile(scaled, SERVICE_QUANTILE) * slowdown
+        scaled.sort()
+        return scaled
 
     @property
     def growing_batch(self) -> int:
@@ -272,20 +287,70 @@ def predicted_wait(
 
 
 def _slot_freed_by(state: SaturationState, index: int) -> float:
-    """Seconds until the running batch frees its ``index``-th slot (0: the first) at the
-    latest: the request served longest finishes within the service forecast of its start,
-    99 times in 100, and the next longest next. Unknown (ages not read, or fewer running
-    requests with an age than the slot asks): infinity, and the whole batch's wait stands.
+    """Seconds until the running batch frees its ``index``-th slot (0: the first), at the
+    ``SERVICE_QUANTILE``. Unknown (ages not read, or fewer running requests with an age than
+    the slot asks): infinity, and the whole batch's wait stands.
+
+    The ``index``-th oldest request ends within the service forecast of its start, 99 times
+    in 100, and the ones older than it before it: a bound that holds however the batch's
+    requests are spread. A request served past the forecast already is not counted on to
+    end (a long one: nothing recent says when). The first slot frees when any running
+    request ends, whichever: ``_first_end_s`` forecasts that from the recent service times,
+    each request's remaining time given how long it has run.
 
     A momentary full batch under a light load holds requests that started at different
-    times: the first slot frees when the oldest ends, not a whole batch later (run 23: at
+    times: the first slot frees when one of them ends, not a whole batch later (run 23: at
     0.5x, 6 requests arriving into a burst were forecast a batch's wait, 0.7 s, on top of a
-    p99 service time, over an SLO of 1.99 s that plain vLLM met for every request)."""
-    ages = state.served_ages
-    service = state.forecast_service_s if index < len(ages) else None
+    p99 service time, over an SLO of 1.99 s that plain vLLM met for every request). Under
+    overload the batch stays full, and with each request's end bounded by the oldest's, a
+    request arriving to no queue was refused whenever the batch's requests were young
+    (run 24: 127-169 refusals a pair at 3x in seconds where no admitted request queued)."""
+    if index >= len(state.served_ages):
+        return math.inf
+    times = state.forecast_service_times
+    service = _quantile(times, SERVICE_QUANTILE) if times else state.forecast_service_s
     if service is None:
         return math.inf
-    return max(0.0, service - ages[index])
+    # A request served past the forecast already (a long one) says nothing of when it ends.
+    ages = tuple(age for age in state.served_ages if age < service)
+    if index >= len(ages):
+        return math.inf
+    bound = service - ages[index]
+    if index > 0 or not times:
+        return bound
+    return min(bound, _first_end_s(times, ages, SERVICE_QUANTILE))
+
+
+def _first_end_s(times: list[float], ages: tuple[float, ...], quantile: float) -> float:
+    """The ``quantile`` of the time until the first of the running requests ends, given how
+    long each has run (``ages``) and the forecast service times (``times``, sorted): the
+    time by which the chance that none has ended falls to ``1 - quantile``. Each request's
+    chance to run ``t`` longer is the share of the service times past its age that are past
+    its age plus ``t`` (a request older than all of them is taken never to end). Found to
+    ``FIRST_END_RESOLUTION_S`` by bisection, over the ``FIRST_END_REQUESTS`` oldest (fewer
+    requests end later: a batch of hundreds costs no more than one of 16)."""
+    count = len(times)
+    older = [(age, count - bisect.bisect_right(times, age)) for age in ages[:FIRST_END_REQUESTS]]
+    older = [(age, past) for age, past in older if past > 0]
+    if not older:
+        return math.inf
+
+    def none_ended(wait: float) -> float:
+        chance = 1.0
+        for age, past in older:
+            chance *= (count - bisect.bisect_right(times, age + wait)) / past
+        return chance
+
+    low, high = 0.0, times[-1]
+    if none_ended(high) > 1.0 - quantile:
+        return math.inf
+    while high - low > FIRST_END_RESOLUTION_S:
+        middle = (low + high) / 2
+        if none_ended(middle) > 1.0 - quantile:
+            low = middle
+        else:
+            high = middle
+    return high
 
 
 def batch_drain_rate(state: SaturationState, slots: int) -> float | None:
@@ -316,6 +381,9 @@ def _rounded(value: float | None) -> float | None:
 
 
 SERVICE_QUANTILE = 0.99
+# How precisely the first slot's end is forecast (``_first_end_s``): a few engine steps.
+FIRST_END_RESOLUTION_S = 0.005
+FIRST_END_REQUESTS = 16
 # The share of the service time over which the batch held is the one a request is forecast
 # to be served in when it is larger than recent requests' (``SaturationState.growing_batch``).
 SUSTAINED_SHARE = 0.5

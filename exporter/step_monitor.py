@@ -93,9 +93,9 @@ class StepMonitor:
         self._peak = metrics.get(catalog.MEMORY_WATERMARK_PEAK)
         self._peak.set(0)
         self.inflight: Callable[[], int] | None = None
-        # Seconds each started request has been served, oldest first (set where the engine
-        # client is known): with a queue, its first slots free as these end (predicted_wait),
-        # the same inputs admission reads, so the gauge is the number admission decides on.
+        # Seconds each started request has been served, oldest first (set where a saturation
+        # limit is): with a queue, its first slots free as these end (predicted_wait), the
+        # same inputs admission reads, so the gauge is the number admission decides on.
         self.served_ages: Callable[[], tuple[float, ...]] | None = None
         self.stall_reason = ""  # the stall check's last verdict, for readiness to say why
         self.watermark_changed_at: float | None = None

@@ -70,14 +70,65 @@ def test_a_full_batch_frees_its_first_slot_when_its_oldest_request_ends() -> Non
     assert _full_batch(ages).queue_wait_s == pytest.approx(0.3)  # 1.5 - 1.2
     # The third request waiting takes the third slot to free: the third oldest's.
     assert predicted_wait(_full_batch(ages, waiting=2)) == pytest.approx(1.5 - 0.7)
-    # A request served past the forecast already: its slot is due now.
-    assert _full_batch((1.8, *ages[1:])).queue_wait_s == 0.0
+    # A request served past the forecast already (a long one) is not counted on to end: the
+    # first slot is the next oldest's.
+    assert _full_batch((1.8, *ages[1:])).queue_wait_s == pytest.approx(1.5 - 0.9)
     # Requests that started together (an overload's batch) wait the whole batch, never more.
     assert _full_batch((0.1,) * 8).queue_wait_s == pytest.approx(1.4)
     assert _full_batch((0.0,) * 8).queue_wait_s == pytest.approx(1.5)
     # Fewer ages than the slot asks (another API server's requests, not yet started): the
     # whole batch's wait, as before.
     assert predicted_wait(_full_batch(ages[:2], waiting=2)) == pytest.approx(2.0)
+
+
+def _measured_full_batch(times: list[float], ages: tuple[float, ...]) -> SaturationState:
+    """A full batch of 8 whose recent requests were all served at 8 (nothing scaled)."""
+    return SaturationState(
+        running=8,
+        waiting=0,
+        drain_rate=4.0,
+        service_s=max(times),
+        capacity=8,
+        recent_service=tuple((served, 8) for served in times),
+        step_times=StepTimes({8: 0.05}),
+        served_ages=ages,
+    )
+
+
+SPREAD = [0.5 + index / 31 for index in range(32)]  # 32 service times, 0.5-1.5 s
+
+
+def test_the_first_slot_frees_when_any_running_request_ends() -> None:
+    """Eight requests started together, with service times spread as the recent ones: the
+    first to end does so, 99 times in 100, by the time 15 of 32 service times are over
+    (none ended: (17/32)^8 = 0.006), not when the slowest could (run 24: refusals at 3x
+    with no queue)."""
+    state = _measured_full_batch(SPREAD, (0.0,) * 8)
+    assert state.forecast_service_s == 1.5
+    assert state.queue_wait_s == pytest.approx(SPREAD[14], abs=0.006)
+    # The second slot is still the bound of the second oldest: 1.5 s.
+    assert predicted_wait(dataclasses.replace(state, waiting=1)) == pytest.approx(1.5)
+    # Staggered, the first end comes sooner still.
+    staggered = _measured_full_batch(SPREAD, (0.9, 0.8, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1))
+    assert staggered.queue_wait_s < SPREAD[14] - 0.3
+    assert staggered.queue_wait_s < 1.5 - 0.9  # before the oldest's bound
+
+
+def test_requests_that_all_take_as_long_free_their_slots_together() -> None:
+    """Equal service times (the same prompt and output lengths): no request ends before the
+    others, and the first slot frees when they all do, a whole service time after the batch
+    started, as before."""
+    state = _measured_full_batch([1.0] * 32, (0.2,) * 8)
+    assert state.queue_wait_s == pytest.approx(0.8, abs=0.006)
+
+
+def test_a_request_older_than_every_recent_one_is_not_counted_on_to_end() -> None:
+    """A request that has run past every recent service time (a long one) says nothing of
+    when it ends: the first slot is forecast from the others."""
+    lone = _measured_full_batch(SPREAD, (2.0,) + (0.0,) * 7)
+    together = _measured_full_batch(SPREAD, (0.0,) * 7)
+    assert lone.queue_wait_s == pytest.approx(together.queue_wait_s)
+    assert lone.queue_wait_s > SPREAD[14]  # seven, not eight, may end first
 
 
 def test_a_queue_longer_than_the_batch_still_waits_whole_batches() -> None:
