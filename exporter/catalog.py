@@ -479,8 +479,9 @@ QUEUE_WAIT_PREDICTED = _w(
     "warden_queue_wait_predicted_seconds",
     "gauge",
     "How long a typical request arriving now would wait in vLLM's queue, counted in whole "
-    "batches at the drain rate: the prediction admission's saturation judge decides on. 0 when "
-    "nothing waits.",
+    "batches at the drain rate, or, for a slot in the running batch, until its requests end "
+    "(with a saturation limit set, from how long each has run): the prediction admission's "
+    "saturation judge decides on. 0 when nothing waits.",
     unit="s",
     multiprocess_mode="max",
 )

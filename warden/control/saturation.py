@@ -8,7 +8,8 @@ Pure decisions on the measurements of exporter/saturation.py (clock values passe
   vLLM reported waiting that it starts at its next step (a free slot and KV blocks for each:
   ``startable_now``) are not a queue.
 - ``predicted_wait`` (exporter/saturation.py, so the exported gauge is the same number):
-  how long a request would sit in vLLM's queue, counted in whole batches.
+  how long a request would sit in vLLM's queue, counted in whole batches, or, for a slot in
+  the running batch, until its requests end (from ``served_ages``: how long each has run).
 - ``Limits.exceeded``: the first configured limit a request would break (latency = wait +
   the service time forecast for the batch it will be served in; queue wait; queue depth), with
   the signal and value.
