@@ -149,16 +149,26 @@ def test_the_oldest_requests_slot_decides_admission_at_the_slo() -> None:
     assert breach(settings, staggered) is None  # 0.3 s + 1.5 s
 
 
-def test_the_gauge_publishes_the_prediction() -> None:
+def _gauge_after_a_full_batch(
+    waiting: int, served_ages: tuple[float, ...] | None = None
+) -> tuple[float | None, StepSnapshot]:
+    """The exported wait after 2.5 s of a full batch finishing one 2 s request per step, then
+    a step with ``waiting`` queued; the monitor reads ``served_ages`` when given."""
     registry = CollectorRegistry()
     now = [1000.0]
     monitor = StepMonitor(WardenSettings(), WardenMetrics(registry), None, clock=lambda: now[0])
+    if served_ages is not None:
+        monitor.served_ages = lambda: served_ages
     for _ in range(10):
         now[0] += 0.25
         monitor.on_step(running=8, waiting=0, kv_usage=0.5, finished=[(96, 0.0, 2.0)])
     now[0] += 0.25
-    snap = monitor.on_step(running=8, waiting=3, kv_usage=0.9)
-    exported = registry.get_sample_value(catalog.QUEUE_WAIT_PREDICTED.name)
+    snap = monitor.on_step(running=8, waiting=waiting, kv_usage=0.9)
+    return registry.get_sample_value(catalog.QUEUE_WAIT_PREDICTED.name), snap
+
+
+def test_the_gauge_publishes_the_prediction() -> None:
+    exported, snap = _gauge_after_a_full_batch(waiting=3)
     assert exported == pytest.approx(predicted_wait(snap.saturation))
     assert exported == pytest.approx(8 / snap.saturation.drain_rate)
 
@@ -166,21 +176,13 @@ def test_the_gauge_publishes_the_prediction() -> None:
 def test_the_gauge_counts_the_oldest_requests_slot_as_admission_does() -> None:
     """The exported wait reads the same ages admission reads (``served_ages``): with a queue,
     the gauge is the number admission decides on, not a whole batch's wait."""
-    registry = CollectorRegistry()
-    now = [1000.0]
-    monitor = StepMonitor(WardenSettings(), WardenMetrics(registry), None, clock=lambda: now[0])
-    monitor.served_ages = lambda: (1.9, 1.8, 1.5, 1.0, 0.8, 0.6, 0.4, 0.2)
-    for _ in range(10):
-        now[0] += 0.25
-        monitor.on_step(running=8, waiting=0, kv_usage=0.5, finished=[(96, 0.0, 2.0)])
-    now[0] += 0.25
-    snap = monitor.on_step(running=8, waiting=2, kv_usage=0.9)
-    exported = registry.get_sample_value(catalog.QUEUE_WAIT_PREDICTED.name)
+    ages = (1.9, 1.8, 1.5, 1.0, 0.8, 0.6, 0.4, 0.2)
+    exported, snap = _gauge_after_a_full_batch(waiting=2, served_ages=ages)
     assert snap.saturation.served_ages[0] == 1.9
     # A request behind the two waiting takes the third slot to free: 2.0 s at p99, 1.5 s gone.
     assert exported == pytest.approx(0.5)
     assert exported == pytest.approx(predicted_wait(snap.saturation))
-    live = with_live_queue(snap.saturation, 10, 8, served_ages=monitor.served_ages())
+    live = with_live_queue(snap.saturation, 10, 8, served_ages=ages)
     assert exported == pytest.approx(predicted_wait(live))
 
 
