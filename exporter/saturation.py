@@ -90,8 +90,9 @@ class SaturationState:
     queue_held_over: bool = False
     # The mean batch over the last ``SUSTAINED_SHARE`` of the service time (0: not measured).
     sustained_batch: int = 0
-    # Seconds each running request has been served, oldest first (live, from admission; empty:
-    # unknown, and each slot is taken to free a whole batch later: ``predicted_wait``).
+    # Seconds each running request has been served, oldest first (read live by admission, and
+    # by the step monitor where a saturation limit is set; empty: unknown, and each slot is
+    # taken to free a whole batch later: ``predicted_wait``).
     served_ages: tuple[float, ...] = ()
 
     @property
