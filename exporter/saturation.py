@@ -52,9 +52,11 @@ Pure arithmetic on numbers the stat logger hands over: no I/O, no device access.
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import statistics
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from exporter.catalog import SATURATION_STATES
@@ -130,18 +132,20 @@ class SaturationState:
             return self.service_s
         return self.service_s * self.slowdown  # the serving batch's steps are not timed yet
 
-    @property
-    def forecast_service_times(self) -> list[float]:
+    @functools.cached_property
+    def forecast_service_times(self) -> tuple[float, ...]:
         """The recent service times as a request arriving now is forecast to take them (each
         scaled as ``forecast_service_s`` says, and by the ``slowdown``), sorted; empty where
-        they cannot be scaled (no step timed at the batch it will be served in)."""
+        they cannot be scaled (no step timed at the batch it will be served in). Worked out
+        once per state: the latency forecast and the wait for a slot both read it, and a
+        state lives one step (admission's live copies, one decision)."""
         times = self.step_times
         if times is None or not self.recent_service or self.service_s is None:
-            return []
+            return ()
         serving = self.serving_batch
         step_s = times.at(serving)
         if step_s is None:
-            return []
+            return ()
         slowdown = self.slowdown
         growing = self.growing_batch
         factors: dict[int, float] = {}
@@ -157,8 +161,7 @@ class SaturationState:
                 factor *= slowdown
                 factors[batch] = factor
             scaled.append(served * factor)
-        scaled.sort()
-        return scaled
+        return tuple(sorted(scaled))
 
     @property
     def growing_batch(self) -> int:
@@ -322,7 +325,7 @@ def _slot_freed_by(state: SaturationState, index: int) -> float:
     return min(bound, _first_end_s(times, ages, SERVICE_QUANTILE))
 
 
-def _first_end_s(times: list[float], ages: tuple[float, ...], quantile: float) -> float:
+def _first_end_s(times: Sequence[float], ages: tuple[float, ...], quantile: float) -> float:
     """The ``quantile`` of the time until the first of the running requests ends, given how
     long each has run (``ages``) and the forecast service times (``times``, sorted): the
     time by which the chance that none has ended falls to ``1 - quantile``. Each request's
@@ -444,7 +447,7 @@ class StepTimes:
         return self.seconds[min(larger)] if larger else None
 
 
-def _quantile(values: list[float], q: float) -> float:
+def _quantile(values: Sequence[float], q: float) -> float:
     """The nearest-rank ``q`` quantile (over 32 completions, 0.99 is the slowest)."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
