@@ -444,12 +444,12 @@ class Plan:
 
 
 def measure_pair(up: dict[str, Any], pair: int, plan: Plan) -> dict[str, list[dict[str, Any]]]:
-    """One pair: every side at each point, back to back, the order reversed point to point
-    and pair to pair, so the runs a ratio compares are at most one run apart. The machine's
-    speed drifts by tens of percent over minutes (benchmarks/README.md): measured a side at a
-    time (one engine per side, all its points, then the next side), a pair's two runs were
-    minutes apart and its ratio measured the drift as much as warden. An idle engine costs
-    about 1% of a core, each side's run has the others idle beside it."""
+    """One pair: every side at each point, back to back, in the order ``side_order`` gives,
+    so the runs a ratio compares are minutes closer than one side's points after another's.
+    The machine's speed drifts by tens of percent over minutes (benchmarks/README.md):
+    measured a side at a time (one engine per side, all its points, then the next side), a
+    pair's two runs were minutes apart and its ratio measured the drift as much as warden. An
+    idle engine costs about 1% of a core, each side's run has the others idle beside it."""
     sides = list(up)
     honouring = WARDEN_SIDES["slo"]
     measured: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
@@ -466,7 +466,7 @@ def measure_pair(up: dict[str, Any], pair: int, plan: Plan) -> dict[str, list[di
     for index, point in enumerate(plan.points):
         capacity = capacities[point] = capacity_at(up["plain"], plan, pair, point)
         rate = capacity * point
-        for side in sides if (pair + index) % 2 == 0 else reversed(sides):
+        for side in side_order(sides, pair, index):
             engine = up[side]
             if side != "plain":
                 settle(engine.base_url)  # nothing held from this engine's previous point
@@ -484,6 +484,19 @@ def measure_pair(up: dict[str, Any], pair: int, plan: Plan) -> dict[str, list[di
                 honour(point)
         measured[f"{honouring}_honouring"] = [honoured[point] for point in plan.honour_points]
     return measured
+
+
+def side_order(sides: Sequence[str], pair: int, index: int) -> list[str]:
+    """The order the sides run in at a pair's ``index``-th point: rotated by one place from
+    point to point and pair to pair, so over as many pairs as there are sides each side runs
+    once in every place at every point. Reversing the order instead (runs 8-25) kept the
+    middle side in the middle at every point of every pair: with three sides, warden's
+    default config always ran right after another engine's load and never first, and at 1x,
+    where a few percent of speed decide whether a queue drains, that was a difference
+    between the sides the ratios could not tell from warden's own (benchmarks/README.md,
+    run 26)."""
+    shift = (pair + index) % len(sides)
+    return [*sides[shift:], *sides[:shift]]
 
 
 # The configs whose warden is given the SLO (the others run without it).

@@ -18,6 +18,7 @@ from benchmarks.overload import (
     goodput_in,
     offered_window,
     report,
+    side_order,
     slo_from,
     value_at,
     within_slo_share,
@@ -124,3 +125,19 @@ def test_the_slo_is_twice_the_slower_half_load_p99() -> None:
     assert slo_from([0.66, 0.95], 2.0) == pytest.approx(1.9)
     assert slo_from([0.95, 0.66], 2.0) == pytest.approx(1.9)
     assert slo_from([0.8], 1.5) == pytest.approx(1.2)
+
+
+def test_every_side_runs_once_in_every_place_at_every_point_over_as_many_pairs() -> None:
+    """Reversing the order kept the middle of three sides in the middle at every point of
+    every pair (runs 8-25): warden's default config never ran first, and its ratios could not
+    tell its own cost from its place. Rotated, each side holds each place once per point."""
+    sides = ["plain", "warden", "warden_slo"]
+    for index in range(5):
+        orders = [side_order(sides, pair, index) for pair in range(len(sides))]
+        for order in orders:
+            assert sorted(order) == sorted(sides)
+        for place in range(len(sides)):
+            assert sorted(order[place] for order in orders) == sorted(sides)
+    # From point to point within a pair the order moves too.
+    assert side_order(sides, 0, 0) != side_order(sides, 0, 1)
+    assert side_order(["plain", "warden"], 1, 0) == ["warden", "plain"]

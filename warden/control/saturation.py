@@ -10,9 +10,11 @@ Pure decisions on the measurements of exporter/saturation.py (clock values passe
 - ``predicted_wait`` (exporter/saturation.py, so the exported gauge is the same number):
   how long a request would sit in vLLM's queue, counted in whole batches, or, for a slot in
   the running batch, until its requests end (from ``served_ages``: how long each has run).
-- ``Limits.exceeded``: the first configured limit a request would break (latency = wait +
-  the service time forecast for the batch it will be served in; queue wait; queue depth), with
-  the signal and value.
+- ``breach``: the first configured limit a request would break (latency = wait + the service
+  time forecast for the batch it will be served in, each at its 99th percentile; for the
+  first slot a full batch frees, nothing ahead, the 99th percentile of their sum when that
+  is within the SLO: ``first_slot_meets``; queue wait; queue depth), with the signal and
+  value.
 - ``SaturationJudge``: saturated or normal for a typical request, held ``hold_s`` after it
   clears (one change per hold at most: no flapping at steady saturation).
 - ``RetrySchedule``: Retry-After from the drain rate: no earlier than the queue is expected to
@@ -42,7 +44,14 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from exporter.catalog import SATURATION_STATES
-from exporter.saturation import KvState, SaturationState, batch_drain_rate, predicted_wait
+from exporter.saturation import (
+    KvState,
+    SaturationState,
+    batch_drain_rate,
+    first_slot_meets,
+    predicted_wait,
+    requests_ahead,
+)
 from exporter.step_monitor import StepSnapshot
 from warden.control.config import SaturationSettings
 
@@ -145,13 +154,34 @@ def breach(
         return None
     slo = settings.latency_slo_s
     service_s = state.forecast_service_s if slo is not None else None
-    if slo is not None and service_s is not None and wait + service_s > slo:
+    if (
+        slo is not None
+        and service_s is not None
+        and wait + service_s > slo
+        and not _first_slot_meets(state, kv, prompt_tokens, margin_blocks, slo)
+    ):
         latency = wait + service_s
         return Breach("latency_s", latency, slo, latency - slo)
     limit = settings.max_queue_wait_s
     if limit is not None and wait > limit:
         return Breach("queue_wait_s", wait, limit, wait - limit)
     return None
+
+
+def _first_slot_meets(
+    state: SaturationState,
+    kv: KvState | None,
+    prompt_tokens: int | None,
+    margin_blocks: int,
+    slo: float,
+) -> bool:
+    """A request that takes the full batch's first freed slot (nothing ahead of it) is
+    judged on its wait and its service time together (``first_slot_meets``), where the sum
+    of their 99th percentiles is over the SLO. It only ever admits what that sum refused."""
+    full = state.capacity is not None and state.running >= state.capacity
+    if not full or requests_ahead(state, kv, prompt_tokens, margin_blocks) > 0:
+        return False
+    return bool(first_slot_meets(state, slo))
 
 
 @dataclass(frozen=True)
