@@ -481,7 +481,8 @@ QUEUE_WAIT_PREDICTED = _w(
     "How long a typical request arriving now would wait in vLLM's queue, counted in whole "
     "batches at the drain rate, or, for a slot in the running batch, until its requests end "
     "(with a saturation limit set, from how long each has run): the prediction admission's "
-    "saturation judge decides on. 0 when nothing waits.",
+    "saturation judge decides on (for the first slots a full batch frees, under a latency "
+    "SLO, together with the service time: their sum's 99th percentile). 0 when nothing waits.",
     unit="s",
     multiprocess_mode="max",
 )

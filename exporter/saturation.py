@@ -42,8 +42,8 @@ statistics, in the API process; admission (warden/control/admission.py) decides 
   (the drain rate of that batch, ``batch_drain_rate``): the worst case, since admission
   promises the SLO to the requests it admits. A slot within the running batch frees sooner,
   as its requests end, from how long each has run (``served_ages``, ``_slot_freed_by``);
-  for the first such slot, admission also judges the wait and the request's own service time
-  together, their sum's 99th percentile (``first_slot_meets``).
+  for the first half of those slots, admission also judges the wait and the request's own
+  service time together, their sum's 99th percentile (``slot_meets``).
   Preemptions are in it twice: preempted requests wait again in the queue, and recomputation
   lowers the drain rate. There is one prediction: admission (warden/control/saturation.py)
   judges with it, and ``warden_queue_wait_predicted_seconds`` exports it for a typical
@@ -305,56 +305,78 @@ def requests_ahead(
 
 
 def first_slot_meets(state: SaturationState, latency_s: float) -> bool | None:
-    """Whether a request taking the running batch's first freed slot (a full batch, nothing
-    ahead of it) is done within ``latency_s`` at the ``SERVICE_QUANTILE``: its wait for that
-    slot and its own service time together, not each at its own 99th percentile. None where
-    the ages or the forecast service times are unknown.
+    """``slot_meets`` for the first slot the running batch frees."""
+    return slot_meets(state, 0, latency_s)
 
-    The wait (until any running request ends, from how long each has run: ``_first_end_s``)
-    and the request's own service time are independent draws: the request's length is its
-    own, the running requests' are theirs. Added at their 99th percentiles each, a request
-    whose service time is at its tail was counted on to wait its tail as well, as if both
-    tails came together. At an SLO little above a full batch's p99 service time (run 25:
-    1.72 s against 1.2-1.5 s) that refused arrivals into a full batch with no queue that
-    would have finished in time: 2 at 0.5x, 154-300 a pair at 3x, where the first-slot
-    admissions made missed 1 in about 330. Here a recent service time ``s`` is late only if
-    no running request ends within ``latency_s - s``; averaged over the recent service
-    times, that is the chance of a miss, and it must be within ``1 - SERVICE_QUANTILE``.
-    Slots after the first keep their bound (``_slot_freed_by``): behind a queue the misses
-    were already above 1 in 100 (run 25)."""
+
+def slot_meets(state: SaturationState, slot: int, latency_s: float) -> bool | None:
+    """Whether a request that takes the running batch's ``slot``-th freed slot (0: the
+    first; ``slot`` requests ahead of it) is done within ``latency_s`` at the
+    ``SERVICE_QUANTILE``: its wait for that slot and its own service time together, not each
+    at its own 99th percentile. None where it cannot be worked out (ages or forecast
+    service times unknown, fewer running requests with an age than the slot needs).
+
+    The slot frees when ``slot + 1`` of the running requests have ended. Each one's end is
+    drawn from the recent service times longer than its age (as ``_first_end_s``; one served
+    past the forecast already is not counted on to end), and the request's own service time
+    is an independent draw: its length is its own, theirs are theirs. A recent service time
+    ``s`` is late if fewer than ``slot + 1`` running requests end within ``latency_s - s``;
+    averaged over the recent service times, that is the chance of a miss, and it must be
+    within ``1 - SERVICE_QUANTILE``.
+
+    Added at their 99th percentiles each (the wait's bound from the ``slot``-th oldest
+    request, ``_slot_freed_by``, plus the service time), the two were wrong both ways. A
+    request whose service time is at its tail was counted on to wait its tail too, as if
+    both came together: arrivals that would have finished in time were refused (run 25: 2 at
+    0.5x, 154-300 a pair at 3x into a full batch with no queue; run 26: 3 at 0.5x behind one
+    queued). And the bound asks each of ``slot + 1`` requests to end by its own 99th
+    percentile, which all of them do less often the more there are: behind 4 to 7 queued,
+    2.1% of admitted requests missed (22 of 1,045), behind 0 to 3, 0.26% (2 of 781)."""
     times = state.forecast_service_times
     if not times or not state.served_ages:
         return None
     service = _quantile(times, SERVICE_QUANTILE)
     count = len(times)
-    # As ``_first_end_s``: the oldest requests not served past the forecast already.
     ages = [age for age in state.served_ages if age < service][:FIRST_END_REQUESTS]
-    older = [(age, count - bisect.bisect_right(times, age)) for age in ages]
-    older = [(age, past) for age, past in older if past > 0]
-    if not older:
+    running = [(age, count - bisect.bisect_right(times, age)) for age in ages]
+    running = [(age, past) for age, past in running if past > 0]
+    if len(running) <= slot:
         return None
     budget = (1.0 - SERVICE_QUANTILE) * count  # late draws allowed, of ``count``
     late = 0.0
     # Longest service time first: its wait is the shortest, the likeliest to be missed. The
-    # chance that none has ended only falls as the wait grows, so once the remaining draws,
-    # each at most as likely to be late as this one, cannot reach the budget, they are not
-    # worked out.
+    # chance that too few have ended only falls as the wait grows, so once the remaining
+    # draws, each at most as likely to be late as this one, cannot reach the budget, they
+    # are not worked out.
     for index in range(count - 1, -1, -1):
         wait = latency_s - times[index]
         if wait <= 0.0:
             late += 1.0
         else:
-            none_ended = 1.0
-            for age, past in older:
-                none_ended *= (count - bisect.bisect_right(times, age + wait)) / past
-                if none_ended == 0.0:
-                    break
-            late += none_ended
-            if late + none_ended * index <= budget:
+            too_few = _fewer_ended(times, running, wait, slot + 1)
+            late += too_few
+            if late + too_few * index <= budget:
                 return True
         if late > budget:
             return False
     return True
+
+
+def _fewer_ended(
+    times: Sequence[float], running: list[tuple[float, int]], wait: float, needed: int
+) -> float:
+    """The chance that fewer than ``needed`` of the ``running`` requests (age, how many of
+    the ``times`` are past it) end within ``wait``: the ended count's distribution, built one
+    request at a time, kept only below ``needed``."""
+    count = len(times)
+    chances = [1.0] + [0.0] * (needed - 1)  # chances[j]: exactly j ended so far
+    for age, past in running:
+        goes_on = (count - bisect.bisect_right(times, age + wait)) / past
+        ends = 1.0 - goes_on
+        for ended in range(needed - 1, 0, -1):
+            chances[ended] = chances[ended] * goes_on + chances[ended - 1] * ends
+        chances[0] *= goes_on
+    return sum(chances)
 
 
 def _slot_freed_by(state: SaturationState, index: int) -> float:
