@@ -304,11 +304,6 @@ def requests_ahead(
     return ahead
 
 
-def first_slot_meets(state: SaturationState, latency_s: float) -> bool | None:
-    """``slot_meets`` for the first slot the running batch frees."""
-    return slot_meets(state, 0, latency_s)
-
-
 def slot_meets(state: SaturationState, slot: int, latency_s: float) -> bool | None:
     """Whether a request that takes the running batch's ``slot``-th freed slot (0: the
     first; ``slot`` requests ahead of it) is done within ``latency_s`` at the
@@ -325,13 +320,12 @@ def slot_meets(state: SaturationState, slot: int, latency_s: float) -> bool | No
     within ``1 - SERVICE_QUANTILE``.
 
     Added at their 99th percentiles each (the wait's bound from the ``slot``-th oldest
-    request, ``_slot_freed_by``, plus the service time), the two were wrong both ways. A
-    request whose service time is at its tail was counted on to wait its tail too, as if
-    both came together: arrivals that would have finished in time were refused (run 25: 2 at
-    0.5x, 154-300 a pair at 3x into a full batch with no queue; run 26: 3 at 0.5x behind one
-    queued). And the bound asks each of ``slot + 1`` requests to end by its own 99th
-    percentile, which all of them do less often the more there are: behind 4 to 7 queued,
-    2.1% of admitted requests missed (22 of 1,045), behind 0 to 3, 0.26% (2 of 781)."""
+    request, ``_slot_freed_by``, plus the service time), a request whose service time is at
+    its tail was counted on to wait its tail too, as if both came together: arrivals that
+    would have finished in time were refused (run 25: 2 at 0.5x, 154-300 a pair at 3x into a
+    full batch with no queue; run 26: 5 at 0.5x behind one queued). Admission asks this for
+    the first half of a full batch's slots only (``_slot_meets`` in
+    warden/control/saturation.py says why)."""
     times = state.forecast_service_times
     if not times or not state.served_ages:
         return None

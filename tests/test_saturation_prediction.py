@@ -19,7 +19,6 @@ from exporter.saturation import (
     StepTimes,
     batch_bucket,
     batch_drain_rate,
-    first_slot_meets,
     predicted_wait,
     slot_meets,
 )
@@ -198,8 +197,6 @@ def test_a_slot_is_judged_on_its_wait_and_service_together(
     assert slot_meets(state, slot, drawn + 0.04) is True
     assert slot_meets(state, slot, drawn - 0.04) is False
     assert slot_meets(state, slot, state.forecast_service_s) is False
-    if slot == 0:
-        assert first_slot_meets(state, drawn + 0.04) is True
 
 
 def test_admission_takes_a_shallow_slot_within_the_slo_that_the_summed_tails_refused() -> None:
@@ -230,10 +227,10 @@ def test_admission_takes_a_shallow_slot_within_the_slo_that_the_summed_tails_ref
 
 def test_a_slot_without_ages_or_service_times_keeps_the_summed_tails() -> None:
     """Nothing to draw from: the chance is unknown and the sum stands."""
-    assert first_slot_meets(_measured_full_batch(SPREAD, ()), 10.0) is None
-    assert first_slot_meets(_full_batch((0.5,) * 8), 10.0) is None  # no recent service times
+    assert slot_meets(_measured_full_batch(SPREAD, ()), 0, 10.0) is None
+    assert slot_meets(_full_batch((0.5,) * 8), 0, 10.0) is None  # no recent service times
     # Every running request already served past the forecast: none is counted on to end.
-    assert first_slot_meets(_measured_full_batch(SPREAD, (2.0,) * 8), 10.0) is None
+    assert slot_meets(_measured_full_batch(SPREAD, (2.0,) * 8), 0, 10.0) is None
     # Fewer running requests with an age than the slot needs.
     assert slot_meets(_measured_full_batch(SPREAD, (0.5, 0.4)), 2, 10.0) is None
 
