@@ -331,9 +331,7 @@ def slot_meets(state: SaturationState, slot: int, latency_s: float) -> bool | No
         return None
     service = _quantile(times, SERVICE_QUANTILE)
     count = len(times)
-    ages = [age for age in state.served_ages if age < service][:FIRST_END_REQUESTS]
-    running = [(age, count - bisect.bisect_right(times, age)) for age in ages]
-    running = [(age, past) for age, past in running if past > 0]
+    running = _may_end(times, tuple(age for age in state.served_ages if age < service))
     if len(running) <= slot:
         return None
     budget = (1.0 - SERVICE_QUANTILE) * count  # late draws allowed, of ``count``
@@ -417,8 +415,7 @@ def _first_end_s(times: Sequence[float], ages: tuple[float, ...], quantile: floa
     ``FIRST_END_RESOLUTION_S`` by bisection, over the ``FIRST_END_REQUESTS`` oldest (fewer
     requests end later: a batch of hundreds costs no more than one of 16)."""
     count = len(times)
-    older = [(age, count - bisect.bisect_right(times, age)) for age in ages[:FIRST_END_REQUESTS]]
-    older = [(age, past) for age, past in older if past > 0]
+    older = _may_end(times, ages)
     if not older:
         return math.inf
 
@@ -438,6 +435,14 @@ def _first_end_s(times: Sequence[float], ages: tuple[float, ...], quantile: floa
         else:
             high = middle
     return high
+
+
+def _may_end(times: Sequence[float], ages: tuple[float, ...]) -> list[tuple[float, int]]:
+    """The ``FIRST_END_REQUESTS`` oldest of ``ages`` (oldest first) that some recent service
+    time (``times``, sorted) is longer than, each with how many are: (age, past)."""
+    count = len(times)
+    older = [(age, count - bisect.bisect_right(times, age)) for age in ages[:FIRST_END_REQUESTS]]
+    return [(age, past) for age, past in older if past > 0]
 
 
 def batch_drain_rate(state: SaturationState, slots: int) -> float | None:
