@@ -66,7 +66,7 @@ VLLM_ARGS = " ".join(
 START_TIMEOUT_S = 600.0
 # A hung step is called stalled within this long after its age passes the learned threshold.
 HANG_DETECTED_PAST_THRESHOLD_S = 5.0
-SATURATED_S = 50.0
+SATURATED_S = 30.0
 LONG_PROMPT_TOKENS = 1200  # "the" is one token of the tiny tokenizer
 # Every busy step sleeps this long (test switch): the tiny model's steps take microseconds, so
 # on two cores the API process, not the engine, would be the bottleneck; slowed, the engine is,

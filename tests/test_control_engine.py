@@ -280,104 +280,120 @@ def test_manual_overrides_need_the_token(engine: EngineProcess) -> None:
     assert state(engine)["leases"] == []
 
 
-# The reflex test's queue limit: more waiting than this and admission refuses.
-REFLEX_QUEUE_DEPTH = 2
+# The slow engine's queue limit: this many waiting and admission refuses the next request.
+# Above 2, so the forecast test's three requests (at most two of them waiting) never meet it.
+SLOW_QUEUE_DEPTH = 3
+# Retry-After at most this on the slow engine, so a client in the reflex test can wait it out.
+RETURN_CHECK_MAX_RETRY_S = 4
+# Each step of the slow engine sleeps this long: a request of FLOOD_TOKENS lasts >= 2.7 s,
+# whatever the machine's speed, so a flood's requests overlap and queue.
+SLOW_STEP_DELAY_S = 0.03
+FLOOD_TOKENS = 90
+# Saturation is held this long after the last sign of it (the default 20 s): each test that
+# floods the slow engine waits it out before the next.
+SLOW_HOLD_S = 5
+
+
+@pytest.fixture(scope="module")
+def slow_engine(
+    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EngineProcess]:
+    """A tiny engine whose steps are slowed (test switch) and whose KV cache holds 10 blocks of
+    32 tokens, with a queue limit: the reflex test saturates it, the forecast test fills its
+    cache. One start serves both; each reads only what happened after it began."""
+    run_dir = tmp_path_factory.mktemp("slow-engine")
+    config = run_dir / "warden.yaml"
+    config.write_text(
+        "admission:\n  saturation:\n"
+        f"    max_queue_depth: {SLOW_QUEUE_DEPTH}\n"
+        f"    retry_after_max_s: {RETURN_CHECK_MAX_RETRY_S}\n"
+        f"    hold_s: {SLOW_HOLD_S}\n"
+    )
+    env = {"WARDEN_CONFIG": str(config), "WARDEN_TEST_STEP_DELAY_S": str(SLOW_STEP_DELAY_S)}
+    with running_engine(tiny_model, extra_args=TINY_KV_ARGS, env=env, run_dir=run_dir) as eng:
+        yield eng
 
 
 def test_local_reflex_refuses_within_a_second_of_the_saturation_crossing(
-    tiny_model: Path, tmp_path: Path
+    tiny_model: Path, slow_engine: EngineProcess
 ) -> None:
     """Saturation admission is the reflex a CPU engine really triggers (its memory does not
-    creep, and a full KV cache is vLLM queueing as designed). Twelve long requests on a tiny
-    engine whose steps are slowed (test switch: each lasts >= 5 s, so they overlap however
-    busy the machine is) queue past the limit of 2 waiting; the controller records the
-    crossing and the first refusal after it (``reactions`` in /warden/state), measured in the
-    server: client-side timing on two busy cores would mostly measure the test's scheduling.
-    A probe every 50 ms means a request is always about to arrive. The alert path cannot act
-    before a scrape, a rule evaluation and Alertmanager's group_wait: the reflex must be
-    under a second."""
-    config = tmp_path / "warden.yaml"
-    config.write_text(
-        "admission:\n  saturation:\n"
-        f"    max_queue_depth: {REFLEX_QUEUE_DEPTH}\n"
-        f"    retry_after_max_s: {RETURN_CHECK_MAX_RETRY_S}\n"
-    )
-    env = {"WARDEN_CONFIG": str(config), "WARDEN_TEST_STEP_DELAY_S": "0.03"}
-    with running_engine(tiny_model, extra_args=TINY_KV_ARGS, env=env, run_dir=tmp_path) as eng:
-        served = str(tiny_model)
-        start = time.time()
-        refusals: list[httpx.Response] = []
-        stop = threading.Event()
+    creep, and a full KV cache is vLLM queueing as designed). Twelve long requests on the slow
+    engine (each lasts >= 2.7 s, so they overlap however busy the machine is) queue past its
+    limit of 3 waiting; the controller records the crossing and the first refusal after it
+    (``reactions`` in /warden/state), measured in the server: client-side timing on two busy
+    cores would mostly measure the test's scheduling. A probe every 50 ms means a request is
+    always about to arrive. The alert path cannot act before a scrape, a rule evaluation and
+    Alertmanager's group_wait: the reflex must be under a second."""
+    eng = slow_engine
+    served = str(tiny_model)
+    start = time.time()
+    refusals: list[httpx.Response] = []
+    stop = threading.Event()
 
-        async def probe_forever() -> None:
-            async with httpx.AsyncClient(base_url=eng.base_url, timeout=120) as client:
+    async def probe_forever() -> None:
+        async with httpx.AsyncClient(base_url=eng.base_url, timeout=120) as client:
 
-                async def probe() -> None:
-                    body = {"model": served, "prompt": "probe", "max_tokens": 2}
-                    response = await client.post("/v1/completions", json=body)
-                    if response.status_code == 503:
-                        refusals.append(response)
+            async def probe() -> None:
+                body = {"model": served, "prompt": "probe", "max_tokens": 2}
+                response = await client.post("/v1/completions", json=body)
+                if response.status_code == 503:
+                    refusals.append(response)
 
-                tasks = []
-                for _ in range(600):  # at most 30 s of probing
-                    if stop.is_set():
-                        break
-                    tasks.append(asyncio.create_task(probe()))
-                    await asyncio.sleep(0.05)
-                await asyncio.gather(*tasks, return_exceptions=True)
+            tasks = []
+            for _ in range(600):  # at most 30 s of probing
+                if stop.is_set():
+                    break
+                tasks.append(asyncio.create_task(probe()))
+                await asyncio.sleep(0.05)
+            await asyncio.gather(*tasks, return_exceptions=True)
 
-        def crossed() -> dict | None:
-            return next(
-                (
-                    r
-                    for r in state(eng)["reactions"]
-                    if r["kind"] == "saturation"
-                    and r["crossed_at"] >= start
-                    and r["first_refusal_at"] is not None
-                ),
-                None,
-            )
-
-        prober = threading.Thread(target=lambda: asyncio.run(probe_forever()))
-        prober.start()
-        try:
-            with ThreadPoolExecutor(12) as pool:
-                flood = [
-                    pool.submit(complete, eng, served, LONG_PROMPT, 180, ignore_eos=True)
-                    for _ in range(12)
-                ]
-                reaction = wait_until(crossed, 120, 0.2, "a saturation crossing and its refusal")
-                results = [f.result() for f in flood]
-        finally:
-            stop.set()
-            prober.join()
-        # Whatever was admitted finished; whatever was refused was told when to come back.
-        for response in results:
-            assert response.status_code in (200, 503), response.text
-            if response.status_code == 503:
-                assert response.headers.get("retry-after"), response.headers
-        assert any(r.status_code == 200 for r in results)
-        print(f"\nsaturation crossing -> first refusal: {reaction['reaction_s'] * 1000:.0f} ms")
-        assert reaction["signal"] == "queue_depth"
-        assert reaction["value"] > REFLEX_QUEUE_DEPTH - 1
-        assert reaction["first_refusal"] == "saturated"
-        assert reaction["reaction_s"] < 1.0
-        # Every refusal names its signal and value and carries a bounded Retry-After.
-        assert refusals
-        error = refusals[0].json()["error"]
-        assert (error["warden_reason"], error["warden_signal"]) == ("saturated", "queue_depth")
-        assert error["warden_value"] >= REFLEX_QUEUE_DEPTH
-        assert 1 <= int(refusals[0].headers["retry-after"]) <= 30
-        # Load gone: the saturated state is held, then lets go; the engine serves again.
-        wait_until(
-            lambda: state(eng)["saturation"]["state"] == "normal", 60, 0.5, "saturation cleared"
+    def crossed() -> dict | None:
+        return next(
+            (
+                r
+                for r in state(eng)["reactions"]
+                if r["kind"] == "saturation"
+                and r["crossed_at"] >= start
+                and r["first_refusal_at"] is not None
+            ),
+            None,
         )
-        assert complete(eng, served, "hello").status_code == 200
-        check_a_refused_clients_return_is_known_by_its_body(eng, served)
 
-
-# Retry-After at most this in the reflex test, so a client there can wait it out.
-RETURN_CHECK_MAX_RETRY_S = 4
+    prober = threading.Thread(target=lambda: asyncio.run(probe_forever()))
+    prober.start()
+    try:
+        with ThreadPoolExecutor(12) as pool:
+            flood = [
+                pool.submit(complete, eng, served, LONG_PROMPT, FLOOD_TOKENS, ignore_eos=True)
+                for _ in range(12)
+            ]
+            reaction = wait_until(crossed, 120, 0.2, "a saturation crossing and its refusal")
+            results = [f.result() for f in flood]
+    finally:
+        stop.set()
+        prober.join()
+    # Whatever was admitted finished; whatever was refused was told when to come back.
+    for response in results:
+        assert response.status_code in (200, 503), response.text
+        if response.status_code == 503:
+            assert response.headers.get("retry-after"), response.headers
+    assert any(r.status_code == 200 for r in results)
+    print(f"\nsaturation crossing -> first refusal: {reaction['reaction_s'] * 1000:.0f} ms")
+    assert reaction["signal"] == "queue_depth"
+    assert reaction["value"] > SLOW_QUEUE_DEPTH - 1
+    assert reaction["first_refusal"] == "saturated"
+    assert reaction["reaction_s"] < 1.0
+    # Every refusal names its signal and value and carries a bounded Retry-After.
+    assert refusals
+    error = refusals[0].json()["error"]
+    assert (error["warden_reason"], error["warden_signal"]) == ("saturated", "queue_depth")
+    assert error["warden_value"] >= SLOW_QUEUE_DEPTH
+    assert 1 <= int(refusals[0].headers["retry-after"]) <= 30
+    # Load gone: the saturated state is held, then lets go; the engine serves again.
+    wait_until(lambda: state(eng)["saturation"]["state"] == "normal", 60, 0.5, "saturation cleared")
+    assert complete(eng, served, "hello").status_code == 200
+    check_a_refused_clients_return_is_known_by_its_body(eng, served)
 
 
 def check_a_refused_clients_return_is_known_by_its_body(eng: EngineProcess, served: str) -> None:
@@ -395,7 +411,8 @@ def check_a_refused_clients_return_is_known_by_its_body(eng: EngineProcess, serv
 
     with ThreadPoolExecutor(12) as pool:
         flood = [
-            pool.submit(complete, eng, served, LONG_PROMPT, 180, ignore_eos=True) for _ in range(12)
+            pool.submit(complete, eng, served, LONG_PROMPT, FLOOD_TOKENS, ignore_eos=True)
+            for _ in range(12)
         ]
         # Every flood request judged: refused (answered) or admitted (in flight).
         wait_until(
@@ -841,36 +858,42 @@ def test_unknown_actions_are_counted_and_ignored(engine: EngineProcess) -> None:
 
 
 def test_kv_forecast_refuses_what_can_never_fit_and_a_full_cache_only_queues(
-    tiny_model: Path, tmp_path: Path
+    tiny_model: Path, slow_engine: EngineProcess
 ) -> None:
-    """Forecast admission (on by default) on its own engine: 10 blocks of 32 tokens. A prompt
+    """Forecast admission (on by default) on the slow engine: 10 blocks of 32 tokens. A prompt
     that can never fit is a 400 naming the prompt's size; a full cache alone refuses nothing
-    and caps nothing: vLLM queues the request until blocks free up (#10.2)."""
-    slow_steps = {"WARDEN_TEST_STEP_DELAY_S": "0.03"}  # a 180-token request lasts >= 5 s
-    with running_engine(
-        tiny_model, extra_args=TINY_KV_ARGS, env=slow_steps, run_dir=tmp_path
-    ) as eng:
-        never = complete(eng, str(tiny_model), " ".join(["memory"] * 300), max_tokens=4)
-        assert never.status_code == 400
-        error = never.json()["error"]
-        assert error["warden_reason"] == "kv_never_fits"
-        assert "never fit" in error["message"]
-        assert error["warden_signal"] == "prompt_tokens" and error["warden_value"] >= 300
-        assert not never.headers.get("retry-after")
-        # Three long requests at once: together they need far more than the 10 blocks.
-        with ThreadPoolExecutor(3) as pool:
-            results = list(
-                pool.map(
-                    lambda _: complete(eng, str(tiny_model), LONG_PROMPT, 180, ignore_eos=True),
-                    range(3),
-                )
+    and caps nothing: vLLM queues the request until blocks free up (#10.2). Three requests at
+    once keep at most two waiting, under the engine's queue limit, so nothing here is refused
+    for saturation either; refusals before this test (the reflex test's) are not counted."""
+    eng = slow_engine
+    wait_until(lambda: state(eng)["saturation"]["state"] == "normal", 60, 0.5, "saturation cleared")
+    since = time.time()
+    capped_before = sample(scrape(eng), catalog.MAX_TOKENS_CAPPED.name)
+    never = complete(eng, str(tiny_model), " ".join(["memory"] * 300), max_tokens=4)
+    assert never.status_code == 400
+    error = never.json()["error"]
+    assert error["warden_reason"] == "kv_never_fits"
+    assert "never fit" in error["message"]
+    assert error["warden_signal"] == "prompt_tokens" and error["warden_value"] >= 300
+    assert not never.headers.get("retry-after")
+    # Three long requests at once: together they need far more than the 10 blocks.
+    with ThreadPoolExecutor(3) as pool:
+        results = list(
+            pool.map(
+                lambda _: complete(eng, str(tiny_model), LONG_PROMPT, 180, ignore_eos=True),
+                range(3),
             )
-        for response in results:
-            assert response.status_code == 200, response.text
-            assert response.json()["usage"]["completion_tokens"] == 180
-        assert not sample(scrape(eng), catalog.MAX_TOKENS_CAPPED.name)
-        refused = [r for r in state(eng)["recent_rejections"] if r["reason"] != "kv_never_fits"]
-        assert refused == []
+        )
+    for response in results:
+        assert response.status_code == 200, response.text
+        assert response.json()["usage"]["completion_tokens"] == 180
+    assert sample(scrape(eng), catalog.MAX_TOKENS_CAPPED.name) == capped_before
+    refused = [
+        r
+        for r in state(eng)["recent_rejections"]
+        if r["at"] >= since and r["reason"] != "kv_never_fits"
+    ]
+    assert refused == []
 
 
 def test_degrade_command_sets_lists_and_clears(engine: EngineProcess, tmp_path: Path) -> None:
