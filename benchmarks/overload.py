@@ -13,10 +13,14 @@ compares runs seconds apart, not minutes (``measure_pair``). Per point and side 
   window plain vLLM drains its backlog at a full batch for as long again, while warden, having
   refused, has a batch's worth left: a rate over the whole run would compare different loads;
 - goodput: requests completed within the SLO, and by the window's end, per second of the
-  window; and the share of admitted (completed) requests within the SLO, over the whole run;
+  window; and the share of admitted (completed) requests within the SLO, over the whole run,
+  per pair and over all the pairs' requests together (``pooled_within_share``);
 - refused: warden's 503/429 refusals (``warden_requests_total{outcome="rejected"}``), each
   with a Retry-After; lost: requests the client saw fail that were not refused;
-- CPU milliseconds per completed request of the API server and of the engine core.
+- CPU milliseconds per completed request of the API server and of the engine core, and the
+  model worker's per generated token: warden adds only its logits check there, so a worker
+  ratio away from 1 says the machine ran at another speed for one side of the pair (the same
+  model work took 24.9 to 31.8 CPU-s from run to run here; benchmarks/README.md).
 
 Warden's figures are given as warden/plain with the spread over the pairs. The client gets a
 core of its own (``--client-cpus``, default: the last core; the engine's processes the others):
@@ -199,6 +203,11 @@ def measure(
         "core_cpu_ms_per_request": 1000
         * (cpu_after.get("core", 0.0) - cpu_before.get("core", 0.0))
         / per_request,
+        # The model's own work per token, which warden touches only with its logits check: a
+        # ratio away from 1 says the machine ran at another speed for one side of the pair.
+        "worker_cpu_ms_per_token": 1000
+        * (cpu_after.get("worker", 0.0) - cpu_before.get("worker", 0.0))
+        / max(delta(catalog.VLLM_GENERATION_TOKENS.name), 1.0),
     }
     if "admitted_on_first_return" in result:
         point["honouring"] = {k: v for k, v in result.items() if k not in point}
@@ -588,13 +597,14 @@ RATIOS = (
     ("goodput_per_s", "goodput"),
     ("api_cpu_ms_per_request", "API CPU/req"),
     ("core_cpu_ms_per_request", "core CPU/req"),
+    ("worker_cpu_ms_per_token", "worker CPU/token"),
 )
 
 
 def _ratio(pairs: list[dict[str, Any]], index: int, key: str, side: str = "warden") -> str:
     values = []
     for sides in pairs:
-        w, p = sides[side][index][key], sides["plain"][index][key]
+        w, p = sides[side][index].get(key), sides["plain"][index].get(key)  # older runs lack some
         if w is not None and p:
             values.append(w / p)
     if not values:
@@ -647,11 +657,13 @@ def report_config(results: dict[str, Any], name: str) -> str:
             if w.get("server_within_slo_share") is not None
         ]
         goodputs = [(w["goodput_per_s"] or 0.0) / w.get("capacity_per_s", capacity) for w in warden]
+        pooled = pooled_within_share(warden)
         rows.append(
             [
                 f"{point:g}x",
                 *(_ratio(pairs, index, key, side) for key, _ in RATIOS),
                 f"{min(shares):.3f}" if shares else "-",
+                f"{pooled:.3f}" if pooled is not None else "-",
                 f"{min(served):.3f}" if served else "-",
                 f"{min(goodputs):.2f}" if goodputs else "-",
                 sum(w["refused"] for w in warden),
@@ -664,6 +676,7 @@ def report_config(results: dict[str, Any], name: str) -> str:
         "load",
         *(f"{label} w/p" for _, label in RATIOS),
         "warden within SLO (min)",
+        "same, all pairs' requests",
         "same, warden's count (min)",
         "warden goodput / capacity (min)",
         "warden refused",
@@ -677,6 +690,19 @@ def report_config(results: dict[str, Any], name: str) -> str:
         else "default config"
     )
     return head + "\n" + table(headers, rows)
+
+
+def pooled_within_share(runs: list[dict[str, Any]]) -> float | None:
+    """The share within the SLO of every request the pairs admitted at a point, as one sample
+    (each pair's share weighted by its completed requests): a pair's share alone moves by
+    a few requests' worth (run 27: 4 misses within 0.1 s of each other made a pair 0.974)."""
+    counted = [
+        (r["within_slo_share"], r["completed"])
+        for r in runs
+        if r.get("within_slo_share") is not None and r.get("completed")
+    ]
+    total = sum(completed for _, completed in counted)
+    return sum(share * completed for share, completed in counted) / total if total else None
 
 
 def _capacities(results: dict[str, Any]) -> list[float]:

@@ -17,6 +17,7 @@ from benchmarks.overload import (
     cpu_split,
     goodput_in,
     offered_window,
+    pooled_within_share,
     report,
     side_order,
     slo_from,
@@ -53,6 +54,18 @@ def test_the_share_within_the_slo_is_over_the_answered_requests_of_the_whole_run
     assert within_slo_share(RESULT, slo_s=2.0) == pytest.approx(3 / 4)
     refused = {"start_times": [1.0], "latencies": [0.0], "errors": ["x"]}
     assert within_slo_share(refused, 2.0) is None
+
+
+def test_the_pooled_share_counts_every_admitted_request_of_the_pairs_once() -> None:
+    """Pairs of 300 and 150 answered requests, 0 and 4 late: 4 of 450 missed, whatever the
+    share of the smaller pair alone (0.973); a pair that admitted nothing adds nothing."""
+    runs = [
+        {"within_slo_share": 1.0, "completed": 300},
+        {"within_slo_share": 146 / 150, "completed": 150},
+        {"within_slo_share": None, "completed": 0},
+    ]
+    assert pooled_within_share(runs) == pytest.approx(446 / 450)
+    assert pooled_within_share([{"within_slo_share": None, "completed": 0}]) is None
 
 
 def test_capacity_is_completions_per_second_of_the_window() -> None:
@@ -117,6 +130,26 @@ def test_goodput_is_a_share_of_the_capacity_measured_right_before_its_point() ->
     assert "capacity re-measured before each point: 6.00-6.00 requests/s" in text
     row = next(line for line in text.splitlines() if line.startswith("| 2x"))
     assert "| 0.83 |" in row and "| 0.50 |" not in row
+
+
+def test_the_worker_cpu_per_token_shows_a_machine_that_changed_speed_within_a_pair() -> None:
+    """The same model work cost warden's worker 1.2x plain's: the report says so beside the
+    tokens/s it puts in doubt; a run measured before the column existed reads "-"."""
+    plain, warden = _point(0.5, 6.0), _point(5.0, 6.0)
+    plain["worker_cpu_ms_per_token"], warden["worker_cpu_ms_per_token"] = 1.0, 1.2
+    results = {
+        "capacity_per_s": 6.0,
+        "slo_s": 2.0,
+        "configs": ["slo"],
+        "points": [2.0, 3.0],
+        "honour_points": [],
+        "pairs": [{"plain": [plain, _point(0.5, 6.0)], "warden_slo": [warden, _point(5.0, 6.0)]}],
+    }
+    text = report(results)
+    assert "| worker CPU/token w/p |" in text
+    rows = [line for line in text.splitlines() if line.startswith(("| 2x", "| 3x"))]
+    worker = [row.split("|")[6].strip() for row in rows]  # load, then the ratios' columns
+    assert worker == ["1.20 (1.20-1.20)", "-"]
 
 
 def test_the_slo_is_twice_the_slower_half_load_p99() -> None:
