@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exporter import catalog
+from exporter.request_args import BUSY_ARG
 from tests.support.engine import running_engine
 from warden.common import metrics_text
 from warden.engine import routes
@@ -75,6 +76,9 @@ def engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         "WARDEN_WEBHOOK_TOKEN_FILE": str(token_file),
         "WARDEN_CONFIG": str(config),
         "VLLM_SERVER_DEV_MODE": "1",
+        # A request marked warden_busy_s makes each of its steps compute that long: one that
+        # cannot end before the test has read the state (served_while_paused).
+        "WARDEN_TEST_HANG_STEP": "1",
     }
     args = ("--root-path", ROOT, "--api-key", KEY, TRUSTED_KEY, "--max-model-len", "128")
     with running_engine(tiny_model, extra_args=args, env=env, run_dir=run_dir) as eng:
@@ -245,7 +249,8 @@ def served_while_paused(
 ) -> tuple[dict[str, Any], float]:
     """The in-flight part of /warden/state read with the engine core paused right after the
     request's first token is out, and the seconds since it was sent: paused, the core cannot
-    finish the request between the first token and the read, however slow this machine."""
+    finish the request between the first token and the read, however slow this machine. The
+    stream is closed unread after it (vLLM aborts the request)."""
     core = find_engine_core(psutil.Process(engine.process.pid))
     sent = time.monotonic()
     with httpx.stream(
@@ -260,8 +265,6 @@ def served_while_paused(
             elapsed = time.monotonic() - sent
         finally:
             core.resume()
-        for _line in chunks:
-            pass
     return in_flight, elapsed
 
 
@@ -272,10 +275,10 @@ def test_the_api_server_reads_how_long_each_running_request_has_been_served(
     ages come from vLLM's own scheduling timestamps in the API server, which are there only
     with its stats on and are the engine core's clock, not this process's.
 
-    The request must still be running when the state is read. The core is paused once its first
-    token is out, but a client descheduled for longer than the request's 120 decode steps reads
-    that token after the request ended; such a try proves nothing and is sent again (at most
-    three times), told apart by vLLM's own count of unfinished requests read in the same state."""
+    The request must still be running when the state is read: each of its steps computes
+    0.05 s of the engine core's own CPU time (``warden_busy_s``), so its 120 steps outlast
+    any delay of the client in reading the first token by seconds of the core's CPU, on a
+    slow machine as on a fast one, and the core is paused once that token is out."""
     assert state(engine)["saturation"]["in_flight"]["served_s"] == []  # nothing in flight
     body = {
         "model": model(engine),
@@ -283,11 +286,9 @@ def test_the_api_server_reads_how_long_each_running_request_has_been_served(
         "max_tokens": 120,
         "ignore_eos": True,
         "stream": True,
+        "vllm_xargs": {BUSY_ARG: 0.05},
     }
-    for _ in range(3):
-        in_flight, elapsed = served_while_paused(engine, body)
-        if in_flight["engine"] == 1:
-            break
+    in_flight, elapsed = served_while_paused(engine, body)
     assert in_flight["engine"] == 1, in_flight  # the request was still running, core paused
     served = in_flight["served_s"]
     assert len(served) == 1, served  # one request started, not yet finished
