@@ -310,6 +310,11 @@ def test_killed_engine_core_is_restarted_and_counted_as_crash(
 def test_exit_codes_restart_with_growing_backoff(supervised: Callable[..., Harness]) -> None:
     h = supervised(backoff_base_s=0.5, backoff_max_s=5.0)
     h.wait_running(1)
+    # The supervisor knows the engine core before the server exits 3 and takes it down
+    # (on a fast machine it does; the exit is the server's own all the same).
+    engine = h.supervisor.engine
+    assert engine is not None
+    h.wait("the engine core known", lambda: "EngineCore" in engine.children.values())
     (h.control / "exit_code").write_text("3")
     (h.control / "exit_now").touch()
     h.wait("three restarts", lambda: sum(h.state().restart_totals.values()) >= 3)

@@ -67,6 +67,8 @@ def test_restart_window_opens_after_the_limit_and_forgets_old_restarts() -> None
         (1, [], EXIT),
         (0, [], EXIT),
         (0, ["EngineCore (pid 7)"], CRASH),  # vLLM exits cleanly after its engine core died
+        # The server's own failure: its shutdown takes its engine core down first.
+        (3, ["EngineCore (pid 7)"], EXIT),
         (None, ["Worker (pid 8)"], CRASH),
         (None, [], UNHEALTHY),
     ],

@@ -186,6 +186,15 @@ class ChildProcess:
         """None while it runs (or before it started), else its exit status."""
         return None if self.process is None else self.process.poll()
 
+    def returncode_within(self, timeout_s: float) -> int | None:
+        """Its exit status once it exits, waiting up to ``timeout_s``; None if it still runs."""
+        if self.process is None:
+            return None
+        try:
+            return self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 

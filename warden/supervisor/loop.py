@@ -64,6 +64,10 @@ from warden.supervisor.probes import (
 log = logging.getLogger("warden.supervisor")
 EAGER_FLAG = "--enforce-eager"
 STOPPING = "stop"  # the drain before the supervisor stops (not a restart reason)
+# How long a server whose engine process vanished is given to exit by itself before the
+# vanishing is judged a crash under it (``classify_exit``): a self-inflicted exit takes
+# milliseconds after its children, vLLM's own shutdown after a dead engine core seconds.
+OWN_EXIT_GRACE_S = 1.0
 
 
 EngineFactory = Callable[[LaunchSpec, Path | None], EngineProcess]
@@ -426,6 +430,10 @@ class Supervisor:
                 return planned
             returncode = engine.returncode()
             vanished = engine.vanished_children()
+            if vanished and returncode is None:
+                # A server shutting itself down takes its engine processes down first: its
+                # exit code, a moment later, says whether the failure was its own.
+                returncode = engine.returncode_within(OWN_EXIT_GRACE_S)
             if returncode is not None or vanished:
                 detail = f"vLLM server {describe_returncode(returncode)}"
                 if vanished and returncode is None:

@@ -24,11 +24,17 @@ def classify_exit(returncode: int | None, vanished: Iterable[str] = ()) -> str:
 
     ``returncode`` is the vLLM server's (negative: killed by that signal; None: still
     running); ``vanished`` names child processes (EngineCore, Worker) that disappeared while
-    the server still ran. vLLM shuts its server down by itself after its engine core dies, so
-    a vanished child explains a later clean exit: the root cause was the crash.
+    the server ran or as it exited. A non-zero exit code is the server's own failure, stated:
+    a server that shuts itself down takes its engine processes down first, so their going
+    says nothing more (a server exiting 3 was counted a crash or an exit by when the last poll
+    fell). vLLM shuts its server down cleanly (exit code 0) after its engine core dies, so a
+    vanished child explains a clean exit, or a server still running: the root cause was the
+    crash.
     """
     if returncode is not None and returncode < 0:
         return CRASH
+    if returncode is not None and returncode > 0:
+        return EXIT
     if any(True for _ in vanished):
         return CRASH
     return EXIT if returncode is not None else UNHEALTHY
