@@ -211,7 +211,21 @@ def measure(
     }
     if "admitted_on_first_return" in result:
         point["honouring"] = {k: v for k, v in result.items() if k not in point}
+    deep_slots = warden_saturation(engine.base_url).get("deep_slots")
+    if deep_slots is not None:  # warden with an SLO: the deep slots' calibration after the run
+        point["deep_slots"] = deep_slots
     return point
+
+
+def warden_saturation(base_url: str) -> dict[str, Any]:
+    """``/warden/state``'s saturation section; empty on plain vLLM (no such route)."""
+    import httpx
+
+    response = httpx.get(f"{base_url}/warden/state", timeout=30)
+    if response.status_code != 200:
+        return {}
+    saturation = response.json().get("saturation")
+    return saturation if isinstance(saturation, dict) else {}
 
 
 def _late(result: dict[str, Any]) -> float | None:
@@ -580,12 +594,9 @@ def settle(base_url: str, timeout_s: float = 90.0) -> None:
     The previous point's clients ignored their Retry-After: the return slots booked for them
     (up to ``retry_after_max_s`` ahead) would still push every refusal of the next run back,
     and the honouring clients' figures would measure the previous run, not their own."""
-    import httpx
-
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        state = httpx.get(f"{base_url}/warden/state", timeout=30).json()
-        in_flight = state.get("saturation", {}).get("in_flight", {})
+        in_flight = warden_saturation(base_url).get("in_flight", {})
         if not in_flight.get("places_held") and not in_flight.get("engine"):
             return
         time.sleep(1.0)

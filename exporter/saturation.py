@@ -129,7 +129,7 @@ class SaturationState:
         smaller than the one it was served in; the measured quantile where nothing scales."""
         times = self.forecast_service_times
         if times:
-            return _quantile(times, SERVICE_QUANTILE)
+            return nearest_rank(times, SERVICE_QUANTILE)
         if self.service_s is None or self.step_times is None or not self.recent_service:
             return self.service_s
         return self.service_s * self.slowdown  # the serving batch's steps are not timed yet
@@ -324,12 +324,12 @@ def slot_meets(state: SaturationState, slot: int, latency_s: float) -> bool | No
     its tail was counted on to wait its tail too, as if both came together: arrivals that
     would have finished in time were refused (run 25: 2 at 0.5x, 154-300 a pair at 3x into a
     full batch with no queue; run 26: 5 at 0.5x behind one queued). Admission asks this for
-    the first half of a full batch's slots only (``_slot_meets`` in
+    the first half of a full batch's slots only (``deep_slots_from`` in
     warden/control/saturation.py says why)."""
     times = state.forecast_service_times
     if not times or not state.served_ages:
         return None
-    service = _quantile(times, SERVICE_QUANTILE)
+    service = nearest_rank(times, SERVICE_QUANTILE)
     count = len(times)
     running = _may_end(times, tuple(age for age in state.served_ages if age < service))
     if len(running) <= slot:
@@ -393,7 +393,7 @@ def _slot_freed_by(state: SaturationState, index: int) -> float:
     if index >= len(state.served_ages):
         return math.inf
     times = state.forecast_service_times
-    service = _quantile(times, SERVICE_QUANTILE) if times else state.forecast_service_s
+    service = nearest_rank(times, SERVICE_QUANTILE) if times else state.forecast_service_s
     if service is None:
         return math.inf
     # A request served past the forecast already (a long one) says nothing of when it ends.
@@ -535,7 +535,7 @@ class StepTimes:
         return self.seconds[min(larger)] if larger else None
 
 
-def _quantile(values: Sequence[float], q: float) -> float:
+def nearest_rank(values: Sequence[float], q: float) -> float:
     """The nearest-rank ``q`` quantile (over 32 completions, 0.99 is the slowest)."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
@@ -700,7 +700,7 @@ class SaturationMeter:
             count=len(counted),
             reference=reference,
             slot_reference=slot_reference,
-            service_s=_quantile([entry[3] for entry in counted], SERVICE_QUANTILE),
+            service_s=nearest_rank([entry[3] for entry in counted], SERVICE_QUANTILE),
             recent_service=tuple((entry[3], entry[4]) for entry in counted),
             finish_step_s=tuple(entry[5] for entry in counted),
             tokens_per_request=sum(entry[2] for entry in counted) / len(counted),

@@ -47,7 +47,13 @@ from warden.control.leases import LeaseTable
 from warden.control.policy import EffectivePolicy, combine
 from warden.control.reflex import Reflex
 from warden.control.retry import backoff_s, classify_failure
-from warden.control.saturation import RetrySchedule, SaturationWatch, breach, with_live_queue
+from warden.control.saturation import (
+    DeepSlotCalibration,
+    RetrySchedule,
+    SaturationWatch,
+    breach,
+    with_live_queue,
+)
 
 # The test clock: after every alert in these tests starts (their times are believed).
 NOW = 1_795_269_600.0  # 2026-11-21T14:00:00Z
@@ -676,6 +682,28 @@ def test_admitted_requests_are_counted_within_or_over_the_slo_they_were_admitted
     with controller.serving():
         clock.now += 2.5
     assert counted() == (1.0, 1.0)
+
+
+def test_deep_slot_admissions_teach_admission_how_late_they_ran(
+    registry: CollectorRegistry, clock: Clock
+) -> None:
+    controller = Controller(
+        ControlConfig(admission=saturation_config(latency_slo_s=2.0)),
+        WardenMetrics(registry),
+        clock=clock,
+    )
+    assert controller._saturation().deep_factor == 1.0
+    # Requests admitted into deep slots on a forecast of 1.6 s, each answered in 1.9 s; and
+    # requests admitted elsewhere (no deep forecast), however late, teach it nothing.
+    for _ in range(20):
+        with controller.serving():
+            clock.now += 5.0
+    for _ in range(DeepSlotCalibration().min_samples):
+        with controller.serving(deep_forecast_s=1.6):
+            clock.now += 1.9
+    factor = controller._saturation().deep_factor
+    assert factor == pytest.approx(1.9 / 1.6)
+    assert controller.saturation_json()["deep_slots"] == {"factor": round(factor, 3), "samples": 16}
 
 
 def test_a_client_that_honours_retry_after_is_not_overtaken_by_a_later_arrival(

@@ -25,7 +25,14 @@ from exporter.saturation import (
 from exporter.settings import WardenSettings
 from exporter.step_monitor import StepMonitor, StepSnapshot
 from warden.control.config import SaturationSettings
-from warden.control.saturation import breach, with_live_queue
+from warden.control.saturation import (
+    DEEP_FACTOR_MAX,
+    DEEP_FACTOR_MIN,
+    DeepSlotCalibration,
+    assess,
+    breach,
+    with_live_queue,
+)
 
 
 @pytest.mark.parametrize(
@@ -223,6 +230,56 @@ def test_admission_takes_a_shallow_slot_within_the_slo_that_the_summed_tails_ref
     ) / 2
     assert breach(SaturationSettings(latency_slo_s=slo), sized, KvState(48, 32, 0.5), 64) is None
     assert breach(SaturationSettings(latency_slo_s=slo), sized, KvState(48, 32, 1.0), 64)
+
+
+def test_a_deep_slot_is_judged_on_its_forecast_scaled_by_how_late_recent_ones_ran() -> None:
+    """Every miss of runs 27 and 28 was at slots 6-7 of 8, admitted on the summed tails: the
+    deep slots' forecast is scaled by how much later than forecast the requests admitted
+    there ran. Admitted, the request carries the forecast the calibration learns from."""
+    state = _measured_full_batch(SPREAD, STAGGERED)
+    deep = dataclasses.replace(state, waiting=6)
+    summed = predicted_wait(deep) + state.forecast_service_s
+    settings = SaturationSettings(latency_slo_s=summed * 1.1)
+    admitted = assess(settings, deep)
+    assert admitted.breach is None and admitted.deep_forecast_s == pytest.approx(summed)
+    # Recent deep admissions ran 20% over their forecast: the same request is refused, and
+    # the refusal says why.
+    late = assess(settings, deep, deep_factor=1.2)
+    assert late.breach is not None and late.breach.value == pytest.approx(summed * 1.2)
+    assert "x1.20" in late.breach.message() and late.deep_forecast_s == pytest.approx(summed)
+    # Ahead of the deep slots (3 of 8 ahead) the factor changes nothing: those are judged on
+    # their joint percentile, and no miss came from them.
+    shallow = dataclasses.replace(state, waiting=3)
+    shallow_settings = SaturationSettings(latency_slo_s=_latency_p99_by_simulation(state, 3) + 0.1)
+    for factor in (1.0, DEEP_FACTOR_MAX):
+        judged = assess(shallow_settings, shallow, deep_factor=factor)
+        assert judged.breach is None and judged.deep_forecast_s is None
+    # A batch with room: no slot to wait for, nothing deep.
+    room = dataclasses.replace(state, running=5, waiting=0)
+    assert (
+        assess(SaturationSettings(latency_slo_s=10.0), room, deep_factor=2.0).deep_forecast_s
+        is None
+    )
+
+
+def test_the_deep_slot_calibration_learns_the_late_quantile_within_its_bounds() -> None:
+    calibration = DeepSlotCalibration(window=32, min_samples=16)
+    for _ in range(15):
+        calibration.observe(2.0, 3.0)
+    assert calibration.factor() == 1.0  # too few to say
+    calibration.observe(2.0, 3.0)
+    assert calibration.factor() == pytest.approx(1.5)
+    # The window moves on: 32 requests that ran at 80-100% of their forecast.
+    for index in range(32):
+        calibration.observe(1.0, 0.8 + 0.2 * index / 31)
+    assert calibration.factor() == pytest.approx(1.0)
+    for _ in range(32):
+        calibration.observe(1.0, 0.5)
+    assert calibration.factor() == DEEP_FACTOR_MIN  # a lucky spell admits a little more only
+    calibration.observe(1.0, 30.0)  # one stalled request
+    assert calibration.factor() == DEEP_FACTOR_MAX
+    calibration.observe(0.0, 1.0)  # nothing to scale: ignored
+    assert calibration.to_json() == {"factor": DEEP_FACTOR_MAX, "samples": 32}
 
 
 def test_a_slot_without_ages_or_service_times_keeps_the_summed_tails() -> None:

@@ -23,7 +23,7 @@ from warden.control.actions.base import Refusal
 from warden.control.cause import NO_CAUSE, Cause
 from warden.control.config import AdmissionSettings
 from warden.control.policy import EffectivePolicy
-from warden.control.saturation import KvState, RetrySchedule, breach
+from warden.control.saturation import KvState, RetrySchedule, assess
 
 __all__ = [
     "NO_CAUSE",
@@ -61,6 +61,9 @@ class Decision:
     cap: int | None = None  # write this max_tokens into the request
     signal: str = ""  # what caused a refusal, and its value
     value: float | str | None = None
+    # An admission into a deep slot of a full batch: the latency forecast it was admitted on
+    # (the deep-slot calibration compares the request's real latency with it).
+    deep_forecast_s: float | None = None
 
     def retry_after_headers(self) -> list[tuple[bytes, bytes]]:
         """``Retry-After`` in whole seconds (rounded up, at least 1) and ``retry-after-ms``,
@@ -103,6 +106,7 @@ class Saturation:
     schedule: RetrySchedule | None = None
     now: float = 0.0
     request_key: int | None = None  # the request's body hash: a refusal books its return
+    deep_factor: float = 1.0  # a deep slot's forecast is scaled by it (DeepSlotCalibration)
 
 
 def _refused(refusal: Refusal, cause: Cause, retry_after_s: float) -> Decision:
@@ -211,11 +215,13 @@ def limit(
                 signal="prompt_tokens",
                 value=prompt,
             )
+    deep_forecast_s = None
     if saturation is not None:
         decision = _saturation(settings, saturation, kv, prompt, margin)
         if not decision.admit:
             return decision
-    return Decision(True, cap=cap)
+        deep_forecast_s = decision.deep_forecast_s
+    return Decision(True, cap=cap, deep_forecast_s=deep_forecast_s)
 
 
 def judge_saturation(settings: AdmissionSettings, saturation: Saturation) -> Decision:
@@ -237,9 +243,10 @@ def _saturation(
     if not sat.enabled:
         return Decision(True)
     state = saturation.state
-    found = breach(sat, state, kv, prompt, margin)
+    judged = assess(sat, state, kv, prompt, margin, saturation.deep_factor)
+    found = judged.breach
     if found is None:
-        return Decision(True)
+        return Decision(True, deep_forecast_s=judged.deep_forecast_s)
     if sat.retry_after == "computed" and saturation.schedule is not None:
         retry_s: float = saturation.schedule.book(
             saturation.now,

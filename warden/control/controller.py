@@ -48,6 +48,7 @@ from warden.control.leases import Lease, LeaseTable, Outcome
 from warden.control.policy import CIRCUIT_ORDER, EffectivePolicy, gauge_values
 from warden.control.saturation import (
     SATURATED,
+    DeepSlotCalibration,
     KvState,
     RetrySchedule,
     SaturationChange,
@@ -86,6 +87,8 @@ class Controller:
         self._foreign_logged: set[tuple[str, str]] = set()
         self.gate = HalfOpenGate()
         self.retry_schedule = RetrySchedule()
+        # How late requests admitted into a full batch's deep slots ran against their forecast.
+        self.deep_slots = DeepSlotCalibration()
         self.saturation = SaturationState()
         self.admitted_in_flight = 0  # admitted by the middleware, not yet answered
         self.saturation_judge: SaturationJudge | None = None
@@ -351,7 +354,13 @@ class Controller:
         # A refused client's return is judged without the places held for the others: they
         # are behind it, not ahead.
         held = not self.retry_schedule.is_return(now, request_key)
-        return Saturation(self.live_saturation(held), self.retry_schedule, now, request_key)
+        return Saturation(
+            self.live_saturation(held),
+            self.retry_schedule,
+            now,
+            request_key,
+            self.deep_slots.factor(),
+        )
 
     def live_saturation(self, held: bool = True) -> SaturationState:
         """The last step's saturation with the queue as it is now: the requests warden has
@@ -370,9 +379,12 @@ class Controller:
         return with_live_queue(self.saturation, in_flight, capacity, kv_blocks, ages)
 
     @contextlib.contextmanager
-    def serving(self, request_key: int | None = None) -> Iterator[None]:
+    def serving(
+        self, request_key: int | None = None, deep_forecast_s: float | None = None
+    ) -> Iterator[None]:
         """Counts an admitted request as in flight until it is answered (see live_saturation);
-        a refused client's return takes the place held for it."""
+        a refused client's return takes the place held for it. A request admitted into a deep
+        slot on ``deep_forecast_s`` teaches the deep-slot calibration its real latency."""
         admitted_at = self.clock()
         self.retry_schedule.claim(admitted_at, request_key)
         with self._lock:
@@ -384,8 +396,10 @@ class Controller:
                 self.admitted_in_flight -= 1
             slo = self.config.admission.saturation.latency_slo_s
             if slo is not None:
-                kept = self.clock() - admitted_at <= slo
-                (self._slo_within if kept else self._slo_missed).inc()
+                latency = self.clock() - admitted_at
+                (self._slo_within if latency <= slo else self._slo_missed).inc()
+                if deep_forecast_s is not None:
+                    self.deep_slots.observe(deep_forecast_s, latency)
 
     def admit(
         self,
@@ -478,6 +492,9 @@ class Controller:
                 "max_queue_depth": limits.max_queue_depth,
             },
             "measured": self.saturation.to_json(),
+            # How much later than forecast the requests admitted into deep slots (behind half
+            # a batch or more) ran: their forecast is scaled by the factor (assess).
+            "deep_slots": self.deep_slots.to_json(),
             # The KV cache's blocks and tokens per block, as this API server knows them: without
             # them every request vLLM reported waiting is taken to wait for a slot to free.
             "kv_blocks": kv_blocks,

@@ -45,9 +45,11 @@ from typing import Protocol
 
 from exporter.catalog import SATURATION_STATES
 from exporter.saturation import (
+    SERVICE_QUANTILE,
     KvState,
     SaturationState,
     batch_drain_rate,
+    nearest_rank,
     predicted_wait,
     requests_ahead,
     slot_meets,
@@ -122,6 +124,8 @@ class Breach:
     value: float
     limit: float
     earliest_s: float
+    # The deep slot's calibration the latency was scaled by (1.0: none).
+    deep_factor: float = 1.0
 
     def message(self) -> str:
         what = {
@@ -129,7 +133,13 @@ class Breach:
             "queue_wait_s": "would wait {value:.1f} s in the queue, over the limit of {limit:g} s",
             "queue_depth": "{value:.0f} requests are waiting, at the limit of {limit:g}",
         }[self.signal]
-        return "engine saturated: a new request " + what.format(value=self.value, limit=self.limit)
+        text = what.format(value=self.value, limit=self.limit)
+        if self.deep_factor != 1.0:
+            text += (
+                f" (its forecast x{self.deep_factor:.2f}: recent requests this deep in the"
+                " queue ran that much later than theirs)"
+            )
+        return "engine saturated: a new request " + text
 
 
 def breach(
@@ -138,64 +148,141 @@ def breach(
     kv: KvState | None = None,
     prompt_tokens: int | None = None,
     margin_blocks: int = 0,
+    deep_factor: float = 1.0,
 ) -> Breach | None:
-    """The first configured limit this request would break, or None (admit). An idle engine
-    admits: refusing would leave it idle, and with nothing finishing the forecast (its service
-    time, its drain rate) would never learn that the engine is fast again."""
+    """The first configured limit this request would break, or None (admit): ``assess``'s
+    verdict."""
+    return assess(settings, state, kv, prompt_tokens, margin_blocks, deep_factor).breach
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """A request judged at saturation: the limit it would break (None: admit), and, for one
+    that takes a deep slot of a full batch, the latency forecast it was judged on, unscaled:
+    what ``DeepSlotCalibration`` compares its real latency with."""
+
+    breach: Breach | None
+    deep_forecast_s: float | None = None
+
+
+def assess(
+    settings: SaturationSettings,
+    state: SaturationState,
+    kv: KvState | None = None,
+    prompt_tokens: int | None = None,
+    margin_blocks: int = 0,
+    deep_factor: float = 1.0,
+) -> Assessment:
+    """The first configured limit this request would break. An idle engine admits: refusing
+    would leave it idle, and with nothing finishing the forecast (its service time, its drain
+    rate) would never learn that the engine is fast again.
+
+    The latency is the wait plus the service time, each at its 99th percentile; for the first
+    slots a full batch frees, their joint percentile where the sum is over the SLO
+    (``slot_meets``); for the deep slots, the sum times ``deep_factor``: how much later than
+    that forecast recent requests at those slots ran (``DeepSlotCalibration``)."""
     if state.running <= 0 and state.waiting <= 0:
-        return None
+        return Assessment(None)
     rate = batch_drain_rate(state, max(1, state.running)) or 0.0
     depth = settings.max_queue_depth
     if depth is not None and state.waiting >= depth:
         earliest = (state.waiting - depth + 1) / rate if rate else 0.0
-        return Breach("queue_depth", state.waiting, depth, earliest)
+        return Assessment(Breach("queue_depth", state.waiting, depth, earliest))
     wait = predicted_wait(state, kv, prompt_tokens, margin_blocks)
     if wait is None:
-        return None
+        return Assessment(None)
     slo = settings.latency_slo_s
     service_s = state.forecast_service_s if slo is not None else None
-    if (
-        slo is not None
-        and service_s is not None
-        and wait + service_s > slo
-        and not _slot_meets(state, kv, prompt_tokens, margin_blocks, slo)
-    ):
+    deep_forecast_s = None
+    if slo is not None and service_s is not None:
         latency = wait + service_s
-        return Breach("latency_s", latency, slo, latency - slo)
+        slot = full_batch_slot(state, kv, prompt_tokens, margin_blocks)
+        if slot is not None and slot >= deep_slots_from(state.capacity):
+            deep_forecast_s = latency
+            latency *= deep_factor
+            if latency > slo:
+                found = Breach("latency_s", latency, slo, latency - slo, deep_factor)
+                return Assessment(found, deep_forecast_s)
+        elif latency > slo and not (slot is not None and slot_meets(state, slot, slo)):
+            return Assessment(Breach("latency_s", latency, slo, latency - slo))
     limit = settings.max_queue_wait_s
     if limit is not None and wait > limit:
-        return Breach("queue_wait_s", wait, limit, wait - limit)
-    return None
+        return Assessment(Breach("queue_wait_s", wait, limit, wait - limit), deep_forecast_s)
+    return Assessment(None, deep_forecast_s)
 
 
-def _slot_meets(
+def full_batch_slot(
     state: SaturationState,
-    kv: KvState | None,
-    prompt_tokens: int | None,
-    margin_blocks: int,
-    slo: float,
-) -> bool:
-    """A request that takes one of the first slots a full batch frees (``JOINT_SLOTS_SHARE``
-    of it; fewer requests ahead of it) is judged on its wait and its service time together
-    (``slot_meets``), where the sum of their 99th percentiles is over the SLO. It only ever
-    admits what that sum refused.
-
-    Deeper slots keep the sum. A request there starts as most of the batch turns over, with
-    as many others starting beside it, and the recent service times say less of its own:
-    with the sum, 2.1% of the requests admitted behind 4 to 7 queued missed the SLO (run 25:
-    22 of 1,045, in bursts), against 0.26% behind 0 to 3 (2 of 781); the joint percentile
-    would admit more of them, not fewer."""
+    kv: KvState | None = None,
+    prompt_tokens: int | None = None,
+    margin_blocks: int = 0,
+) -> int | None:
+    """The freed slot of a full batch this request takes (0: the first; the requests ahead of
+    it), None when the batch has room (or its size is unknown)."""
     if state.capacity is None or state.running < state.capacity:
-        return False
-    slot = math.ceil(requests_ahead(state, kv, prompt_tokens, margin_blocks))
-    if slot >= max(1, int(state.capacity * JOINT_SLOTS_SHARE)):
-        return False
-    return bool(slot_meets(state, slot, slo))
+        return None
+    return math.ceil(requests_ahead(state, kv, prompt_tokens, margin_blocks))
+
+
+def deep_slots_from(capacity: int | None) -> int:
+    """The first of a full batch's deep slots (``JOINT_SLOTS_SHARE`` of them come before).
+
+    A request that takes one of the first slots is judged on its wait and its service time
+    together (``slot_meets``), where the sum of their 99th percentiles is over the SLO: it
+    only ever admits what that sum refused. Deeper slots keep the sum. A request there starts
+    as most of the batch turns over, with as many others starting beside it, and the recent
+    service times say less of its own: with the sum, 2.1% of the requests admitted behind 4
+    to 7 queued missed the SLO (run 25: 22 of 1,045, in bursts), against 0.26% behind 0 to 3
+    (2 of 781), and every miss of runs 27 and 28 was at slots 6-7; the joint percentile would
+    admit more of them, not fewer. What the sum misses there is measured instead, on the
+    requests admitted there (``DeepSlotCalibration``)."""
+    return max(1, int((capacity or 0) * JOINT_SLOTS_SHARE))
 
 
 # The share of a full batch's slots, the first ones to free, for which admission judges the
-# wait and the service time together (``_slot_meets``).
+# wait and the service time together (``slot_meets``); the rest are deep (``deep_slots_from``).
 JOINT_SLOTS_SHARE = 0.5
+# Deep-slot admissions the calibration learns from (about 8 batches' turnovers of 8), how
+# many before it applies, and its bounds: never below 0.9 (a forecast that ran early admits
+# a little more, not a deep queue on a lucky spell), never above 2 (one stalled request does
+# not refuse every deep slot).
+DEEP_WINDOW = 64
+DEEP_MIN_SAMPLES = 16
+DEEP_FACTOR_MIN = 0.9
+DEEP_FACTOR_MAX = 2.0
+
+
+class DeepSlotCalibration:
+    """How much later than forecast the requests admitted into deep slots finished: the
+    ``SERVICE_QUANTILE`` of their latency over the forecast they were admitted on, the last
+    ``window`` of them, between ``DEEP_FACTOR_MIN`` and ``DEEP_FACTOR_MAX``; 1.0 until
+    ``min_samples`` finished. Admission scales a deep slot's forecast by it (``assess``), so
+    a forecast the engine overran at the batch's turnover (slower steps as half a batch
+    prefills together, a burst) refuses what would run late, and one it beat admits more.
+    Thread-safe: requests end on the event loop, ``/warden/state`` reads from elsewhere."""
+
+    def __init__(self, window: int = DEEP_WINDOW, min_samples: int = DEEP_MIN_SAMPLES) -> None:
+        self.min_samples = min_samples
+        self._ratios: deque[float] = deque(maxlen=window)
+        self._factor = 1.0
+        self._lock = threading.Lock()
+
+    def observe(self, forecast_s: float, latency_s: float) -> None:
+        """A request admitted into a deep slot on ``forecast_s`` took ``latency_s``."""
+        if forecast_s <= 0 or latency_s < 0:
+            return
+        with self._lock:
+            self._ratios.append(latency_s / forecast_s)
+            if len(self._ratios) >= self.min_samples:
+                found = nearest_rank(list(self._ratios), SERVICE_QUANTILE)
+                self._factor = min(DEEP_FACTOR_MAX, max(DEEP_FACTOR_MIN, found))
+
+    def factor(self) -> float:
+        return self._factor
+
+    def to_json(self) -> dict[str, float | int]:
+        with self._lock:
+            return {"factor": round(self._factor, 3), "samples": len(self._ratios)}
 
 
 @dataclass(frozen=True)
