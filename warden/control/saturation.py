@@ -148,11 +148,11 @@ def breach(
     kv: KvState | None = None,
     prompt_tokens: int | None = None,
     margin_blocks: int = 0,
-    deep_factor: float = 1.0,
 ) -> Breach | None:
     """The first configured limit this request would break, or None (admit): ``assess``'s
-    verdict."""
-    return assess(settings, state, kv, prompt_tokens, margin_blocks, deep_factor).breach
+    verdict with the deep slots' forecast unscaled (the saturation judge's typical request;
+    admission itself asks ``assess`` with the calibration)."""
+    return assess(settings, state, kv, prompt_tokens, margin_blocks).breach
 
 
 @dataclass(frozen=True)
