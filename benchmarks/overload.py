@@ -151,6 +151,7 @@ def measure(
     the load and returns a result in ``vllm bench serve``'s keys (completed, failed, duration,
     request_goodput, p99_e2el_ms); a client that counts its lost requests itself says so."""
     cpu = EngineCpu(engine)
+    began_at = time.time()
     before, cpu_before = scrape(engine.base_url), cpu.read()
     tokens = TokenSampler(engine.base_url, sample(before, catalog.VLLM_GENERATION_TOKENS.name))
     started = time.monotonic()
@@ -211,21 +212,50 @@ def measure(
     }
     if "admitted_on_first_return" in result:
         point["honouring"] = {k: v for k, v in result.items() if k not in point}
-    deep_slots = warden_saturation(engine.base_url).get("deep_slots")
-    if deep_slots is not None:  # warden with an SLO: the deep slots' calibration after the run
-        point["deep_slots"] = deep_slots
+    state = warden_state(engine.base_url)
+    saturation = state.get("saturation")
+    if isinstance(saturation, dict) and "deep_slots" in saturation:
+        # Warden with an SLO: the deep slots' calibration after the run.
+        point["deep_slots"] = saturation["deep_slots"]
+    if refused:
+        point["refusal_causes"] = refusal_causes(state, began_at)
     return point
 
 
-def warden_saturation(base_url: str) -> dict[str, Any]:
-    """``/warden/state``'s saturation section; empty on plain vLLM (no such route)."""
+def warden_state(base_url: str) -> dict[str, Any]:
+    """``/warden/state``; empty on plain vLLM (no such route)."""
     import httpx
 
     response = httpx.get(f"{base_url}/warden/state", timeout=30)
     if response.status_code != 200:
         return {}
-    saturation = response.json().get("saturation")
+    found = response.json()
+    return found if isinstance(found, dict) else {}
+
+
+def warden_saturation(base_url: str) -> dict[str, Any]:
+    """``/warden/state``'s saturation section; empty on plain vLLM (no such route)."""
+    saturation = warden_state(base_url).get("saturation")
     return saturation if isinstance(saturation, dict) else {}
+
+
+def refusal_causes(state: dict[str, Any], since: float) -> dict[str, dict[str, Any]]:
+    """The refusals since ``since`` (wall clock) that ``/warden/state`` still keeps (its last
+    64), by signal: how many, and the smallest and largest value each named (a forecast
+    latency, a queue depth). A few refusals at a light load say here how far over the limit
+    their forecast was."""
+    causes: dict[str, dict[str, Any]] = {}
+    for refusal in state.get("recent_rejections") or []:
+        if not isinstance(refusal, dict) or float(refusal.get("at") or 0.0) < since:
+            continue
+        signal = str(refusal.get("signal") or refusal.get("reason") or "unknown")
+        value = refusal.get("value")
+        entry = causes.setdefault(signal, {"count": 0, "min": None, "max": None})
+        entry["count"] += 1
+        if isinstance(value, int | float):
+            entry["min"] = value if entry["min"] is None else min(entry["min"], value)
+            entry["max"] = value if entry["max"] is None else max(entry["max"], value)
+    return causes
 
 
 def _late(result: dict[str, Any]) -> float | None:
@@ -700,7 +730,37 @@ def report_config(results: dict[str, Any], name: str) -> str:
         if name == "slo"
         else "default config"
     )
-    return head + "\n" + table(headers, rows)
+    return head + "\n" + table(headers, rows) + light_load_refusals(results, side)
+
+
+# The loads at which any refusal is one too many (issue #28): their causes follow the table.
+LIGHT_LOADS = (0.5, 1.0)
+
+
+def light_load_refusals(results: dict[str, Any], side: str) -> str:
+    """A line per light-load point that had refusals: each signal, how many, and the range
+    of the values they named (``refusal_causes``), over the pairs."""
+    lines = []
+    for index, point in enumerate(results["points"]):
+        if point not in LIGHT_LOADS:
+            continue
+        merged: dict[str, dict[str, Any]] = {}
+        for sides in results["pairs"]:
+            for signal, cause in (sides[side][index].get("refusal_causes") or {}).items():
+                entry = merged.setdefault(signal, {"count": 0, "values": []})
+                entry["count"] += cause["count"]
+                entry["values"] += [v for v in (cause["min"], cause["max"]) if v is not None]
+        if merged:
+            causes = ", ".join(
+                f"{signal} x{entry['count']}" + _value_range(entry["values"])
+                for signal, entry in sorted(merged.items())
+            )
+            lines.append(f"refused at {point:g}x, by signal (values named): {causes}")
+    return "".join("\n\n" + line for line in lines)
+
+
+def _value_range(values: list[float]) -> str:
+    return f" ({min(values):g}-{max(values):g})" if values else ""
 
 
 def pooled_within_share(runs: list[dict[str, Any]]) -> float | None:

@@ -18,6 +18,7 @@ from benchmarks.overload import (
     goodput_in,
     offered_window,
     pooled_within_share,
+    refusal_causes,
     report,
     side_order,
     slo_from,
@@ -150,6 +151,46 @@ def test_the_worker_cpu_per_token_shows_a_machine_that_changed_speed_within_a_pa
     rows = [line for line in text.splitlines() if line.startswith(("| 2x", "| 3x"))]
     worker = [row.split("|")[6].strip() for row in rows]  # load, then the ratios' columns
     assert worker == ["1.20 (1.20-1.20)", "-"]
+
+
+def test_refusals_are_counted_by_signal_from_the_state_kept_since_the_run_began() -> None:
+    """``/warden/state`` keeps its last 64 refusals: those of the run (at or after its start)
+    are counted by signal with the range of the values they named; earlier ones are not."""
+    state = {
+        "recent_rejections": [
+            {"at": 99.0, "reason": "saturated", "signal": "latency_s", "value": 9.0},
+            {"at": 100.0, "reason": "saturated", "signal": "latency_s", "value": 1.07},
+            {"at": 101.5, "reason": "saturated", "signal": "latency_s", "value": 1.02},
+            {"at": 102.0, "reason": "saturated", "signal": "queue_depth", "value": 4},
+            {"at": 103.0, "reason": "reject_all", "signal": None, "value": None},
+        ]
+    }
+    assert refusal_causes(state, 100.0) == {
+        "latency_s": {"count": 2, "min": 1.02, "max": 1.07},
+        "queue_depth": {"count": 1, "min": 4, "max": 4},
+        "reject_all": {"count": 1, "min": None, "max": None},
+    }
+    assert refusal_causes({}, 100.0) == {}
+
+
+def test_refusals_at_a_light_load_are_named_under_the_table() -> None:
+    """Any refusal at 0.5x or 1x is one too many (issue #28): the report says which signal
+    refused and how far its forecast was, over the pairs; none at 2x is listed."""
+    light, heavy = _point(0.5, 6.0), _point(5.0, 6.0)
+    light["refused"], heavy["refused"] = 3, 40
+    light["refusal_causes"] = {"latency_s": {"count": 3, "min": 1.01, "max": 1.12}}
+    heavy["refusal_causes"] = {"latency_s": {"count": 40, "min": 1.5, "max": 9.0}}
+    results = {
+        "capacity_per_s": 6.0,
+        "slo_s": 1.0,
+        "configs": ["slo"],
+        "points": [0.5, 2.0],
+        "honour_points": [],
+        "pairs": [{"plain": [_point(0.5, 6.0)] * 2, "warden_slo": [light, heavy]}],
+    }
+    text = report(results)
+    assert "refused at 0.5x, by signal (values named): latency_s x3 (1.01-1.12)" in text
+    assert "refused at 2x" not in text
 
 
 def test_the_slo_is_twice_the_slower_half_load_p99() -> None:

@@ -1,0 +1,92 @@
+"""Admission with a latency SLO set, on a real vLLM engine (issue #28).
+
+The forecast's pieces are unit-tested (tests/test_saturation_prediction.py); this module runs
+the path they make together in the API server: vLLM's per-step statistics -> the live queue ->
+``assess`` -> the body stage -> ``Controller.serving``. One engine: the tiny model with a batch
+of 4 and steps slowed to at least ``STEP_DELAY_S`` (a test switch), so a request lasts at least
+``TOKENS`` steps however fast the machine is, and a burst queues several batches deep. The SLO
+is generous: nothing here may be refused, whatever the machine's speed. No fakes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from exporter import catalog
+from tests.support.engine import complete, running_engine, sample, scrape
+from warden.control.saturation import DEEP_FACTOR_MAX, DEEP_FACTOR_MIN
+
+pytestmark = pytest.mark.engine
+
+BATCH = 4  # --max-num-seqs
+SLO_S = 600.0  # far above anything this engine's queue can reach (its forecast included)
+STEP_DELAY_S = 0.02
+TOKENS = 48  # each request's output (ignore_eos): at least 0.96 s of steps
+WARM_UP = 4  # sequential requests first: the forecast needs a drain rate and service times
+BURST = 4 * BATCH  # sent together: three batches queue behind the running one
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    run_dir = tmp_path_factory.mktemp("slo-engine")
+    config = run_dir / "warden.yaml"
+    config.write_text(f"admission:\n  saturation:\n    latency_slo_s: {SLO_S}\n")
+    env = {"WARDEN_CONFIG": str(config), "WARDEN_TEST_STEP_DELAY_S": str(STEP_DELAY_S)}
+    args = ("--max-num-seqs", str(BATCH))
+    with running_engine(tiny_model, extra_args=args, env=env, run_dir=run_dir) as eng:
+        yield eng
+
+
+def saturation(engine: Any) -> dict[str, Any]:
+    return dict(httpx.get(f"{engine.base_url}/warden/state", timeout=10).json()["saturation"])
+
+
+def admitted_within(engine: Any) -> float:
+    return sample(scrape(engine), catalog.ADMITTED_SLO.name, outcome="within")
+
+
+def test_a_burst_deep_in_a_full_batch_is_admitted_and_teaches_the_deep_slot_calibration(
+    engine: Any,
+) -> None:
+    """A burst four batches deep, well within the SLO, is admitted whole (no refusal the
+    engine's state does not justify), and each request admitted behind half a full batch or
+    more (a deep slot, ``deep_slots_from``) teaches ``DeepSlotCalibration`` its real latency
+    when it is answered: ``/warden/state`` counts them under ``saturation.deep_slots``, and
+    the factor that scales those slots' forecasts stays within its bounds. Every admitted
+    request is counted against the SLO (``warden_admitted_slo_total``)."""
+    served = str(engine.spec.model)
+    before = saturation(engine)
+    assert before["limits"]["latency_slo_s"] == SLO_S
+    assert before["deep_slots"] == {"factor": 1.0, "samples": 0}
+    within_before = admitted_within(engine)
+    for index in range(WARM_UP):
+        response = complete(engine, served, f"warm-up {index}", TOKENS, ignore_eos=True)
+        assert response.status_code == 200, response.text
+    measured = saturation(engine)["measured"]
+    assert measured["drain_rate_per_s"] and measured["service_s"], measured
+
+    with ThreadPoolExecutor(BURST) as pool:
+        burst = list(
+            pool.map(
+                lambda index: complete(engine, served, f"burst {index}", TOKENS, ignore_eos=True),
+                range(BURST),
+            )
+        )
+    refused = [r for r in burst if r.status_code != 200]
+    assert not refused, [(r.status_code, r.text[:300]) for r in refused]
+    assert all(r.json()["usage"]["completion_tokens"] == TOKENS for r in burst)
+
+    after = saturation(engine)
+    deep = after["deep_slots"]
+    print(f"\ndeep slots after a burst of {BURST} into a batch of {BATCH}: {deep}")
+    # Only requests that queued are in it: the first BATCH took free slots. Those that found
+    # deep_slots_from(BATCH) or more queued ahead: BURST - BATCH - deep_slots_from(BATCH) when
+    # the whole burst is in before anything ends, as here (10); fewer if some ended first.
+    assert 1 <= deep["samples"] <= BURST - BATCH, (deep, after)
+    assert DEEP_FACTOR_MIN <= deep["factor"] <= DEEP_FACTOR_MAX, deep
+    assert admitted_within(engine) - within_before == WARM_UP + BURST
