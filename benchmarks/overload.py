@@ -730,7 +730,8 @@ def report_config(results: dict[str, Any], name: str) -> str:
         if name == "slo"
         else "default config"
     )
-    return head + "\n" + table(headers, rows) + light_load_refusals(results, side)
+    text = head + "\n" + table(headers, rows) + light_load_refusals(results, side)
+    return text + (short_goodput_pairs(results, side) if name == "slo" else "")
 
 
 # The loads at which any refusal is one too many (issue #28): their causes follow the table.
@@ -757,6 +758,42 @@ def light_load_refusals(results: dict[str, Any], side: str) -> str:
             )
             lines.append(f"refused at {point:g}x, by signal (values named): {causes}")
     return "".join("\n\n" + line for line in lines)
+
+
+# Goodput the issue asks of the SLO config under overload, as a share of capacity.
+GOODPUT_TARGET = 0.9
+
+
+def short_goodput_pairs(results: dict[str, Any], side: str) -> str:
+    """Each overload pair (2x and up) whose goodput fell under ``GOODPUT_TARGET`` of its
+    capacity, with the worker's CPU per token warden/plain of the same pair: the model's own
+    work, which warden touches only with its logits check, so a ratio well over 1 says the
+    machine ran slower for warden's side than for plain's (runs 29-30: 5 of the 7 such
+    pairs at 1.14-1.57; the other two made 0.85 and 0.88 at 1.00 and 1.03)."""
+    short = []
+    for index, point in enumerate(results["points"]):
+        if point < 2:
+            continue
+        for number, sides in enumerate(results["pairs"], start=1):
+            warden, plain = sides[side][index], sides["plain"][index]
+            share = (warden["goodput_per_s"] or 0.0) / warden.get(
+                "capacity_per_s", results["capacity_per_s"]
+            )
+            if share >= GOODPUT_TARGET:
+                continue
+            worker = _pair_ratio(warden, plain, "worker_cpu_ms_per_token")
+            short.append(
+                f"{point:g}x pair {number}: {share:.2f}, worker CPU/token w/p "
+                + (f"{worker:.2f}" if worker is not None else "-")
+            )
+    if not short:
+        return ""
+    return f"\n\ngoodput under {GOODPUT_TARGET:g} of capacity at 2x and up: " + "; ".join(short)
+
+
+def _pair_ratio(warden: dict[str, Any], plain: dict[str, Any], key: str) -> float | None:
+    w, p = warden.get(key), plain.get(key)
+    return w / p if w is not None and p else None
 
 
 def _value_range(values: list[float]) -> str:

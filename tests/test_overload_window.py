@@ -193,6 +193,26 @@ def test_refusals_at_a_light_load_are_named_under_the_table() -> None:
     assert "refused at 2x" not in text
 
 
+def test_each_overload_pair_short_of_the_goodput_target_is_named_with_its_worker_ratio() -> None:
+    """Under 0.9 of capacity at 2x: the pair is named with how much more CPU per token the
+    same model work cost warden's worker (a slower machine on that side); 0.5x is not an
+    overload and a pair at the target is not named."""
+    light, plain, warden = _point(2.0, 6.0), _point(0.5, 6.0), _point(4.5, 6.0)
+    plain["worker_cpu_ms_per_token"], warden["worker_cpu_ms_per_token"] = 1.0, 1.3
+    results = {
+        "capacity_per_s": 6.0,
+        "slo_s": 1.0,
+        "configs": ["slo"],
+        "points": [0.5, 2.0, 3.0],
+        "honour_points": [],
+        "pairs": [{"plain": [plain] * 3, "warden_slo": [light, warden, _point(5.4, 6.0)]}],
+    }
+    text = report(results)
+    assert text.endswith(
+        "goodput under 0.9 of capacity at 2x and up: 2x pair 1: 0.75, worker CPU/token w/p 1.30"
+    )
+
+
 def test_the_slo_is_twice_the_slower_half_load_p99() -> None:
     """Measured once at a fast moment the SLO was one plain vLLM itself missed at 0.5x minutes
     later (run 19): the slower of the measurements sets it."""
