@@ -643,11 +643,8 @@ RATIOS = (
 
 
 def _ratio(pairs: list[dict[str, Any]], index: int, key: str, side: str = "warden") -> str:
-    values = []
-    for sides in pairs:
-        w, p = sides[side][index].get(key), sides["plain"][index].get(key)  # older runs lack some
-        if w is not None and p:
-            values.append(w / p)
+    ratios = (_pair_ratio(sides[side][index], sides["plain"][index], key) for sides in pairs)
+    values = [ratio for ratio in ratios if ratio is not None]
     if not values:
         return "-"
     return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
@@ -697,7 +694,7 @@ def report_config(results: dict[str, Any], name: str) -> str:
             for w in warden
             if w.get("server_within_slo_share") is not None
         ]
-        goodputs = [(w["goodput_per_s"] or 0.0) / w.get("capacity_per_s", capacity) for w in warden]
+        goodputs = [goodput_share(w, capacity) for w in warden]
         pooled = pooled_within_share(warden)
         rows.append(
             [
@@ -776,9 +773,7 @@ def short_goodput_pairs(results: dict[str, Any], side: str) -> str:
             continue
         for number, sides in enumerate(results["pairs"], start=1):
             warden, plain = sides[side][index], sides["plain"][index]
-            share = (warden["goodput_per_s"] or 0.0) / warden.get(
-                "capacity_per_s", results["capacity_per_s"]
-            )
+            share = goodput_share(warden, results["capacity_per_s"])
             if share >= GOODPUT_TARGET:
                 continue
             worker = _pair_ratio(warden, plain, "worker_cpu_ms_per_token")
@@ -791,7 +786,14 @@ def short_goodput_pairs(results: dict[str, Any], side: str) -> str:
     return f"\n\ngoodput under {GOODPUT_TARGET:g} of capacity at 2x and up: " + "; ".join(short)
 
 
+def goodput_share(point: dict[str, Any], capacity: float) -> float:
+    """A point's goodput as a share of the capacity measured right before it (the run's
+    first capacity for results saved before each point had its own)."""
+    return float(point["goodput_per_s"] or 0.0) / point.get("capacity_per_s", capacity)
+
+
 def _pair_ratio(warden: dict[str, Any], plain: dict[str, Any], key: str) -> float | None:
+    """warden/plain for one pair's ``key``; None where either lacks it (older runs)."""
     w, p = warden.get(key), plain.get(key)
     return w / p if w is not None and p else None
 
