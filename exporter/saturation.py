@@ -152,7 +152,7 @@ class SaturationState:
         growing = self.growing_batch
         factors: dict[int, float] = {}
         scaled = []
-        for served, batch in self.recent_service:
+        for (served, batch), ratio in zip(self.recent_service, self.step_ratios, strict=True):
             factor = factors.get(batch)
             if factor is None:
                 if batch > serving:
@@ -160,9 +160,8 @@ class SaturationState:
                     factor = min(1.0, step_s / then) if then else 1.0
                 else:
                     factor = self.batch_growth(batch, growing)
-                factor *= slowdown
                 factors[batch] = factor
-            scaled.append(served * factor)
+            scaled.append(served * factor * (slowdown if ratio is None else _beyond_noise(ratio)))
         return tuple(sorted(scaled))
 
     @property
@@ -193,8 +192,7 @@ class SaturationState:
     @property
     def slowdown(self) -> float:
         """How many times longer the engine's steps take now than when the recent requests
-        finished: the median, over those requests, of the step time at the batch each was
-        served in now over the same when it finished. Under ``1 + SLOWDOWN_NOISE`` it is 1.0
+        finished: the median of their ``step_ratios``. Under ``1 + SLOWDOWN_NOISE`` it is 1.0
         (the step times' own noise), and it is never below 1: a faster engine is learned as
         its requests finish, as before.
 
@@ -205,17 +203,32 @@ class SaturationState:
         (benchmarks/README.md, run 18: steps 1.7x slower at a point's start than at the
         previous point's end). The step times follow within about 20 steps. A batch larger
         than the recent requests' makes steps of its own: ``batch_growth`` compares those."""
+        known = [ratio for ratio in self.step_ratios if ratio is not None]
+        if not known:
+            return 1.0
+        return _beyond_noise(statistics.median(known))
+
+    @functools.cached_property
+    def step_ratios(self) -> tuple[float | None, ...]:
+        """For each recent request, the step time now at the batch it was served in over the
+        same when it finished; None where either is unknown: not timed then, or that batch not
+        stepped within the last service time. A request's own ratio scales its own service
+        time (``forecast_service_times``): one served in a burst of prefills already took the
+        burst's slow steps and is not slowed again, while those served before it are. Run 33:
+        scaled by the median, a burst's slowest request was forecast 1.47x its 0.60 s, and
+        steps of sizes the emptied engine no longer made kept the burst's time for seconds:
+        27 of 320 requests refused at 0.5x, most with one or none running."""
         times = self.step_times
-        if times is None or not self.finish_step_s:
-            return 1.0
-        ratios = []
-        for (_served, batch), then in zip(self.recent_service, self.finish_step_s, strict=False):
-            now = times.at(batch) if then else None
-            if now is not None and then:
-                ratios.append(now / then)
-        if not ratios:
-            return 1.0
-        return _beyond_noise(statistics.median(ratios))
+        if times is None or not self.finish_step_s or self.service_s is None:
+            return (None,) * len(self.recent_service)
+        since = self.measured_at - self.service_s
+        finish = self.finish_step_s
+        ratios: list[float | None] = []
+        for index, (_served, batch) in enumerate(self.recent_service):
+            then = finish[index] if index < len(finish) else None
+            now = times.now_at(batch, since) if then else None
+            ratios.append(now / then if now is not None and then else None)
+        return tuple(ratios)
 
     @property
     def queue_wait_s(self) -> float | None:
@@ -223,7 +236,7 @@ class SaturationState:
         its prompt): ``predicted_wait``, the number the saturation judge decides on."""
         return predicted_wait(self)
 
-    def to_json(self) -> dict[str, float | int | bool | None]:
+    def to_json(self) -> dict[str, object]:
         return {
             "running": self.running,
             "waiting": self.waiting,
@@ -245,6 +258,8 @@ class SaturationState:
             # The mean batch over the last half service time: a request that joins a larger
             # one is forecast at most at this one's step time (``growing_batch``).
             "sustained_batch": self.sustained_batch,
+            # Seconds per engine step by batch size, as the forecast reads them now.
+            "step_s_by_batch": self.step_times.to_json() if self.step_times else {},
         }
 
 
@@ -511,8 +526,11 @@ class StepTimes:
     when recent requests were served. Shared by the meter and the states it hands out."""
 
     seconds: dict[int, float] = field(default_factory=dict)
+    # When each size was last stepped (the meter's clock): a size the engine has left keeps
+    # the time of its last steps, which may have been a burst's prefills (``now_at``).
+    stepped_at: dict[int, float] = field(default_factory=dict)
 
-    def add(self, batch: int, step_s: float, steps: int) -> None:
+    def add(self, batch: int, step_s: float, steps: int, now: float = 0.0) -> None:
         bucket = batch_bucket(batch)
         last = self.seconds.get(bucket)
         if last is None:
@@ -520,19 +538,34 @@ class StepTimes:
         else:
             weight = 1.0 - (1.0 - STEP_WEIGHT) ** steps
             self.seconds[bucket] = last + weight * (step_s - last)
+        self.stepped_at[bucket] = now
 
     def at(self, batch: int) -> float | None:
         """Seconds per step at ``batch``; unmeasured, the nearest smaller batch's (the first
         steps at the new size teach the rest), else the nearest larger one's."""
+        bucket = self._measured_bucket(batch)
+        return None if bucket is None else self.seconds[bucket]
+
+    def now_at(self, batch: int, since: float) -> float | None:
+        """``at(batch)``, or None when the size it reads was not stepped at or after ``since``:
+        its average is then the speed of steps the engine no longer makes, not its speed now."""
+        bucket = self._measured_bucket(batch)
+        if bucket is None or self.stepped_at.get(bucket, -math.inf) < since:
+            return None
+        return self.seconds[bucket]
+
+    def _measured_bucket(self, batch: int) -> int | None:
         bucket = batch_bucket(batch)
-        known = self.seconds.get(bucket)
-        if known is not None:
-            return known
+        if bucket in self.seconds:
+            return bucket
         smaller = [size for size in self.seconds if size < bucket]
         if smaller:
-            return self.seconds[max(smaller)]
+            return max(smaller)
         larger = [size for size in self.seconds if size > bucket]
-        return self.seconds[min(larger)] if larger else None
+        return min(larger) if larger else None
+
+    def to_json(self) -> dict[str, float]:
+        return {str(size): round(self.seconds[size], 5) for size in sorted(self.seconds)}
 
 
 def nearest_rank(values: Sequence[float], q: float) -> float:
@@ -620,7 +653,7 @@ class SaturationMeter:
             self._busy += elapsed
             self._slot_s += elapsed * last[1]
             if last[1] > 0:  # steps of the batch that ran since, all of the same size
-                self.step_times.add(last[1], elapsed / max(steps, 1), steps)
+                self.step_times.add(last[1], elapsed / max(steps, 1), steps, now)
         self._last = (now, running, waiting)
         self.batch_peaks.record(now, running)
         self._checkpoint(now, running)

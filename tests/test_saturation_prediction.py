@@ -486,6 +486,36 @@ def test_step_times_that_only_jitter_are_no_slowdown() -> None:
     assert state.forecast_service_s == 2.0
 
 
+def test_a_burst_of_prefills_is_not_counted_twice_nor_kept_once_the_engine_empties() -> None:
+    """A burst's prefills slow the steps at the batch a light load runs; the requests served
+    in it took those steps already, and once the engine empties, the sizes it no longer steps
+    say nothing of its speed now. Scaled by the median ratio and the burst's stale step times,
+    a light load at 0.5x was refused with one request running (run 33: 27 of 320 refused)."""
+    meter = SaturationMeter(keep=32, min_finished=3)
+    now = 0.0
+    meter.observe(now, 3, 0, [])
+    for index in range(600):  # a light load: batch of 3, 2.2 ms steps, 0.3 s served
+        now += 0.0022
+        meter.observe(now, 3, 0, [(96, 0.0, 0.3)] if index % 15 == 0 else [])
+    for index in range(150):  # a burst: the same batch, 4 ms steps (prefills), 0.6 s served
+        now += 0.004
+        state = meter.observe(now, 3, 0, [(96, 0.0, 0.6)] if index > 100 and index % 6 == 0 else [])
+    served_in_burst = sum(1 for served, _batch in state.recent_service if served == 0.6)
+    assert 0 < served_in_burst < len(state.recent_service) / 2
+    # The steps are slower than when most recent requests finished: the drain rate says so...
+    assert state.slowdown > 1.5
+    # ...but the burst's own requests, the slowest, took the slow steps: not slowed again.
+    assert state.forecast_service_s == pytest.approx(0.6, rel=0.02)
+    # The engine empties to one request at its light-load speed, for over a service time.
+    for _ in range(400):
+        now += 0.002
+        state = meter.observe(now, 1, 0, [])
+    assert state.step_times is not None and state.step_times.at(3) > 0.0038  # the burst's, kept
+    assert state.slowdown == 1.0
+    assert state.forecast_service_s == pytest.approx(0.6)
+    assert breach(SaturationSettings(latency_slo_s=0.63), with_live_queue(state, 2, 8)) is None
+
+
 def test_quiet_steps_are_counted_as_steps() -> None:
     """Steps that change nothing are recorded as quiet (not observed in full), yet each is a
     step the batch's speed is measured on."""
