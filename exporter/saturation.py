@@ -217,7 +217,7 @@ class SaturationState:
         burst's slow steps and is not slowed again, while those served before it are. Run 33:
         scaled by the median, a burst's slowest request was forecast 1.47x its 0.60 s, and
         steps of sizes the emptied engine no longer made kept the burst's time for seconds:
-        27 of 320 requests refused at 0.5x, most with one or none running."""
+        45 of 320 requests refused at 0.5x, most with 0-3 running (benchmarks/README.md)."""
         times = self.step_times
         if times is None or not self.finish_step_s or self.service_s is None:
             return (None,) * len(self.recent_service)
