@@ -28,6 +28,7 @@ from warden.control.config import SaturationSettings
 from warden.control.saturation import (
     DEEP_FACTOR_MAX,
     DEEP_FACTOR_MIN,
+    DEEP_KEPT_FORECASTS,
     DeepSlotCalibration,
     assess,
     breach,
@@ -280,6 +281,31 @@ def test_the_deep_slot_calibration_learns_the_late_quantile_within_its_bounds() 
     assert calibration.factor() == DEEP_FACTOR_MAX
     calibration.observe(0.0, 1.0)  # nothing to scale: ignored
     assert calibration.to_json() == {"factor": DEEP_FACTOR_MAX, "samples": 32}
+
+
+def test_the_deep_slot_calibration_forgets_an_overload_once_it_is_over() -> None:
+    """A factor learned in an overload does not refuse a later light load's bursts: each
+    deep admission is forgotten ``DEEP_KEPT_FORECASTS`` of its forecasts after it ended (run
+    35: 4x's 1.38 refused 11 requests at 0.5x a minute later)."""
+    now = [0.0]
+    calibration = DeepSlotCalibration(window=64, min_samples=16, clock=lambda: now[0])
+    for index in range(20):  # an overload: deep admissions 1.4x later than their 0.7 s
+        now[0] = index * 0.1
+        calibration.observe(0.7, 0.98)
+    assert calibration.factor() == pytest.approx(1.4)
+    # While the overload's admissions are recent, the factor stands...
+    now[0] = DEEP_KEPT_FORECASTS * 0.7 - 0.1
+    assert calibration.factor() == pytest.approx(1.4)
+    # ...as the first of them are forgotten, fewer than 16 are left: unscaled, as at the start.
+    now[0] = DEEP_KEPT_FORECASTS * 0.7 + 0.45
+    assert calibration.factor() == 1.0
+    assert calibration.to_json() == {"factor": 1.0, "samples": 15}
+    now[0] += 60.0
+    assert calibration.to_json() == {"factor": 1.0, "samples": 0}
+    # A new overload teaches it again.
+    for _ in range(16):
+        calibration.observe(0.7, 0.84)
+    assert calibration.factor() == pytest.approx(1.2)
 
 
 def test_a_slot_without_ages_or_service_times_keeps_the_summed_tails() -> None:

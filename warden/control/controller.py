@@ -88,7 +88,7 @@ class Controller:
         self.gate = HalfOpenGate()
         self.retry_schedule = RetrySchedule()
         # How late requests admitted into a full batch's deep slots ran against their forecast.
-        self.deep_slots = DeepSlotCalibration()
+        self.deep_slots = DeepSlotCalibration(clock=clock)
         self.saturation = SaturationState()
         self.admitted_in_flight = 0  # admitted by the middleware, not yet answered
         self.saturation_judge: SaturationJudge | None = None

@@ -252,6 +252,13 @@ DEEP_WINDOW = 64
 DEEP_MIN_SAMPLES = 16
 DEEP_FACTOR_MIN = 1.0
 DEEP_FACTOR_MAX = 2.0
+# A deep admission says how late the deep slots ran under the load of its time: it is
+# forgotten this many of its own forecasts after it ended (a forecast it was admitted on is
+# within the SLO, so at most this many SLOs). Kept until 64 newer ones came, a factor learned
+# at 4x (1.28-1.38) still scaled a light load's bursts minutes later, where deep admissions
+# are rare: run 35, 11 refusals at 0.5x (forecasts up to 1.31 s, SLO 0.78 s) in the pair
+# that began with 4x's factor, none in the pair whose 0.5x began at 1.0 and reached 1.32.
+DEEP_KEPT_FORECASTS = 20
 
 
 class DeepSlotCalibration:
@@ -260,31 +267,58 @@ class DeepSlotCalibration:
     ``window`` of them, between ``DEEP_FACTOR_MIN`` and ``DEEP_FACTOR_MAX``; 1.0 until
     ``min_samples`` finished. Admission scales a deep slot's forecast by it (``assess``), so
     a forecast the engine overran at the batch's turnover (slower steps as half a batch
-    prefills together, a burst) refuses what would run late.
+    prefills together, a burst) refuses what would run late. Each admission is forgotten
+    ``DEEP_KEPT_FORECASTS`` of its forecasts after it ended: an overload's lateness is not a
+    later light load's.
     Thread-safe: requests end on the event loop, ``/warden/state`` reads from elsewhere."""
 
-    def __init__(self, window: int = DEEP_WINDOW, min_samples: int = DEEP_MIN_SAMPLES) -> None:
+    def __init__(
+        self,
+        window: int = DEEP_WINDOW,
+        min_samples: int = DEEP_MIN_SAMPLES,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.min_samples = min_samples
-        self._ratios: deque[float] = deque(maxlen=window)
+        self.clock = clock
+        # (when it is forgotten, latency over forecast), in the order they ended.
+        self._samples: deque[tuple[float, float]] = deque(maxlen=window)
         self._factor = 1.0
+        self._next_expiry = math.inf
         self._lock = threading.Lock()
 
     def observe(self, forecast_s: float, latency_s: float) -> None:
         """A request admitted into a deep slot on ``forecast_s`` took ``latency_s``."""
         if forecast_s <= 0 or latency_s < 0:
             return
+        now = self.clock()
         with self._lock:
-            self._ratios.append(latency_s / forecast_s)
-            if len(self._ratios) >= self.min_samples:
-                found = nearest_rank(list(self._ratios), SERVICE_QUANTILE)
-                self._factor = min(DEEP_FACTOR_MAX, max(DEEP_FACTOR_MIN, found))
+            self._samples.append((now + DEEP_KEPT_FORECASTS * forecast_s, latency_s / forecast_s))
+            self._update(now)
 
     def factor(self) -> float:
+        now = self.clock()
+        if now >= self._next_expiry:
+            with self._lock:
+                self._update(now)
         return self._factor
 
     def to_json(self) -> dict[str, float | int]:
+        now = self.clock()
         with self._lock:
-            return {"factor": round(self._factor, 3), "samples": len(self._ratios)}
+            self._update(now)
+            return {"factor": round(self._factor, 3), "samples": len(self._samples)}
+
+    def _update(self, now: float) -> None:
+        """Forget what expired; the factor from what is left (caller holds the lock)."""
+        if now >= self._next_expiry:
+            kept = [sample for sample in self._samples if sample[0] > now]
+            self._samples = deque(kept, maxlen=self._samples.maxlen)
+        self._next_expiry = min((until for until, _ratio in self._samples), default=math.inf)
+        if len(self._samples) < self.min_samples:
+            self._factor = 1.0
+            return
+        found = nearest_rank([ratio for _until, ratio in self._samples], SERVICE_QUANTILE)
+        self._factor = min(DEEP_FACTOR_MAX, max(DEEP_FACTOR_MIN, found))
 
 
 @dataclass(frozen=True)
