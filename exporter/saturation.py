@@ -667,7 +667,14 @@ class SaturationMeter:
             self._summary = self._summarize()
         summary = self._summary
         if summary.count < self.min_finished:
-            return SaturationState(running, waiting, kv_usage=kv_usage, queue_held_over=held_over)
+            # Too few finished to forecast; the step times are shown already (/warden/state).
+            return SaturationState(
+                running,
+                waiting,
+                kv_usage=kv_usage,
+                queue_held_over=held_over,
+                step_times=self.step_times,
+            )
         # The rate counts completions after the reference point, over the busy time since.
         span = max(self._busy - summary.reference, 1e-3)
         slot_span = self._slot_s - summary.slot_reference

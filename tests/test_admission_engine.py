@@ -242,6 +242,9 @@ def test_the_api_server_reads_what_tells_a_queue_from_requests_about_to_start(
     assert saturation["startable_now"] == 0  # nothing waits on an idle engine
     assert saturation["measured"]["queue_held_over"] is False
     assert saturation["measured"]["slowdown"] >= 1.0
+    # The step times the forecast reads, by batch size: the request's steps ran at a batch of 1.
+    steps = saturation["measured"]["step_s_by_batch"]
+    assert "1" in steps and all(0.0 < seconds < 60.0 for seconds in steps.values())
 
 
 def served_while_paused(
