@@ -523,21 +523,39 @@ def batch_bucket(batch: int) -> int:
 class StepTimes:
     """Seconds an engine step takes, by batch size (running requests), each a moving average
     of the steps the engine made at that size: the engine's speed now, whatever the load was
-    when recent requests were served. Shared by the meter and the states it hands out."""
+    when recent requests were served. Shared by the meter and the states it hands out.
+
+    Decoding steps only: a step that prefilled a prompt is not timed (the meter skips the
+    stretch its output ends). Its time is the prompt's more than the batch's, and it falls on
+    the sizes the engine passes through while filling: in run 33's probe a step of 7
+    averaged 3.4 ms against 2.4 ms for a step of 8, so a request joining a batch of 7 was
+    forecast a larger batch's ``batch_growth`` and refused at 0.5x. The prefills' share of a
+    request's time is in the service times measured (benchmarks/README.md, run 37)."""
 
     seconds: dict[int, float] = field(default_factory=dict)
     # When each size was last stepped (the meter's clock): a size the engine has left keeps
     # the time of its last steps, which may have been a burst's prefills (``now_at``).
     stepped_at: dict[int, float] = field(default_factory=dict)
 
+    # Steps timed at each size, up to ``1 / STEP_WEIGHT``: the first ones are averaged evenly.
+    counts: dict[int, int] = field(default_factory=dict)
+
     def add(self, batch: int, step_s: float, steps: int, now: float = 0.0) -> None:
+        """``steps`` steps at ``batch`` that took ``step_s`` each. A size's first steps weigh
+        as one in their number, not as the whole average: the engine's first steps at a new
+        size are its slowest (at the 0.5x probe's start, sizes the warm-up had passed through
+        read 5.6-6.0 ms against 2.2-2.5 ms once stepped again), and seeded with them, an
+        average kept 60% of the first step after ten more."""
         bucket = batch_bucket(batch)
         last = self.seconds.get(bucket)
+        steps = max(steps, 1)
+        seen = self.counts.get(bucket, 0)
         if last is None:
             self.seconds[bucket] = step_s
         else:
-            weight = 1.0 - (1.0 - STEP_WEIGHT) ** steps
+            weight = max(1.0 - (1.0 - STEP_WEIGHT) ** steps, steps / (seen + steps))
             self.seconds[bucket] = last + weight * (step_s - last)
+        self.counts[bucket] = min(seen + steps, round(1 / STEP_WEIGHT))
         self.stepped_at[bucket] = now
 
     def at(self, batch: int) -> float | None:
@@ -545,6 +563,12 @@ class StepTimes:
         steps at the new size teach the rest), else the nearest larger one's."""
         bucket = self._measured_bucket(batch)
         return None if bucket is None else self.seconds[bucket]
+
+    def exact(self, batch: int) -> float | None:
+        """Seconds per step at ``batch``'s own size, None where that size was never timed:
+        a request's step time when it finished is compared with the same size's now
+        (``SaturationState.step_ratios``), never with a neighbour's it borrowed then."""
+        return self.seconds.get(batch_bucket(batch))
 
     def now_at(self, batch: int, since: float) -> float | None:
         """``at(batch)``, or None when the size it reads was not stepped at or after ``since``:
@@ -640,10 +664,12 @@ class SaturationMeter:
         preempted: int = 0,
         steps: int = 1,
         kv_usage: float | None = None,
+        prefilled: int = 0,
     ) -> SaturationState:
         """One observed step; ``steps`` engine steps since the last one observed (the steps
         that changed nothing are counted, not observed: exporter/step_monitor.py); the KV
-        cache's use at it, when known."""
+        cache's use at it, when known; how many prompts it finished prefilling (then its
+        time is not a step time of the batch: ``StepTimes``)."""
         last = self._last
         # Started since the last observed step: the batch's growth, plus what left it.
         started = running - last[1] + len(finished) + preempted if last is not None else 0
@@ -652,14 +678,14 @@ class SaturationMeter:
             elapsed = max(0.0, now - last[0])
             self._busy += elapsed
             self._slot_s += elapsed * last[1]
-            if last[1] > 0:  # steps of the batch that ran since, all of the same size
+            if last[1] > 0 and not prefilled:  # decodes of the batch that ran since
                 self.step_times.add(last[1], elapsed / max(steps, 1), steps, now)
         self._last = (now, running, waiting)
         self.batch_peaks.record(now, running)
         self._checkpoint(now, running)
         for tokens, _queued, served in finished:
             batch = self._mean_batch(now, served) if served > 0 else max(running, 1)
-            step_s = self.step_times.at(batch)
+            step_s = self.step_times.exact(batch)
             self._done.append((self._busy, self._slot_s, tokens, served, batch, step_s))
         if preempted:
             self._preempted.append((self._busy, preempted))

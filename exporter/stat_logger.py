@@ -76,7 +76,8 @@ class WardenStatLogger(StatLoggerBase):
             running, waiting, kv = vllm_compat.scheduler_counts(scheduler_stats)
             preempted = vllm_compat.preempted_in_iteration(iteration_stats)
             finished = vllm_compat.finished_requests(iteration_stats)
-            monitor.on_step(running, waiting, kv, preempted, finished)
+            prefilled = vllm_compat.prefills_in_iteration(iteration_stats)
+            monitor.on_step(running, waiting, kv, preempted, finished, prefilled)
         except Exception:
             # Never let a warden bug reach vLLM's output loop.
             self._errors.inc()

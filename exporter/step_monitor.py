@@ -114,13 +114,16 @@ class StepMonitor:
         kv_usage: float | None,
         preempted: int = 0,
         finished: list[tuple[int, float, float]] | None = None,
+        prefilled: int = 0,
     ) -> StepSnapshot:
-        """One engine step: counts (None = unknown, keep the last), preemptions in it, and the
-        requests it finished as (tokens, seconds queued, seconds served)."""
+        """One engine step: counts (None = unknown, keep the last), preemptions in it, the
+        requests it finished as (tokens, seconds queued, seconds served), and how many
+        prompts it finished prefilling."""
         snap = self.snapshot
         if (
             not finished
             and not preempted
+            and not prefilled
             and self.on_quiet_step(
                 snap.running if running is None else running,
                 snap.waiting if waiting is None else waiting,
@@ -147,6 +150,7 @@ class StepMonitor:
                 preempted,
                 self._quiet_steps + 1,
                 snap.kv_cache_usage,
+                prefilled,
             )
             if snap.waiting > 0 and self.served_ages is not None:
                 snap.saturation = replace(snap.saturation, served_ages=self.served_ages())
@@ -158,12 +162,12 @@ class StepMonitor:
         return self._notify(snap)
 
     def on_quiet_step(self, running: int, waiting: int, kv_usage: float) -> bool:
-        """A step that finished and preempted nothing: True when it changes nothing but the
-        time and the KV usage (the same counts, no memory-risk write and no sample grown stale
-        since the last read, within ``REPEAT_STEP_S`` of the last full step), and is recorded
-        as such; False when ``on_step`` must process it in full. The stat logger calls it
-        first: vLLM calls the logger after every engine step, on its output loop, where code
-        runs cold, so a repeat costs a handful of loads there."""
+        """A step that finished, preempted and prefilled nothing: True when it changes nothing
+        but the time and the KV usage (the same counts, no memory-risk write and no sample
+        grown stale since the last read, within ``REPEAT_STEP_S`` of the last full step), and
+        is recorded as such; False when ``on_step`` must process it in full. The stat logger
+        calls it first: vLLM calls the logger after every engine step, on its output loop,
+        where code runs cold, so a repeat costs a handful of loads there."""
         now = self.clock()
         snap = self.snapshot
         memory = self._memory

@@ -133,13 +133,16 @@ def scheduler_counts(stats: Any) -> tuple[int | None, int | None, float | None]:
 
 
 def quiet_step(scheduler_stats: Any, iteration_stats: Any) -> tuple[int, int, float] | None:
-    """(running, waiting, KV usage) of a step that finished and preempted nothing, read straight
+    """(running, waiting, KV usage) of a step that finished, preempted and prefilled nothing
+    (a prefill's step is not timed as a decode: ``prefills_in_iteration``), read straight
     off vLLM 0.32's fields; None for any other step, or when a field is missing (the full reads
     above then decide). Most steps of a busy engine are such steps, and vLLM calls the stat
     logger on its output loop after each: this is their whole read, a few attribute loads."""
     try:
         if iteration_stats is not None and (
-            iteration_stats.finished_requests or iteration_stats.num_preempted_reqs
+            iteration_stats.finished_requests
+            or iteration_stats.num_preempted_reqs
+            or iteration_stats.time_to_first_tokens_iter
         ):
             return None
         return (
@@ -155,6 +158,19 @@ def preempted_in_iteration(stats: Any) -> int:
     if stats is None:
         return 0
     return int(getattr(stats, "num_preempted_reqs", 0) or 0)
+
+
+def prefills_in_iteration(stats: Any) -> int:
+    """Requests whose prompt this step finished prefilling (their first token came out of it):
+    vLLM's ``IterationStats`` notes each one's time to first token. Such a step computes the
+    prompts on top of the batch's decodes, so the saturation meter does not time it as a step
+    of that batch (exporter/saturation.py, ``StepTimes``)."""
+    if stats is None:
+        return 0
+    first_tokens = getattr(stats, "time_to_first_tokens_iter", None)
+    if first_tokens is not None:
+        return len(first_tokens)
+    return 1 if getattr(stats, "num_prompt_tokens", 0) else 0
 
 
 def device_type(vllm_config: Any = None) -> str:

@@ -542,6 +542,70 @@ def test_a_burst_of_prefills_is_not_counted_twice_nor_kept_once_the_engine_empti
     assert breach(SaturationSettings(latency_slo_s=0.63), with_live_queue(state, 2, 8)) is None
 
 
+def test_a_prefills_step_is_not_timed_as_a_step_of_the_batch() -> None:
+    """A light load fills the batch one join at a time; each join's step prefills its prompt
+    and takes longer than a decode. Timed as a step of the batch, the sizes the engine passes
+    through while filling carried the prefills (run 33's probe: a step of 7 took 3.4 ms against
+    2.4 ms for one of 8), and a request joining a larger batch than recent requests were
+    served in was forecast that batch's slower steps (``batch_growth``) and refused."""
+    now = [1000.0]
+    monitor = _monitor(now)
+    rng = random.Random(5)
+    running, served_at, snap = 2, 0, monitor.snapshot
+    monitor.on_step(running, 0, 0.3)
+    for step in range(6000):
+        if running < 7 and rng.random() < 0.02:  # a join: the prefill's step, 9 ms
+            running += 1
+            now[0] += 0.009
+            snap = monitor.on_step(running, 0, 0.3, prefilled=1)
+            continue
+        now[0] += 0.002  # decodes: 2 ms at any batch this small
+        done = running > 2 and step - served_at > 150
+        if done:
+            running, served_at = running - 1, step
+        finished = [(96, 0.0, 0.35)] if done else []
+        snap = monitor.on_step(running, 0, 0.3, finished=finished)
+    times = monitor.saturation.step_times
+    for batch in range(2, 8):
+        assert times.at(batch) == pytest.approx(0.002), batch
+    state = snap.saturation
+    assert state.batch_growth(3, 7) == 1.0
+    assert state.forecast_service_s == pytest.approx(state.service_s)
+
+
+def test_a_sizes_first_slow_steps_weigh_as_one_in_their_number() -> None:
+    """The engine's first steps at a new size are its slowest; seeded with the first, the
+    average kept most of it for tens of steps, and the first light load after the warm-up was
+    forecast those steps (the 0.5x probe: sizes 2 and 5 read 5.6-6.0 ms, 2.2-2.5 ms after)."""
+    times = StepTimes()
+    times.add(5, 0.006, 1)  # the first step at 5: cold
+    for _ in range(10):
+        times.add(5, 0.0024, 1)
+    assert times.at(5) == pytest.approx((0.006 + 10 * 0.0024) / 11)
+    for _ in range(200):  # then a moving average of about the last 20 steps, as before
+        times.add(5, 0.003, 1)
+    times.add(5, 0.005, 1)
+    assert times.at(5) == pytest.approx(0.003 + 0.05 * 0.002, rel=1e-5)
+
+
+def test_a_request_is_compared_with_its_own_batch_sizes_step_time_only() -> None:
+    """A request that finished before its batch size was timed has no step time then, so its
+    ratio is not that size's time now over a smaller size's it borrowed then."""
+    meter = SaturationMeter(keep=8, min_finished=1)
+    now = 0.0
+    meter.observe(now, 2, 0, [])
+    for running in (2, 6):  # 0.1 s at a batch of 2, 0.1 s at 6: served at a mean of 4
+        for _ in range(50):
+            now += 0.002
+            meter.observe(now, running, 0, [])
+    state = meter.observe(now, 6, 0, [(96, 0.0, 0.2)])
+    assert state.recent_service == ((0.2, 4),) and state.finish_step_s == (None,)
+    for _ in range(30):  # then steps of 4, twice as long as those of 2
+        now += 0.004
+        state = meter.observe(now, 4, 0, [])
+    assert state.step_ratios == (None,) and state.slowdown == 1.0
+
+
 def test_quiet_steps_are_counted_as_steps() -> None:
     """Steps that change nothing are recorded as quiet (not observed in full), yet each is a
     step the batch's speed is measured on."""

@@ -211,6 +211,8 @@ def test_the_stat_loggers_fast_read_of_a_quiet_step_gives_what_the_full_read_giv
                     mean_time_per_output_token=0.01,
                 )
             ]
+        if rng.random() < 0.04:  # a prompt prefilled: its step is not timed as a decode
+            iteration.time_to_first_tokens_iter = [0.05]
         if rng.random() < 0.01:
             device, allocator = rng.random(), rng.random()
             for board in boards:
@@ -220,6 +222,7 @@ def test_the_stat_loggers_fast_read_of_a_quiet_step_gives_what_the_full_read_giv
             *vllm_compat.scheduler_counts(scheduler),
             vllm_compat.preempted_in_iteration(iteration),
             vllm_compat.finished_requests(iteration),
+            vllm_compat.prefills_in_iteration(iteration),
         )
         assert monitors[0].snapshot.timestamp == monitors[1].snapshot.timestamp
         assert monitors[0].snapshot.kv_cache_usage == monitors[1].snapshot.kv_cache_usage
