@@ -260,6 +260,8 @@ class SaturationState:
             "sustained_batch": self.sustained_batch,
             # Seconds per engine step by batch size, as the forecast reads them now.
             "step_s_by_batch": self.step_times.to_json() if self.step_times else {},
+            # Prompts prefilled since start, whose steps were left out of the step times.
+            "prefills_untimed": self.step_times.prefills_untimed if self.step_times else 0,
         }
 
 
@@ -539,6 +541,8 @@ class StepTimes:
 
     # Steps timed at each size, up to ``1 / STEP_WEIGHT``: the first ones are averaged evenly.
     counts: dict[int, int] = field(default_factory=dict)
+    # Prompts whose prefill's step was left out, since start (shown in /warden/state).
+    prefills_untimed: int = 0
 
     def add(self, batch: int, step_s: float, steps: int, now: float = 0.0) -> None:
         """``steps`` steps at ``batch`` that took ``step_s`` each. A size's first steps weigh
@@ -680,6 +684,7 @@ class SaturationMeter:
             self._slot_s += elapsed * last[1]
             if last[1] > 0 and not prefilled:  # decodes of the batch that ran since
                 self.step_times.add(last[1], elapsed / max(steps, 1), steps, now)
+        self.step_times.prefills_untimed += prefilled
         self._last = (now, running, waiting)
         self.batch_peaks.record(now, running)
         self._checkpoint(now, running)

@@ -234,6 +234,7 @@ def test_the_api_server_reads_what_tells_a_queue_from_requests_about_to_start(
     engine: without them every such request is taken for a queue, and a light load is refused
     under an SLO (benchmarks/README.md, run 15)."""
     body = {"model": model(engine), "prompt": "a", "max_tokens": 4, "ignore_eos": True}
+    prefilled_before = state(engine)["saturation"]["measured"]["prefills_untimed"]
     assert post(engine, "/v1/completions", body).status_code == 200
     saturation = state(engine)["saturation"]
     blocks, block_size = saturation["kv_blocks"]
@@ -245,6 +246,8 @@ def test_the_api_server_reads_what_tells_a_queue_from_requests_about_to_start(
     # The step times the forecast reads, by batch size: the request's steps ran at a batch of 1.
     steps = saturation["measured"]["step_s_by_batch"]
     assert "1" in steps and all(0.0 < seconds < 60.0 for seconds in steps.values())
+    # vLLM's stats name the step that prefilled the prompt, and it was left out of them.
+    assert saturation["measured"]["prefills_untimed"] == prefilled_before + 1
 
 
 def served_while_paused(
