@@ -51,6 +51,7 @@ import argparse
 import bisect
 import contextlib
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -510,15 +511,15 @@ def measure_pair(up: dict[str, Any], pair: int, plan: Plan) -> dict[str, list[di
 
     def honour(point: float) -> None:
         capacity = capacities.get(point) or capacity_at(up["plain"], plan, pair, point)
-        rate = capacity * point
+        rate = capacity.per_s * point
         client = _honouring(up[honouring].base_url, plan.model, rate, plan.prompts(rate), slo)
-        honoured[point] = {**measure(up[honouring], rate, client, slo), "capacity_per_s": capacity}
+        honoured[point] = {**measure(up[honouring], rate, client, slo), **_of(capacity)}
 
     slo = plan.slo_s
-    capacities: dict[float, float] = {}
+    capacities: dict[float, Capacity] = {}
     for index, point in enumerate(plan.points):
         capacity = capacities[point] = capacity_at(up["plain"], plan, pair, point)
-        rate = capacity * point
+        rate = capacity.per_s * point
         for side in side_order(sides, pair, index):
             engine = up[side]
             if side != "plain":
@@ -526,9 +527,7 @@ def measure_pair(up: dict[str, Any], pair: int, plan: Plan) -> dict[str, list[di
             out = plan.root / f"pair{pair}-{side}" / f"x{point:g}.json"
             out.parent.mkdir(parents=True, exist_ok=True)
             client = _ignoring(engine.base_url, plan.model, rate, plan.prompts(rate), out, slo)
-            measured[side].append(
-                {**measure(engine, rate, client, slo), "capacity_per_s": capacity}
-            )
+            measured[side].append({**measure(engine, rate, client, slo), **_of(capacity)})
             if side == honouring and point in plan.honour_points:
                 honour(point)
     if honouring in up and plan.honour_points:
@@ -537,6 +536,14 @@ def measure_pair(up: dict[str, Any], pair: int, plan: Plan) -> dict[str, list[di
                 honour(point)
         measured[f"{honouring}_honouring"] = [honoured[point] for point in plan.honour_points]
     return measured
+
+
+def _of(capacity: Capacity) -> dict[str, Any]:
+    """A point's record of the capacity it was offered a multiple of."""
+    return {
+        "capacity_per_s": capacity.per_s,
+        "capacity_worker_cpu_ms_per_token": capacity.worker_cpu_ms_per_token,
+    }
 
 
 def side_order(sides: Sequence[str], pair: int, index: int) -> list[str]:
@@ -572,20 +579,38 @@ def slo_from(half_load_p99s: list[float], factor: float) -> float:
     return factor * max(half_load_p99s)
 
 
-def capacity_at(plain: Any, plan: Plan, pair: int, point: float) -> float:
+@dataclass(frozen=True)
+class Capacity:
+    """Plain vLLM's capacity at one moment, and how fast the machine ran the model then."""
+
+    per_s: float  # requests answered per second, batch kept full
+    # The model worker's CPU per generated token during the measurement (None: not read).
+    worker_cpu_ms_per_token: float | None = None
+
+
+def capacity_at(plain: Any, plan: Plan, pair: int, point: float) -> Capacity:
     """Plain vLLM's capacity now: its batch kept full for about half a point's duration
     (the start's capacity under ``capacity_once``). The points are multiples of the capacity
     measured right before them, so a drift of the machine's speed between points moves the
-    rate with it instead of turning 0.5x into 1x."""
+    rate with it instead of turning 0.5x into 1x. The model worker's CPU per token is read
+    with it: the machine's speed at that moment (``goodput_share_at_speed``)."""
     if plan.capacity_once:
-        return plan.capacity
+        return Capacity(plan.capacity)
     out = plan.root / f"pair{pair}-capacity" / f"x{point:g}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
+    cpu = EngineCpu(plain)
+    before = cpu.read()
     result = bench_serve(
         plain.base_url, plan.model, None, plan.prompts(plan.capacity / 2), out, None, 8
     )
-    capacity = completed_per_s(result)
-    log(f"pair {pair + 1}, {point:g}x: capacity {capacity:.2f} requests/s")
+    after = cpu.read()
+    tokens = float(result.get("total_output_tokens") or 0)
+    worker_s = after.get("worker", math.nan) - before.get("worker", math.nan)
+    capacity = Capacity(
+        completed_per_s(result),
+        1000 * worker_s / tokens if tokens and math.isfinite(worker_s) else None,
+    )
+    log(f"pair {pair + 1}, {point:g}x: capacity {capacity.per_s:.2f} requests/s")
     return capacity
 
 
@@ -633,12 +658,16 @@ def settle(base_url: str, timeout_s: float = 90.0) -> None:
     log(f"engine not settled after {timeout_s:.0f}s: {in_flight}")
 
 
+# A derived ratio: engine tokens/s w/p times worker CPU per token w/p, the share of its core
+# the model worker ran on (``_pair_ratio``).
+TOKENS_AT_EQUAL_SPEED = "engine_tokens_at_equal_worker_speed"
 RATIOS = (
     ("engine_tokens_per_s", "engine tok/s"),
     ("goodput_per_s", "goodput"),
     ("api_cpu_ms_per_request", "API CPU/req"),
     ("core_cpu_ms_per_request", "core CPU/req"),
     ("worker_cpu_ms_per_token", "worker CPU/token"),
+    (TOKENS_AT_EQUAL_SPEED, "engine tok/s at equal worker speed"),
 )
 
 
@@ -695,6 +724,7 @@ def report_config(results: dict[str, Any], name: str) -> str:
             if w.get("server_within_slo_share") is not None
         ]
         goodputs = [goodput_share(w, capacity) for w in warden]
+        at_speed = [g for g in (goodput_share_at_speed(w) for w in warden) if g is not None]
         pooled = pooled_within_share(warden)
         rows.append(
             [
@@ -704,6 +734,7 @@ def report_config(results: dict[str, Any], name: str) -> str:
                 f"{pooled:.3f}" if pooled is not None else "-",
                 f"{min(served):.3f}" if served else "-",
                 f"{min(goodputs):.2f}" if goodputs else "-",
+                f"{min(at_speed):.2f}" if at_speed else "-",
                 sum(w["refused"] for w in warden),
                 sum(w["lost"] for w in warden),
                 sum(sides["plain"][index]["lost"] for sides in pairs),
@@ -717,6 +748,7 @@ def report_config(results: dict[str, Any], name: str) -> str:
         "same, all pairs' requests",
         "same, warden's count (min)",
         "warden goodput / capacity (min)",
+        "same, capacity at the run's speed (min)",
         "warden refused",
         "warden lost",
         "plain lost",
@@ -777,9 +809,12 @@ def short_goodput_pairs(results: dict[str, Any], side: str) -> str:
             if share >= GOODPUT_TARGET:
                 continue
             worker = _pair_ratio(warden, plain, "worker_cpu_ms_per_token")
+            at_speed = goodput_share_at_speed(warden)
             short.append(
                 f"{point:g}x pair {number}: {share:.2f}, worker CPU/token w/p "
                 + (f"{worker:.2f}" if worker is not None else "-")
+                + ", at the run's speed "
+                + (f"{at_speed:.2f}" if at_speed is not None else "-")
             )
     if not short:
         return ""
@@ -792,8 +827,35 @@ def goodput_share(point: dict[str, Any], capacity: float) -> float:
     return float(point["goodput_per_s"] or 0.0) / point.get("capacity_per_s", capacity)
 
 
+def goodput_share_at_speed(point: dict[str, Any]) -> float | None:
+    """``goodput_share`` against the capacity the machine had while the point ran: the
+    capacity measured before it, times the model worker's CPU per token then over the same
+    during the run. On this shared machine the worker's CPU per token moved by up to 1.5x
+    within a minute, and the goodput share followed it one for one (runs 37-38: 0.68 at a
+    worker 1.53x slower than plain's, 1.25 at a capacity measured in a slow moment). What
+    warden costs the engine stays in it: CPU its API server takes from the worker's core
+    lowers the tokens per second, not the worker's CPU per token. The logits check is
+    warden's only work in the worker, and it would hide here: the default config's worker
+    CPU per token w/p says it does not move it. None where either reading is missing."""
+    then = point.get("capacity_worker_cpu_ms_per_token")
+    now = point.get("worker_cpu_ms_per_token")
+    if not then or not now:
+        return None
+    return float(point["goodput_per_s"] or 0.0) / (point["capacity_per_s"] * then / now)
+
+
 def _pair_ratio(warden: dict[str, Any], plain: dict[str, Any], key: str) -> float | None:
-    """warden/plain for one pair's ``key``; None where either lacks it (older runs)."""
+    """warden/plain for one pair's ``key``; None where either lacks it (older runs).
+
+    ``TOKENS_AT_EQUAL_SPEED``: the tokens/s ratio times the worker's CPU per token ratio,
+    i.e. how much of its core each side's model worker ran on. A machine that made the same
+    model work dearer for one side (runs 37-38: worker CPU per token w/p 0.90-1.53 at 2x-4x)
+    moves the tokens/s ratio and not this one; CPU warden's API server takes from the
+    worker's core, or slots it leaves empty, move both."""
+    if key == TOKENS_AT_EQUAL_SPEED:
+        tokens = _pair_ratio(warden, plain, "engine_tokens_per_s")
+        worker = _pair_ratio(warden, plain, "worker_cpu_ms_per_token")
+        return tokens * worker if tokens is not None and worker is not None else None
     w, p = warden.get(key), plain.get(key)
     return w / p if w is not None and p else None
 
