@@ -31,7 +31,10 @@ of the window, at the start and again right before each point of each pair (``ca
 ``--capacity-once`` keeps the first): this machine's speed drifts by tens of percent within
 minutes, and a capacity measured once at a fast moment made every later "0.5x" nearer 1x
 (run 17, benchmarks/README.md). Each point's rate, and its goodput's share of capacity, are
-of the capacity measured right before it. The SLO is set from
+of the capacity measured right before it. Tokens/s w/p is also given at equal worker speed
+(``TOKENS_AT_EQUAL_SPEED``): the same model work cost one side's worker up to 1.5x more CPU
+than the other's a minute later (runs 37-38); that figure leaves it out while keeping in
+whatever warden takes from the worker's core. The SLO is set from
 the engine, not by hand: twice plain vLLM's p99 end-to-end latency at 0.5x (``--slo-factor``),
 the slower of two measurements a minute apart (``slo_from``), printed; ``--slo-s`` overrides
 it. Warden runs in each configuration of ``--configs``: its
@@ -593,7 +596,12 @@ def capacity_at(plain: Any, plan: Plan, pair: int, point: float) -> Capacity:
     (the start's capacity under ``capacity_once``). The points are multiples of the capacity
     measured right before them, so a drift of the machine's speed between points moves the
     rate with it instead of turning 0.5x into 1x. The model worker's CPU per token is read
-    with it: the machine's speed at that moment (``goodput_share_at_speed``)."""
+    with it and kept with each point (``capacity_worker_cpu_ms_per_token``). It does not
+    make the goodput share independent of the machine's speed: run 39 tried (the capacity
+    times that reading over the point's own) and plain's worker, at the same overload, read
+    0.74-1.18x its capacity run's CPU per token, the batch turning over and the KV cache
+    preempting differently in a closed loop of 8 than under open-loop arrivals
+    (benchmarks/README.md)."""
     if plan.capacity_once:
         return Capacity(plan.capacity)
     out = plan.root / f"pair{pair}-capacity" / f"x{point:g}.json"
@@ -724,7 +732,6 @@ def report_config(results: dict[str, Any], name: str) -> str:
             if w.get("server_within_slo_share") is not None
         ]
         goodputs = [goodput_share(w, capacity) for w in warden]
-        at_speed = [g for g in (goodput_share_at_speed(w) for w in warden) if g is not None]
         pooled = pooled_within_share(warden)
         rows.append(
             [
@@ -734,7 +741,6 @@ def report_config(results: dict[str, Any], name: str) -> str:
                 f"{pooled:.3f}" if pooled is not None else "-",
                 f"{min(served):.3f}" if served else "-",
                 f"{min(goodputs):.2f}" if goodputs else "-",
-                f"{min(at_speed):.2f}" if at_speed else "-",
                 sum(w["refused"] for w in warden),
                 sum(w["lost"] for w in warden),
                 sum(sides["plain"][index]["lost"] for sides in pairs),
@@ -748,7 +754,6 @@ def report_config(results: dict[str, Any], name: str) -> str:
         "same, all pairs' requests",
         "same, warden's count (min)",
         "warden goodput / capacity (min)",
-        "same, capacity at the run's speed (min)",
         "warden refused",
         "warden lost",
         "plain lost",
@@ -809,12 +814,9 @@ def short_goodput_pairs(results: dict[str, Any], side: str) -> str:
             if share >= GOODPUT_TARGET:
                 continue
             worker = _pair_ratio(warden, plain, "worker_cpu_ms_per_token")
-            at_speed = goodput_share_at_speed(warden)
             short.append(
                 f"{point:g}x pair {number}: {share:.2f}, worker CPU/token w/p "
                 + (f"{worker:.2f}" if worker is not None else "-")
-                + ", at the run's speed "
-                + (f"{at_speed:.2f}" if at_speed is not None else "-")
             )
     if not short:
         return ""
@@ -825,23 +827,6 @@ def goodput_share(point: dict[str, Any], capacity: float) -> float:
     """A point's goodput as a share of the capacity measured right before it (the run's
     first capacity for results saved before each point had its own)."""
     return float(point["goodput_per_s"] or 0.0) / point.get("capacity_per_s", capacity)
-
-
-def goodput_share_at_speed(point: dict[str, Any]) -> float | None:
-    """``goodput_share`` against the capacity the machine had while the point ran: the
-    capacity measured before it, times the model worker's CPU per token then over the same
-    during the run. On this shared machine the worker's CPU per token moved by up to 1.5x
-    within a minute, and the goodput share followed it one for one (runs 37-38: 0.68 at a
-    worker 1.53x slower than plain's, 1.25 at a capacity measured in a slow moment). What
-    warden costs the engine stays in it: CPU its API server takes from the worker's core
-    lowers the tokens per second, not the worker's CPU per token. The logits check is
-    warden's only work in the worker, and it would hide here: the default config's worker
-    CPU per token w/p says it does not move it. None where either reading is missing."""
-    then = point.get("capacity_worker_cpu_ms_per_token")
-    now = point.get("worker_cpu_ms_per_token")
-    if not then or not now:
-        return None
-    return float(point["goodput_per_s"] or 0.0) / (point["capacity_per_s"] * then / now)
 
 
 def _pair_ratio(warden: dict[str, Any], plain: dict[str, Any], key: str) -> float | None:

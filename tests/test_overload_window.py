@@ -16,7 +16,6 @@ from benchmarks.overload import (
     completed_per_s,
     cpu_split,
     goodput_in,
-    goodput_share_at_speed,
     offered_window,
     pooled_within_share,
     refusal_causes,
@@ -211,35 +210,32 @@ def test_each_overload_pair_short_of_the_goodput_target_is_named_with_its_worker
     text = report(results)
     assert text.endswith(
         "goodput under 0.9 of capacity at 2x and up: 2x pair 1: 0.75, worker CPU/token w/p 1.30"
-        ", at the run's speed -"
     )
 
 
-def test_goodput_is_also_read_against_the_capacity_at_the_machines_speed_during_the_run() -> None:
-    """The capacity run's worker took 1.0 ms of CPU per token, warden's run 1.25: the machine
-    made the same model work 1.25x dearer, so the capacity during the run was 6 / 1.25 = 4.8
-    requests/s and goodput 4.5 is 0.94 of it (0.75 of the capacity measured before). A run
-    whose worker kept its speed while making fewer tokens (its core taken by something else,
-    warden's API server among it) is not adjusted: 3.6 stays 0.60."""
-    slowed, crowded = _point(4.5, 6.0), _point(3.6, 6.0)
-    slowed["capacity_worker_cpu_ms_per_token"], slowed["worker_cpu_ms_per_token"] = 1.0, 1.25
-    crowded["capacity_worker_cpu_ms_per_token"], crowded["worker_cpu_ms_per_token"] = 1.0, 1.0
-    assert goodput_share_at_speed(slowed) == pytest.approx(0.9375)
-    assert goodput_share_at_speed(crowded) == pytest.approx(0.6)
-    assert goodput_share_at_speed(_point(4.5, 6.0)) is None  # a run before the reading
+def test_tokens_per_second_at_equal_worker_speed_leave_out_a_slower_machine_only() -> None:
+    """Warden made 0.8x plain's tokens/s with its worker at 1.25x plain's CPU per token: the
+    machine made the same model work dearer on warden's side, and at equal worker speed the
+    ratio is 1.00. A pair whose worker kept plain's speed while making fewer tokens (its core
+    taken by something else, warden's API server among it) stays at 0.80."""
+    plain = _point(0.5, 6.0)
+    slowed, crowded = _point(4.5, 6.0), _point(4.5, 6.0)
+    plain["worker_cpu_ms_per_token"] = 1.0
+    slowed["engine_tokens_per_s"], slowed["worker_cpu_ms_per_token"] = 80.0, 1.25
+    crowded["engine_tokens_per_s"], crowded["worker_cpu_ms_per_token"] = 80.0, 1.0
     results = {
         "capacity_per_s": 6.0,
         "slo_s": 1.0,
         "configs": ["slo"],
-        "points": [2.0],
+        "points": [2.0, 3.0, 4.0],
         "honour_points": [],
-        "pairs": [{"plain": [_point(0.5, 6.0)], "warden_slo": [slowed]}],
+        "pairs": [{"plain": [plain] * 3, "warden_slo": [slowed, crowded, _point(4.5, 6.0)]}],
     }
     text = report(results)
-    assert "| same, capacity at the run's speed (min) |" in text
-    row = next(line for line in text.splitlines() if line.startswith("| 2x"))
-    assert "| 0.75 | 0.94 |" in row
-    assert text.endswith("2x pair 1: 0.75, worker CPU/token w/p -, at the run's speed 0.94")
+    assert "| engine tok/s at equal worker speed w/p |" in text
+    rows = [line for line in text.splitlines() if line.startswith(("| 2x", "| 3x", "| 4x"))]
+    equal_speed = [row.split("|")[7].strip() for row in rows]  # after the worker's column
+    assert equal_speed == ["1.00 (1.00-1.00)", "0.80 (0.80-0.80)", "-"]
 
 
 def test_the_slo_is_twice_the_slower_half_load_p99() -> None:
