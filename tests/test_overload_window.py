@@ -8,6 +8,8 @@ on results whose answers are known.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from benchmarks.overload import (
@@ -199,15 +201,7 @@ def test_each_overload_pair_short_of_the_goodput_target_is_named_with_its_worker
     overload and a pair at the target is not named."""
     light, plain, warden = _point(2.0, 6.0), _point(0.5, 6.0), _point(4.5, 6.0)
     plain["worker_cpu_ms_per_token"], warden["worker_cpu_ms_per_token"] = 1.0, 1.3
-    results = {
-        "capacity_per_s": 6.0,
-        "slo_s": 1.0,
-        "configs": ["slo"],
-        "points": [0.5, 2.0, 3.0],
-        "honour_points": [],
-        "pairs": [{"plain": [plain] * 3, "warden_slo": [light, warden, _point(5.4, 6.0)]}],
-    }
-    text = report(results)
+    text = report(_slo_run([0.5, 2.0, 3.0], [plain] * 3, [light, warden, _point(5.4, 6.0)]))
     assert text.endswith(
         "goodput under 0.9 of capacity at 2x and up: 2x pair 1: 0.75, worker CPU/token w/p 1.30"
     )
@@ -223,19 +217,23 @@ def test_tokens_per_second_at_equal_worker_speed_leave_out_a_slower_machine_only
     plain["worker_cpu_ms_per_token"] = 1.0
     slowed["engine_tokens_per_s"], slowed["worker_cpu_ms_per_token"] = 80.0, 1.25
     crowded["engine_tokens_per_s"], crowded["worker_cpu_ms_per_token"] = 80.0, 1.0
-    results = {
-        "capacity_per_s": 6.0,
-        "slo_s": 1.0,
-        "configs": ["slo"],
-        "points": [2.0, 3.0, 4.0],
-        "honour_points": [],
-        "pairs": [{"plain": [plain] * 3, "warden_slo": [slowed, crowded, _point(4.5, 6.0)]}],
-    }
-    text = report(results)
+    text = report(_slo_run([2.0, 3.0, 4.0], [plain] * 3, [slowed, crowded, _point(4.5, 6.0)]))
     assert "| engine tok/s at equal worker speed w/p |" in text
     rows = [line for line in text.splitlines() if line.startswith(("| 2x", "| 3x", "| 4x"))]
     equal_speed = [row.split("|")[7].strip() for row in rows]  # after the worker's column
     assert equal_speed == ["1.00 (1.00-1.00)", "0.80 (0.80-0.80)", "-"]
+
+
+def _slo_run(points: list[float], plain: list[Any], warden: list[Any]) -> dict[str, Any]:
+    """One pair's results, the SLO config only, at a capacity of 6 requests/s and an SLO of 1 s."""
+    return {
+        "capacity_per_s": 6.0,
+        "slo_s": 1.0,
+        "configs": ["slo"],
+        "points": points,
+        "honour_points": [],
+        "pairs": [{"plain": plain, "warden_slo": warden}],
+    }
 
 
 def test_the_slo_is_twice_the_slower_half_load_p99() -> None:
