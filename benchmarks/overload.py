@@ -516,7 +516,7 @@ def measure_pair(up: dict[str, Any], pair: int, plan: Plan) -> dict[str, list[di
         capacity = capacities.get(point) or capacity_at(up["plain"], plan, pair, point)
         rate = capacity.per_s * point
         client = _honouring(up[honouring].base_url, plan.model, rate, plan.prompts(rate), slo)
-        honoured[point] = {**measure(up[honouring], rate, client, slo), **_of(capacity)}
+        honoured[point] = {**measure(up[honouring], rate, client, slo), **capacity_record(capacity)}
 
     slo = plan.slo_s
     capacities: dict[float, Capacity] = {}
@@ -530,7 +530,9 @@ def measure_pair(up: dict[str, Any], pair: int, plan: Plan) -> dict[str, list[di
             out = plan.root / f"pair{pair}-{side}" / f"x{point:g}.json"
             out.parent.mkdir(parents=True, exist_ok=True)
             client = _ignoring(engine.base_url, plan.model, rate, plan.prompts(rate), out, slo)
-            measured[side].append({**measure(engine, rate, client, slo), **_of(capacity)})
+            measured[side].append(
+                {**measure(engine, rate, client, slo), **capacity_record(capacity)}
+            )
             if side == honouring and point in plan.honour_points:
                 honour(point)
     if honouring in up and plan.honour_points:
@@ -541,7 +543,7 @@ def measure_pair(up: dict[str, Any], pair: int, plan: Plan) -> dict[str, list[di
     return measured
 
 
-def _of(capacity: Capacity) -> dict[str, Any]:
+def capacity_record(capacity: Capacity) -> dict[str, Any]:
     """A point's record of the capacity it was offered a multiple of."""
     return {
         "capacity_per_s": capacity.per_s,
