@@ -34,10 +34,11 @@ minutes, and a capacity measured once at a fast moment made every later "0.5x" n
 of the capacity measured right before it. Tokens/s w/p is also given at equal worker speed
 (``TOKENS_AT_EQUAL_SPEED``): the same model work cost one side's worker up to 1.5x more CPU
 than the other's a minute later (runs 37-38); that figure leaves it out while keeping in
-whatever warden takes from the worker's core. The SLO is set from
-the engine, not by hand: twice plain vLLM's p99 end-to-end latency at 0.5x (``--slo-factor``),
-the slower of two measurements a minute apart (``slo_from``), printed; ``--slo-s`` overrides
-it. Warden runs in each configuration of ``--configs``: its
+whatever warden takes from the worker's core. So is the API server's CPU per request
+(``API_CPU_AT_EQUAL_SPEED``): a slower moment makes the API server's work dearer too.
+The SLO is set from the engine, not by hand: twice plain vLLM's p99 end-to-end latency at
+0.5x (``--slo-factor``), the slower of two measurements a minute apart (``slo_from``),
+printed; ``--slo-s`` overrides it. Warden runs in each configuration of ``--configs``: its
 ``default`` config (no admission limit: it must be invisible) and ``slo``, with
 ``admission.saturation.latency_slo_s`` set to the SLO; every configuration is compared with
 the same plain runs. vLLM's client does not retry: a refused request counts as refused, as a
@@ -243,11 +244,16 @@ def warden_saturation(base_url: str) -> dict[str, Any]:
     return saturation if isinstance(saturation, dict) else {}
 
 
+# Forecast bases kept per signal and point: a light load's few refusals, each explained.
+BASES_KEPT = 8
+
+
 def refusal_causes(state: dict[str, Any], since: float) -> dict[str, dict[str, Any]]:
     """The refusals since ``since`` (wall clock) that ``/warden/state`` still keeps (its last
-    64), by signal: how many, and the smallest and largest value each named (a forecast
-    latency, a queue depth). A few refusals at a light load say here how far over the limit
-    their forecast was."""
+    64), by signal: how many, the smallest and largest value each named (a forecast latency,
+    a queue depth), and the first ``BASES_KEPT`` refusals' bases (what the forecast was made
+    of: wait, service time, slot, batch). A few refusals at a light load say here how far
+    over the limit their forecast was, and why."""
     causes: dict[str, dict[str, Any]] = {}
     for refusal in state.get("recent_rejections") or []:
         if not isinstance(refusal, dict) or float(refusal.get("at") or 0.0) < since:
@@ -259,7 +265,31 @@ def refusal_causes(state: dict[str, Any], since: float) -> dict[str, dict[str, A
         if isinstance(value, int | float):
             entry["min"] = value if entry["min"] is None else min(entry["min"], value)
             entry["max"] = value if entry["max"] is None else max(entry["max"], value)
+        basis = refusal.get("basis")
+        if isinstance(basis, dict) and len(entry.setdefault("bases", [])) < BASES_KEPT:
+            entry["bases"].append(basis)
     return causes
+
+
+def basis_text(basis: dict[str, Any]) -> str:
+    """One refusal's forecast in a few words: "wait 0.41 + service 0.38 s, slot 2, 5
+    running / 3 waiting of 8" (slot "-": the batch had room; parts not given are left out)."""
+    parts = []
+    wait, service = basis.get("wait_s"), basis.get("service_s")
+    if wait is not None and service is not None:
+        parts.append(f"wait {wait:.2f} + service {service:.2f} s")
+    elif wait is not None:
+        parts.append(f"wait {wait:.2f} s")
+    if "service_s" in basis:
+        slot = basis.get("slot")
+        parts.append(f"slot {slot if slot is not None else '-'}")
+    if basis.get("running") is not None and basis.get("waiting") is not None:
+        capacity = basis.get("capacity")
+        of = f" of {capacity}" if capacity is not None else ""
+        parts.append(f"{basis['running']} running / {basis['waiting']} waiting{of}")
+    if basis.get("deep_factor") is not None:
+        parts.append(f"deep x{basis['deep_factor']:.2f}")
+    return ", ".join(parts)
 
 
 def _late(result: dict[str, Any]) -> float | None:
@@ -671,6 +701,8 @@ def settle(base_url: str, timeout_s: float = 90.0) -> None:
 # A derived ratio: engine tokens/s w/p times worker CPU per token w/p, the share of its core
 # the model worker ran on (``_pair_ratio``).
 TOKENS_AT_EQUAL_SPEED = "engine_tokens_at_equal_worker_speed"
+# Another: API CPU per request w/p over worker CPU per token w/p (``_pair_ratio``).
+API_CPU_AT_EQUAL_SPEED = "api_cpu_at_equal_worker_speed"
 RATIOS = (
     ("engine_tokens_per_s", "engine tok/s"),
     ("goodput_per_s", "goodput"),
@@ -678,6 +710,7 @@ RATIOS = (
     ("core_cpu_ms_per_request", "core CPU/req"),
     ("worker_cpu_ms_per_token", "worker CPU/token"),
     (TOKENS_AT_EQUAL_SPEED, "engine tok/s at equal worker speed"),
+    (API_CPU_AT_EQUAL_SPEED, "API CPU/req at equal worker speed"),
 )
 
 
@@ -782,18 +815,21 @@ def light_load_refusals(results: dict[str, Any], side: str) -> str:
         if point not in LIGHT_LOADS:
             continue
         merged: dict[str, dict[str, Any]] = {}
-        for sides in results["pairs"]:
+        bases: list[str] = []
+        for number, sides in enumerate(results["pairs"], start=1):
             for signal, cause in (sides[side][index].get("refusal_causes") or {}).items():
                 entry = merged.setdefault(signal, {"count": 0, "values": []})
                 entry["count"] += cause["count"]
                 entry["values"] += [v for v in (cause["min"], cause["max"]) if v is not None]
+                bases += [f"pair {number}: {basis_text(b)}" for b in cause.get("bases") or []]
         if merged:
             causes = ", ".join(
                 f"{signal} x{entry['count']}" + _value_range(entry["values"])
                 for signal, entry in sorted(merged.items())
             )
             lines.append(f"refused at {point:g}x, by signal (values named): {causes}")
-    return "".join("\n\n" + line for line in lines)
+            lines += [f"- {basis}" for basis in bases]
+    return "".join(("\n" if line.startswith("- ") else "\n\n") + line for line in lines)
 
 
 # Goodput the issue asks of the SLO config under overload, as a share of capacity.
@@ -838,11 +874,23 @@ def _pair_ratio(warden: dict[str, Any], plain: dict[str, Any], key: str) -> floa
     i.e. how much of its core each side's model worker ran on. A machine that made the same
     model work dearer for one side (runs 37-38: worker CPU per token w/p 0.90-1.53 at 2x-4x)
     moves the tokens/s ratio and not this one; CPU warden's API server takes from the
-    worker's core, or slots it leaves empty, move both."""
+    worker's core, or slots it leaves empty, move both.
+
+    ``API_CPU_AT_EQUAL_SPEED``: the API server's CPU per request ratio over the worker's CPU
+    per token ratio. A slower moment of the machine makes both processes' work dearer: over
+    the default config's 60 pairs of runs 37-40 the API ratio had a median of 1.10 and a
+    standard deviation of 0.105; divided by the pair's worker ratio, 1.07 and 0.073. The
+    engine core, which runs no code of warden's, divided the same way: 0.99 and 0.046. The
+    logits check, warden's only code in the worker, is divided away with it: a percent or
+    two (benchmarks/README.md)."""
     if key == TOKENS_AT_EQUAL_SPEED:
         tokens = _pair_ratio(warden, plain, "engine_tokens_per_s")
         worker = _pair_ratio(warden, plain, "worker_cpu_ms_per_token")
         return tokens * worker if tokens is not None and worker is not None else None
+    if key == API_CPU_AT_EQUAL_SPEED:
+        api = _pair_ratio(warden, plain, "api_cpu_ms_per_request")
+        worker = _pair_ratio(warden, plain, "worker_cpu_ms_per_token")
+        return api / worker if api is not None and worker else None
     w, p = warden.get(key), plain.get(key)
     return w / p if w is not None and p else None
 

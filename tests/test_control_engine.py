@@ -390,6 +390,13 @@ def test_local_reflex_refuses_within_a_second_of_the_saturation_crossing(
     assert (error["warden_reason"], error["warden_signal"]) == ("saturated", "queue_depth")
     assert error["warden_value"] >= SLOW_QUEUE_DEPTH
     assert 1 <= int(refusals[0].headers["retry-after"]) <= 30
+    # /warden/state keeps each with what it was decided on: the queue it named, the batch.
+    kept = [r for r in state(eng)["recent_rejections"] if r["signal"] == "queue_depth"]
+    assert kept, state(eng)["recent_rejections"]
+    for rejection in kept:
+        basis = rejection["basis"]
+        assert set(basis) == {"running", "waiting", "capacity"}, basis
+        assert basis["waiting"] == rejection["value"] and basis["capacity"] == 8, basis
     # Load gone: the saturated state is held, then lets go; the engine serves again.
     wait_until(lambda: state(eng)["saturation"]["state"] == "normal", 60, 0.5, "saturation cleared")
     assert complete(eng, served, "hello").status_code == 200

@@ -760,6 +760,8 @@ def test_saturation_state_is_held_and_crossings_are_timed_to_the_first_refusal(
     assert reaction["first_refusal"] == "saturated"
     rejection = state["recent_rejections"][-1]
     assert rejection["signal"] == "queue_wait_s" and rejection["value"] > 2.0
+    # It keeps what the forecast was made of: the wait it named, the batch and the queue.
+    assert rejection["basis"] == {"wait_s": rejection["value"], "running": 8, "waiting": 20}
     # The queue drains: saturated is held for hold_s (20 s), then normal; one change each way.
     for _ in range(100):
         clock.now += 0.25

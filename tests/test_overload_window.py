@@ -162,13 +162,24 @@ def test_refusals_are_counted_by_signal_from_the_state_kept_since_the_run_began(
         "recent_rejections": [
             {"at": 99.0, "reason": "saturated", "signal": "latency_s", "value": 9.0},
             {"at": 100.0, "reason": "saturated", "signal": "latency_s", "value": 1.07},
-            {"at": 101.5, "reason": "saturated", "signal": "latency_s", "value": 1.02},
+            {
+                "at": 101.5,
+                "reason": "saturated",
+                "signal": "latency_s",
+                "value": 1.02,
+                "basis": {"wait_s": 0.4, "service_s": 0.62},
+            },
             {"at": 102.0, "reason": "saturated", "signal": "queue_depth", "value": 4},
             {"at": 103.0, "reason": "reject_all", "signal": None, "value": None},
         ]
     }
     assert refusal_causes(state, 100.0) == {
-        "latency_s": {"count": 2, "min": 1.02, "max": 1.07},
+        "latency_s": {
+            "count": 2,
+            "min": 1.02,
+            "max": 1.07,
+            "bases": [{"wait_s": 0.4, "service_s": 0.62}],
+        },
         "queue_depth": {"count": 1, "min": 4, "max": 4},
         "reject_all": {"count": 1, "min": None, "max": None},
     }
@@ -180,7 +191,17 @@ def test_refusals_at_a_light_load_are_named_under_the_table() -> None:
     refused and how far its forecast was, over the pairs; none at 2x is listed."""
     light, heavy = _point(0.5, 6.0), _point(5.0, 6.0)
     light["refused"], heavy["refused"] = 3, 40
-    light["refusal_causes"] = {"latency_s": {"count": 3, "min": 1.01, "max": 1.12}}
+    light["refusal_causes"] = {
+        "latency_s": {
+            "count": 3,
+            "min": 1.01,
+            "max": 1.12,
+            "bases": [
+                {"wait_s": 0.41, "service_s": 0.6, "running": 5, "waiting": 3, "capacity": 8},
+                {"wait_s": 0.5, "service_s": 0.62, "slot": 2, "running": 8, "waiting": 2},
+            ],
+        }
+    }
     heavy["refusal_causes"] = {"latency_s": {"count": 40, "min": 1.5, "max": 9.0}}
     results = {
         "capacity_per_s": 6.0,
@@ -192,6 +213,11 @@ def test_refusals_at_a_light_load_are_named_under_the_table() -> None:
     }
     text = report(results)
     assert "refused at 0.5x, by signal (values named): latency_s x3 (1.01-1.12)" in text
+    # Each refusal kept with its basis is spelled out under it, with its pair.
+    assert (
+        "\n- pair 1: wait 0.41 + service 0.60 s, slot -, 5 running / 3 waiting of 8"
+        "\n- pair 1: wait 0.50 + service 0.62 s, slot 2, 8 running / 2 waiting\n"
+    ) in text
     assert "refused at 2x" not in text
 
 

@@ -263,6 +263,42 @@ def test_a_deep_slot_is_judged_on_its_forecast_scaled_by_how_late_recent_ones_ra
     )
 
 
+def test_a_latency_refusal_says_what_its_forecast_was_made_of() -> None:
+    """The refusals a light load still makes (issue #28) are told apart in /warden/state by
+    their basis: the wait and service time the latency summed, the full batch's slot (none:
+    the batch had room), and the batch and queue it was judged on."""
+    state = _measured_full_batch(SPREAD, STAGGERED)
+    deep = dataclasses.replace(state, waiting=6)
+    wait, service = predicted_wait(deep), state.forecast_service_s
+    assert service is not None
+    found = assess(SaturationSettings(latency_slo_s=0.1), deep, deep_factor=1.2).breach
+    assert found is not None
+    assert found.basis() == {
+        "wait_s": round(wait, 3),
+        "service_s": round(service, 3),
+        "slot": 6,
+        "running": 8,
+        "waiting": 6,
+        "capacity": 8,
+        "deep_factor": 1.2,
+    }
+    # A batch with room: the service time alone was over, no slot was waited for.
+    room = dataclasses.replace(state, running=5, waiting=0)
+    alone = assess(SaturationSettings(latency_slo_s=0.1), room).breach
+    assert alone is not None
+    assert alone.basis() == {
+        "wait_s": 0.0,
+        "service_s": round(service, 3),
+        "running": 5,
+        "waiting": 0,
+        "capacity": 8,
+    }
+    # A queue-depth refusal names the batch and the queue only.
+    depth = assess(SaturationSettings(max_queue_depth=4), deep).breach
+    assert depth is not None
+    assert depth.basis() == {"running": 8, "waiting": 6, "capacity": 8}
+
+
 def test_the_deep_slot_calibration_learns_the_late_quantile_within_its_bounds() -> None:
     calibration = DeepSlotCalibration(window=32, min_samples=16)
     for _ in range(15):

@@ -64,6 +64,9 @@ class Decision:
     # An admission into a deep slot of a full batch: the latency forecast it was admitted on
     # (the deep-slot calibration compares the request's real latency with it).
     deep_forecast_s: float | None = None
+    # A saturation refusal: what its forecast was made of (``Breach.basis``), kept with it in
+    # ``/warden/state``'s recent rejections; not sent to the client.
+    basis: dict[str, float | int] | None = None
 
     def retry_after_headers(self) -> list[tuple[bytes, bytes]]:
         """``Retry-After`` in whole seconds (rounded up, at least 1) and ``retry-after-ms``,
@@ -266,6 +269,7 @@ def _saturation(
         retry_s,
         signal=found.signal,
         value=round(found.value, 3),
+        basis=found.basis(),
     )
 
 

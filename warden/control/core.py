@@ -222,15 +222,16 @@ class ControlCore:
 
     def record_rejection(self, decision: Decision, now: float) -> None:
         """Keep a refusal with its cause; close any crossing still waiting for its first."""
-        self.recent_rejections.append(
-            {
-                "at": now,
-                "reason": decision.reason,
-                "signal": decision.signal,
-                "value": decision.value,
-                "retry_after_s": round(float(decision.retry_after_s), 3),
-            }
-        )
+        record: dict[str, Any] = {
+            "at": now,
+            "reason": decision.reason,
+            "signal": decision.signal,
+            "value": decision.value,
+            "retry_after_s": round(float(decision.retry_after_s), 3),
+        }
+        if decision.basis:
+            record["basis"] = decision.basis
+        self.recent_rejections.append(record)
         for reaction in list(self.reactions):
             if reaction["first_refusal_at"] is None and _caused_by(decision, reaction["kind"]):
                 reaction["first_refusal_at"] = now

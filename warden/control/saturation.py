@@ -116,6 +116,16 @@ def with_live_queue(
 
 
 @dataclass(frozen=True)
+class BatchCounts:
+    """The batch and queue a request was judged on (``with_live_queue``'s), and the batch's
+    size limit (None: unknown)."""
+
+    running: int | None = None
+    waiting: int | None = None
+    capacity: int | None = None
+
+
+@dataclass(frozen=True)
 class Breach:
     """A limit a request would break: the signal, its value, the limit, and how long the queue
     needs at the current drain rate before the same request would be within it."""
@@ -126,6 +136,34 @@ class Breach:
     earliest_s: float
     # The deep slot's calibration the latency was scaled by (1.0: none).
     deep_factor: float = 1.0
+    # What the value was made of (``basis``): the wait and service time forecast, the slot a
+    # full batch frees for it (None: the batch had room), the batch and queue it was judged on.
+    wait_s: float | None = None
+    service_s: float | None = None
+    slot: int | None = None
+    counts: BatchCounts | None = None
+
+    def basis(self) -> dict[str, float | int]:
+        """The parts of the forecast this refusal was decided on, for ``/warden/state``: a
+        refusal at a light load says there whether the wait, the service time or the slot
+        made it (benchmarks/overload.py reports them)."""
+        counts = self.counts or BatchCounts()
+        parts = {
+            "wait_s": self.wait_s,
+            "service_s": self.service_s,
+            "slot": self.slot,
+            "running": counts.running,
+            "waiting": counts.waiting,
+            "capacity": counts.capacity,
+        }
+        found: dict[str, float | int] = {
+            key: round(value, 3) if isinstance(value, float) else value
+            for key, value in parts.items()
+            if value is not None
+        }
+        if self.deep_factor != 1.0:
+            found["deep_factor"] = round(self.deep_factor, 3)
+        return found
 
     def message(self) -> str:
         what = {
@@ -185,9 +223,10 @@ def assess(
         return Assessment(None)
     rate = batch_drain_rate(state, max(1, state.running)) or 0.0
     depth = settings.max_queue_depth
+    counts = BatchCounts(state.running, state.waiting, state.capacity)
     if depth is not None and state.waiting >= depth:
         earliest = (state.waiting - depth + 1) / rate if rate else 0.0
-        return Assessment(Breach("queue_depth", state.waiting, depth, earliest))
+        return Assessment(Breach("queue_depth", state.waiting, depth, earliest, counts=counts))
     wait = predicted_wait(state, kv, prompt_tokens, margin_blocks)
     if wait is None:
         return Assessment(None)
@@ -201,13 +240,20 @@ def assess(
             deep_forecast_s = latency
             latency *= deep_factor
             if latency > slo:
-                found = Breach("latency_s", latency, slo, latency - slo, deep_factor)
+                found = Breach(
+                    "latency_s", latency, slo, latency - slo, deep_factor, wait, service_s, slot,
+                    counts,
+                )  # fmt: skip
                 return Assessment(found, deep_forecast_s)
         elif latency > slo and not (slot is not None and slot_meets(state, slot, slo)):
-            return Assessment(Breach("latency_s", latency, slo, latency - slo))
+            found = Breach(
+                "latency_s", latency, slo, latency - slo, 1.0, wait, service_s, slot, counts
+            )
+            return Assessment(found)
     limit = settings.max_queue_wait_s
     if limit is not None and wait > limit:
-        return Assessment(Breach("queue_wait_s", wait, limit, wait - limit), deep_forecast_s)
+        found = Breach("queue_wait_s", wait, limit, wait - limit, wait_s=wait, counts=counts)
+        return Assessment(found, deep_forecast_s)
     return Assessment(None, deep_forecast_s)
 
 
