@@ -250,6 +250,23 @@ def test_tokens_per_second_at_equal_worker_speed_leave_out_a_slower_machine_only
     assert equal_speed == ["1.00 (1.00-1.00)", "0.80 (0.80-0.80)", "-"]
 
 
+def test_api_cpu_per_request_at_equal_worker_speed_leaves_out_a_slower_machine_only() -> None:
+    """Warden's API server spent 1.25x plain's CPU per request while its worker spent 1.25x
+    plain's per token on the same model work: the machine was slower on warden's side, and at
+    equal worker speed the ratio is 1.00. A pair whose worker kept plain's speed while its API
+    server spent 1.25x stays at 1.25: that is warden's own cost."""
+    plain = _point(0.5, 6.0)
+    slowed, costly = _point(4.5, 6.0), _point(4.5, 6.0)
+    plain["worker_cpu_ms_per_token"] = 1.0
+    slowed["api_cpu_ms_per_request"], slowed["worker_cpu_ms_per_token"] = 12.5, 1.25
+    costly["api_cpu_ms_per_request"], costly["worker_cpu_ms_per_token"] = 12.5, 1.0
+    text = report(_slo_run([2.0, 3.0, 4.0], [plain] * 3, [slowed, costly, _point(4.5, 6.0)]))
+    assert "| API CPU/req at equal worker speed w/p |" in text
+    rows = [line for line in text.splitlines() if line.startswith(("| 2x", "| 3x", "| 4x"))]
+    equal_speed = [row.split("|")[8].strip() for row in rows]  # after tokens at equal speed
+    assert equal_speed == ["1.00 (1.00-1.00)", "1.25 (1.25-1.25)", "-"]
+
+
 def _slo_run(points: list[float], plain: list[Any], warden: list[Any]) -> dict[str, Any]:
     """One pair's results, the SLO config only, at a capacity of 6 requests/s and an SLO of 1 s."""
     return {
