@@ -233,38 +233,34 @@ def test_each_overload_pair_short_of_the_goodput_target_is_named_with_its_worker
     )
 
 
-def test_tokens_per_second_at_equal_worker_speed_leave_out_a_slower_machine_only() -> None:
-    """Warden made 0.8x plain's tokens/s with its worker at 1.25x plain's CPU per token: the
-    machine made the same model work dearer on warden's side, and at equal worker speed the
-    ratio is 1.00. A pair whose worker kept plain's speed while making fewer tokens (its core
-    taken by something else, warden's API server among it) stays at 0.80."""
+@pytest.mark.parametrize(
+    ("measured", "label", "column", "crowded"),
+    [
+        # Tokens/s at 0.8x plain's: equal worker speed multiplies by the worker's ratio.
+        (("engine_tokens_per_s", 80.0), "engine tok/s at equal worker speed", 7, "0.80"),
+        # API CPU per request at 1.25x plain's: equal worker speed divides by it.
+        (("api_cpu_ms_per_request", 12.5), "API CPU/req at equal worker speed", 8, "1.25"),
+    ],
+)
+def test_ratios_at_equal_worker_speed_leave_out_a_slower_machine_only(
+    measured: tuple[str, float], label: str, column: int, crowded: str
+) -> None:
+    """Warden's side ran with its worker at 1.25x plain's CPU per token: the machine made the
+    same model work dearer there, and made fewer tokens per second (0.8x) or dearer API work
+    (1.25x) of it; at equal worker speed either ratio is 1.00. A pair whose worker kept
+    plain's speed while the same happened (its core taken by something else, warden's API
+    server among it; or warden's own API cost) keeps its ratio."""
+    field, value = measured
     plain = _point(0.5, 6.0)
-    slowed, crowded = _point(4.5, 6.0), _point(4.5, 6.0)
+    slowed, crowding = _point(4.5, 6.0), _point(4.5, 6.0)
     plain["worker_cpu_ms_per_token"] = 1.0
-    slowed["engine_tokens_per_s"], slowed["worker_cpu_ms_per_token"] = 80.0, 1.25
-    crowded["engine_tokens_per_s"], crowded["worker_cpu_ms_per_token"] = 80.0, 1.0
-    text = report(_slo_run([2.0, 3.0, 4.0], [plain] * 3, [slowed, crowded, _point(4.5, 6.0)]))
-    assert "| engine tok/s at equal worker speed w/p |" in text
+    slowed[field], slowed["worker_cpu_ms_per_token"] = value, 1.25
+    crowding[field], crowding["worker_cpu_ms_per_token"] = value, 1.0
+    text = report(_slo_run([2.0, 3.0, 4.0], [plain] * 3, [slowed, crowding, _point(4.5, 6.0)]))
+    assert f"| {label} w/p |" in text
     rows = [line for line in text.splitlines() if line.startswith(("| 2x", "| 3x", "| 4x"))]
-    equal_speed = [row.split("|")[7].strip() for row in rows]  # after the worker's column
-    assert equal_speed == ["1.00 (1.00-1.00)", "0.80 (0.80-0.80)", "-"]
-
-
-def test_api_cpu_per_request_at_equal_worker_speed_leaves_out_a_slower_machine_only() -> None:
-    """Warden's API server spent 1.25x plain's CPU per request while its worker spent 1.25x
-    plain's per token on the same model work: the machine was slower on warden's side, and at
-    equal worker speed the ratio is 1.00. A pair whose worker kept plain's speed while its API
-    server spent 1.25x stays at 1.25: that is warden's own cost."""
-    plain = _point(0.5, 6.0)
-    slowed, costly = _point(4.5, 6.0), _point(4.5, 6.0)
-    plain["worker_cpu_ms_per_token"] = 1.0
-    slowed["api_cpu_ms_per_request"], slowed["worker_cpu_ms_per_token"] = 12.5, 1.25
-    costly["api_cpu_ms_per_request"], costly["worker_cpu_ms_per_token"] = 12.5, 1.0
-    text = report(_slo_run([2.0, 3.0, 4.0], [plain] * 3, [slowed, costly, _point(4.5, 6.0)]))
-    assert "| API CPU/req at equal worker speed w/p |" in text
-    rows = [line for line in text.splitlines() if line.startswith(("| 2x", "| 3x", "| 4x"))]
-    equal_speed = [row.split("|")[8].strip() for row in rows]  # after tokens at equal speed
-    assert equal_speed == ["1.00 (1.00-1.00)", "1.25 (1.25-1.25)", "-"]
+    equal_speed = [row.split("|")[column].strip() for row in rows]
+    assert equal_speed == ["1.00 (1.00-1.00)", f"{crowded} ({crowded}-{crowded})", "-"]
 
 
 def _slo_run(points: list[float], plain: list[Any], warden: list[Any]) -> dict[str, Any]:
