@@ -197,7 +197,14 @@ def test_refusals_at_a_light_load_are_named_under_the_table() -> None:
             "min": 1.01,
             "max": 1.12,
             "bases": [
-                {"wait_s": 0.41, "service_s": 0.6, "running": 5, "waiting": 3, "capacity": 8},
+                {
+                    "wait_s": 0.41,
+                    "service_s": 0.6,
+                    "measured_service_s": 0.31,
+                    "running": 5,
+                    "waiting": 3,
+                    "capacity": 8,
+                },
                 {"wait_s": 0.5, "service_s": 0.62, "slot": 2, "running": 8, "waiting": 2},
             ],
         }
@@ -215,7 +222,8 @@ def test_refusals_at_a_light_load_are_named_under_the_table() -> None:
     assert "refused at 0.5x, by signal (values named): latency_s x3 (1.01-1.12)" in text
     # Each refusal kept with its basis is spelled out under it, with its pair.
     assert (
-        "\n- pair 1: wait 0.41 + service 0.60 s, slot -, 5 running / 3 waiting of 8"
+        "\n- pair 1: wait 0.41 + service 0.60 s (measured 0.31), slot -, 5 running / 3 waiting"
+        " of 8"
         "\n- pair 1: wait 0.50 + service 0.62 s, slot 2, 8 running / 2 waiting\n"
     ) in text
     assert "refused at 2x" not in text

@@ -273,9 +273,11 @@ def test_a_latency_refusal_says_what_its_forecast_was_made_of() -> None:
     assert service is not None
     found = assess(SaturationSettings(latency_slo_s=0.1), deep, deep_factor=1.2).breach
     assert found is not None
+    assert state.service_s is not None
     assert found.basis() == {
         "wait_s": round(wait, 3),
         "service_s": round(service, 3),
+        "measured_service_s": round(state.service_s, 3),
         "slot": 6,
         "running": 8,
         "waiting": 6,
@@ -289,6 +291,7 @@ def test_a_latency_refusal_says_what_its_forecast_was_made_of() -> None:
     assert alone.basis() == {
         "wait_s": 0.0,
         "service_s": round(service, 3),
+        "measured_service_s": round(state.service_s, 3),
         "running": 5,
         "waiting": 0,
         "capacity": 8,

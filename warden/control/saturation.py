@@ -142,6 +142,10 @@ class Breach:
     service_s: float | None = None
     slot: int | None = None
     counts: BatchCounts | None = None
+    # The recent service times' quantile as measured, before the forecast scaled it to the
+    # engine's step times now and the batch the request joins: a forecast far above it was
+    # made by the scaling, one near it by the requests themselves.
+    measured_service_s: float | None = None
 
     def basis(self) -> dict[str, float | int]:
         """The parts of the forecast this refusal was decided on, for ``/warden/state``: a
@@ -151,6 +155,7 @@ class Breach:
         parts = {
             "wait_s": self.wait_s,
             "service_s": self.service_s,
+            "measured_service_s": self.measured_service_s,
             "slot": self.slot,
             "running": counts.running,
             "waiting": counts.waiting,
@@ -242,13 +247,14 @@ def assess(
             if latency > slo:
                 found = Breach(
                     "latency_s", latency, slo, latency - slo, deep_factor, wait, service_s, slot,
-                    counts,
+                    counts, state.service_s,
                 )  # fmt: skip
                 return Assessment(found, deep_forecast_s)
         elif latency > slo and not (slot is not None and slot_meets(state, slot, slo)):
             found = Breach(
-                "latency_s", latency, slo, latency - slo, 1.0, wait, service_s, slot, counts
-            )
+                "latency_s", latency, slo, latency - slo, 1.0, wait, service_s, slot, counts,
+                state.service_s,
+            )  # fmt: skip
             return Assessment(found)
     limit = settings.max_queue_wait_s
     if limit is not None and wait > limit:
