@@ -813,7 +813,7 @@ LIGHT_LOADS = (0.5, 1.0)
 def light_load_refusals(results: dict[str, Any], side: str) -> str:
     """A line per light-load point that had refusals: each signal, how many, and the range
     of the values they named (``refusal_causes``), over the pairs."""
-    lines = []
+    blocks = []
     for index, point in enumerate(results["points"]):
         if point not in LIGHT_LOADS:
             continue
@@ -830,9 +830,9 @@ def light_load_refusals(results: dict[str, Any], side: str) -> str:
                 f"{signal} x{entry['count']}" + _value_range(entry["values"])
                 for signal, entry in sorted(merged.items())
             )
-            lines.append(f"refused at {point:g}x, by signal (values named): {causes}")
-            lines += [f"- {basis}" for basis in bases]
-    return "".join(("\n" if line.startswith("- ") else "\n\n") + line for line in lines)
+            head = f"refused at {point:g}x, by signal (values named): {causes}"
+            blocks.append("\n".join([head, *(f"- {basis}" for basis in bases)]))
+    return "".join("\n\n" + block for block in blocks)
 
 
 # Goodput the issue asks of the SLO config under overload, as a share of capacity.

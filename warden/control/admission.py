@@ -14,7 +14,7 @@ and its ``value``, so a false intervention is visible in the answer and in ``/wa
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from exporter.saturation import SaturationState, batch_drain_rate
@@ -66,7 +66,7 @@ class Decision:
     deep_forecast_s: float | None = None
     # A saturation refusal: what its forecast was made of (``Breach.basis``), kept with it in
     # ``/warden/state``'s recent rejections; not sent to the client.
-    basis: dict[str, float | int] | None = None
+    basis: dict[str, float | int] | None = field(default=None, compare=False)
 
     def retry_after_headers(self) -> list[tuple[bytes, bytes]]:
         """``Retry-After`` in whole seconds (rounded up, at least 1) and ``retry-after-ms``,

@@ -228,10 +228,10 @@ def assess(
         return Assessment(None)
     rate = batch_drain_rate(state, max(1, state.running)) or 0.0
     depth = settings.max_queue_depth
-    counts = BatchCounts(state.running, state.waiting, state.capacity)
     if depth is not None and state.waiting >= depth:
         earliest = (state.waiting - depth + 1) / rate if rate else 0.0
-        return Assessment(Breach("queue_depth", state.waiting, depth, earliest, counts=counts))
+        found = Breach("queue_depth", state.waiting, depth, earliest, counts=_counts(state))
+        return Assessment(found)
     wait = predicted_wait(state, kv, prompt_tokens, margin_blocks)
     if wait is None:
         return Assessment(None)
@@ -245,22 +245,46 @@ def assess(
             deep_forecast_s = latency
             latency *= deep_factor
             if latency > slo:
-                found = Breach(
-                    "latency_s", latency, slo, latency - slo, deep_factor, wait, service_s, slot,
-                    counts, state.service_s,
-                )  # fmt: skip
+                found = _latency_breach(state, latency, slo, wait, service_s, slot, deep_factor)
                 return Assessment(found, deep_forecast_s)
         elif latency > slo and not (slot is not None and slot_meets(state, slot, slo)):
-            found = Breach(
-                "latency_s", latency, slo, latency - slo, 1.0, wait, service_s, slot, counts,
-                state.service_s,
-            )  # fmt: skip
-            return Assessment(found)
+            return Assessment(_latency_breach(state, latency, slo, wait, service_s, slot))
     limit = settings.max_queue_wait_s
     if limit is not None and wait > limit:
-        found = Breach("queue_wait_s", wait, limit, wait - limit, wait_s=wait, counts=counts)
+        found = Breach(
+            "queue_wait_s", wait, limit, wait - limit, wait_s=wait, counts=_counts(state)
+        )
         return Assessment(found, deep_forecast_s)
     return Assessment(None, deep_forecast_s)
+
+
+def _counts(state: SaturationState) -> BatchCounts:
+    return BatchCounts(state.running, state.waiting, state.capacity)
+
+
+def _latency_breach(
+    state: SaturationState,
+    latency: float,
+    slo: float,
+    wait: float,
+    service_s: float,
+    slot: int | None,
+    deep_factor: float = 1.0,
+) -> Breach:
+    """The latency SLO broken, with the forecast's parts (``Breach.basis``); built only for a
+    refusal, so an admitted request pays nothing for them."""
+    return Breach(
+        "latency_s",
+        latency,
+        slo,
+        latency - slo,
+        deep_factor,
+        wait_s=wait,
+        service_s=service_s,
+        slot=slot,
+        counts=_counts(state),
+        measured_service_s=state.service_s,
+    )
 
 
 def full_batch_slot(
