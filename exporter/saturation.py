@@ -137,10 +137,11 @@ class SaturationState:
     @functools.cached_property
     def forecast_service_times(self) -> tuple[float, ...]:
         """The recent service times as a request arriving now is forecast to take them (each
-        scaled as ``forecast_service_s`` says, and by the ``slowdown``), sorted; empty where
-        they cannot be scaled (no step timed at the batch it will be served in). Worked out
-        once per state: the latency forecast and the wait for a slot both read it, and a
-        state lives one step (admission's live copies, one decision)."""
+        scaled as ``forecast_service_s`` says, and by how much slower the engine's steps are
+        now than when it finished: its own ``step_ratios``, else ``_unstepped_scale``),
+        sorted; empty where they cannot be scaled (no step timed at the batch it will be
+        served in). Worked out once per state: the latency forecast and the wait for a slot
+        both read it, and a state lives one step (admission's live copies, one decision)."""
         times = self.step_times
         if times is None or not self.recent_service or self.service_s is None:
             return ()
@@ -150,9 +151,13 @@ class SaturationState:
             return ()
         slowdown = self.slowdown
         growing = self.growing_batch
+        target = times.at(growing)
+        finish = self.finish_step_s
         factors: dict[int, float] = {}
         scaled = []
-        for (served, batch), ratio in zip(self.recent_service, self.step_ratios, strict=True):
+        for index, ((served, batch), ratio) in enumerate(
+            zip(self.recent_service, self.step_ratios, strict=True)
+        ):
             factor = factors.get(batch)
             if factor is None:
                 if batch > serving:
@@ -161,7 +166,14 @@ class SaturationState:
                 else:
                     factor = self.batch_growth(batch, growing)
                 factors[batch] = factor
-            scaled.append(served * factor * (slowdown if ratio is None else _beyond_noise(ratio)))
+            if ratio is not None:
+                factor *= _beyond_noise(ratio)
+            elif batch > serving:
+                factor *= slowdown
+            else:
+                then = finish[index] if index < len(finish) else None
+                factor = _unstepped_scale(factor, target, then, slowdown)
+            scaled.append(served * factor)
         return tuple(sorted(scaled))
 
     @property
@@ -478,6 +490,24 @@ def batch_drain_rate(state: SaturationState, slots: int) -> float | None:
     if not rate:
         return rate
     return rate / state.slowdown
+
+
+def _unstepped_scale(
+    growth: float, target: float | None, then: float | None, slowdown: float
+) -> float:
+    """The scale of a recent request whose batch size the engine has not stepped within the
+    last service time (its step ratio unknown: the sizes a light load after an overload no
+    longer reaches): the step time now at the batch a request arriving now will be served in
+    (``target``) over its own size's when it finished (``then``), or the engine's
+    ``slowdown`` where that is larger; never the two multiplied. The serving batch's step
+    time now holds the engine's speed now already: scaled by its ``batch_growth`` (over its
+    own size's average, left as the overload set it) and again by the slowdown read from
+    other sizes, bursts at 0.5x after 4x were forecast up to 1.8x what their requests took
+    and refused (issue #28's probe, benchmarks/README.md, run 43). Its own step time not
+    timed then: the growth and the slowdown, as before."""
+    if not then or target is None:
+        return growth * slowdown
+    return max(_beyond_noise(target / then), slowdown)
 
 
 def _beyond_noise(ratio: float) -> float:

@@ -581,6 +581,61 @@ def test_a_burst_of_prefills_is_not_counted_twice_nor_kept_once_the_engine_empti
     assert breach(SaturationSettings(latency_slo_s=0.63), with_live_queue(state, 2, 8)) is None
 
 
+def _after_an_overload(step_at_8: float) -> SaturationState:
+    """A light load's burst after an overload, as issue #28's probe recorded it: a full batch
+    of 8 (stepped now, ``step_at_8``), sizes 3-6 stepped within the last service time, 7 last
+    stepped 12 s ago (at the overload). One recent request was served at a mean batch of 7
+    (0.47 s, its size's step 2.3 ms when it finished), four at 4 (0.33 s at 2.14 ms then,
+    2.68 ms now: the engine 1.25x slower there)."""
+    now = 100.0
+    times = StepTimes()
+    for size, step_s, at in (
+        (3, 0.00215, now - 0.5),
+        (4, 0.00268, now - 0.2),
+        (6, 0.00281, now - 0.6),
+    ):
+        times.add(size, step_s, 1, at)
+    times.add(7, 0.00229, 1, now - 12.0)
+    times.add(8, step_at_8, 1, now)
+    return SaturationState(
+        running=8,
+        waiting=0,
+        drain_rate=20.0,
+        service_s=0.47,
+        capacity=8,
+        recent_service=((0.47, 7),) + ((0.33, 4),) * 4,
+        finish_step_s=(0.0023,) + (0.00214,) * 4,
+        step_times=times,
+        measured_at=now,
+        sustained_batch=8,
+    )
+
+
+def test_a_batch_size_left_since_is_scaled_once_not_by_its_growth_and_the_slowdown() -> None:
+    """A request served at a size the engine has not stepped since (its step ratio unknown) is
+    scaled from its own step time then to the serving batch's now: that already holds how
+    much slower the engine is. Scaled also by the slowdown other sizes read (its batch's
+    growth over the size's old average, times 1.25), bursts at 0.5x after 4x were forecast up
+    to 1.8x what their requests took, and refused at an SLO they met."""
+    state = _after_an_overload(step_at_8=0.00332)
+    assert state.step_ratios[0] is None  # size 7 not stepped within the last 0.47 s
+    assert state.slowdown == pytest.approx(0.00268 / 0.00214)
+    once = 0.00332 / 0.0023  # 8's step now over 7's when the request finished
+    assert state.forecast_service_times[-1] == pytest.approx(0.47 * once)
+    # Before: 7's average (2.29 ms, 12 s old) for the growth, then the slowdown on top.
+    twice = 0.00332 / 0.00229 * state.slowdown
+    assert 0.47 * twice > 0.8 > state.forecast_service_s
+    # The engine slower as a whole than the batch's growth says: the slowdown stands.
+    slow = _after_an_overload(step_at_8=0.0024)
+    assert slow.forecast_service_times[-1] == pytest.approx(0.47 * slow.slowdown)
+    # Its size stepped since (the ratio known): scaled by the growth and its own ratio.
+    stepped = _after_an_overload(step_at_8=0.00332)
+    assert stepped.step_times is not None
+    stepped.step_times.add(7, 0.0023, 1, 100.0)  # size 7 stepped now, at its old speed
+    assert stepped.step_ratios[0] == pytest.approx(1.0, abs=0.01)
+    assert stepped.forecast_service_times[-1] == pytest.approx(0.47 * 0.00332 / 0.0023, rel=0.01)
+
+
 def test_a_prefills_step_is_not_timed_as_a_step_of_the_batch() -> None:
     """A light load fills the batch one join at a time; each join's step prefills its prompt
     and takes longer than a decode. Timed as a step of the batch, the sizes the engine passes
