@@ -20,10 +20,12 @@ from pathlib import Path
 import pytest
 
 from alerts.rules import CREEP, MEMORY
+from exporter import catalog
 from exporter.host_memory import SOURCE
 from tests.support.engine import free_stack_ports
 from warden.cli.creep_scenario import STEPS, CreepScenario
 from warden.cli.demo import DEMO_PAGER_TIMING
+from warden.cli.scenario import metric_names_seen
 from warden.common.outcomes import COMPLETED, FAILED
 from warden.stack.config import Intervals
 from warden.stack.native import NativeStack, StackSettings
@@ -74,6 +76,10 @@ def test_creep_is_seen_paged_and_restarted_before_the_limit_and_no_creep_no_acti
         result = scenario.run()
         report = result.report()
         print("\n" + report)
+        # Read right after the restart, as the demo's summary is: the run's metrics are there.
+        seen = metric_names_seen(stack)
+        host = {catalog.HOST_MEMORY_USED, catalog.HOST_MEMORY_PLANNED, catalog.HOST_MEMORY_LIMIT}
+        assert {metric.name for metric in host} <= seen, seen
 
     missing = [name for name in STEPS if result.step(name) is None]
     assert not missing, f"missing {missing}\n{report}"

@@ -560,6 +560,9 @@ def demo_control_config() -> dict[str, Any]:
 
 
 def metric_names_seen(stack: NativeStack) -> set[str]:
-    """Warden metric names Prometheus has scraped from the engine (for the demo's summary)."""
-    result = stack.query('{__name__=~"warden_.+"}')
-    return {sample["metric"]["__name__"] for sample in result} & {m.name for m in catalog.ALL}
+    """Warden metric names Prometheus has scraped from the engine over the run (for the demo's
+    summary). Its series, not an instant query: read right after the second act's restart,
+    before the new engine's first scrape, the old engine's samples were stale and an
+    instant query counted 0 (2 of 8 demos on 2026-11-29)."""
+    found = stack.series('{__name__=~"warden_.+"}')
+    return {labels["__name__"] for labels in found} & {m.name for m in catalog.ALL}

@@ -279,6 +279,16 @@ class NativeStack:
             except QueryError as exc:
                 raise StackError(str(exc)) from exc
 
+    def series(self, match: str) -> list[dict[str, str]]:
+        """Label sets of every series matching ``match`` that Prometheus holds, whenever
+        scraped (an instant query sees only those with a sample in the last 5 minutes, and
+        none of a target marked stale since)."""
+        with self.prometheus() as api:
+            try:
+                return api.series(match)
+            except QueryError as exc:
+                raise StackError(str(exc)) from exc
+
     def alerts(self) -> list[dict[str, Any]]:
         """Alerts Prometheus holds now, pending or firing, with their labels and state."""
         with self.prometheus() as api:
