@@ -33,7 +33,10 @@ statistics, in the API process; admission (warden/control/admission.py) decides 
 - slowdown: when the engine's steps take measurably longer now than when the recent
   requests finished (``SaturationState.slowdown``), the service forecast is that many times
   longer and the drain rate that many times lower, from the step times, within about 20
-  steps: the completions alone follow a slower engine only a batch later (run 18).
+  steps: the completions alone follow a slower engine only a batch later (run 18). A recent
+  request served at a batch size the engine has not stepped since (a light load after an
+  overload) is scaled once, by the serving batch's step now over its own then or by the
+  slowdown, whichever is larger (``_unstepped_scale``), not by both.
 - preemption (recompute) rate: preemptions per busy second and per finished request.
 - ``predicted_wait``: how long a request would sit in vLLM's queue: the requests ahead of it,
   plus, when its prompt does not fit in the free KV blocks, the requests that must finish to
