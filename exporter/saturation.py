@@ -30,6 +30,12 @@ statistics, in the API process; admission (warden/control/admission.py) decides 
   batch a recent request was served in: at an overload's onset, the batch full behind a
   queue after a load at capacity (run 20), not a light load's moment of queue (run 21).
   Under steady load the forecast is the measured quantile itself.
+- a request's own length: service time is mostly decoding, a token a step, so a request is
+  forecast for the tokens it asks for (its ``max_tokens``): each recent service time is
+  shortened to that many tokens where the recent request generated more, from vLLM's own count
+  of its tokens and decode time (``service_times_for``). A request asking for more, or for
+  nothing in particular, is forecast the recent times as they are. Forecast the longest recent
+  request's time, short requests the SLO had room for were refused with the long ones (run 44).
 - slowdown: when the engine's steps take measurably longer now than when the recent
   requests finished (``SaturationState.slowdown``), the service forecast is that many times
   longer and the drain rate that many times lower, from the step times, within about 20
@@ -63,6 +69,7 @@ import statistics
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from exporter.catalog import SATURATION_STATES
 
@@ -86,6 +93,9 @@ class SaturationState:
     recent_service: tuple[tuple[float, int], ...] = ()
     # Seconds a step took at that batch when each of them finished (None: not timed yet).
     finish_step_s: tuple[float | None, ...] = ()
+    # (tokens generated, the share of its service time spent decoding) of the same
+    # completions, where vLLM said (empty: not known; ``service_times_for``).
+    recent_output: tuple[tuple[int, float], ...] = ()
     # Seconds per engine step by batch size, the meter's own (live: the engine's speed now).
     step_times: StepTimes | None = field(default=None, hash=False)
     # The meter's record of recent batch sizes (live), and when this state was measured.
@@ -145,6 +155,43 @@ class SaturationState:
         sorted; empty where they cannot be scaled (no step timed at the batch it will be
         served in). Worked out once per state: the latency forecast and the wait for a slot
         both read it, and a state lives one step (admission's live copies, one decision)."""
+        return tuple(sorted(self._scaled_service))
+
+    def service_times_for(self, output_tokens: int | None) -> tuple[float, ...]:
+        """``forecast_service_times`` for a request that generates at most ``output_tokens``
+        (its ``max_tokens``; None: unknown, up to the context): each recent request's time
+        shortened to that many tokens where it generated more (``_output_share``), sorted.
+
+        Service time is mostly decoding, one token a step, so a request asking for 48 tokens
+        is done in about a third of the steps of one that generated 144. Judged on the
+        recent requests' 99th percentile alone, the short ones were forecast the longest
+        ones' time and refused with it (run 44: refusals at 0.5x forecast 0.48 s of service
+        for every request, whatever it asked for; at 4x goodput 0.60-0.80 of capacity, with
+        every request refused that the longest could not fit). Never longer than the recent
+        requests' own times: a request asking for more than they generated is forecast as
+        they were, as before (a limit is an upper bound; most requests stop before it)."""
+        times = self.forecast_service_times
+        output = self.recent_output
+        if output_tokens is None or not times or len(output) != len(self.recent_service):
+            return times
+        shares = [_output_share(output_tokens, generated, decode) for generated, decode in output]
+        if min(shares) >= 1.0:
+            return times
+        return tuple(
+            sorted(time * share for time, share in zip(self._scaled_service, shares, strict=True))
+        )
+
+    def forecast_service_for(self, output_tokens: int | None) -> float | None:
+        """``forecast_service_s`` for a request that generates at most ``output_tokens``: the
+        ``SERVICE_QUANTILE`` of ``service_times_for``."""
+        times = self.service_times_for(output_tokens)
+        if times is self.forecast_service_times:
+            return self.forecast_service_s
+        return nearest_rank(times, SERVICE_QUANTILE)
+
+    @functools.cached_property
+    def _scaled_service(self) -> tuple[float, ...]:
+        """``forecast_service_times`` before sorting: in the order of ``recent_service``."""
         times = self.step_times
         if times is None or not self.recent_service or self.service_s is None:
             return ()
@@ -177,7 +224,7 @@ class SaturationState:
                 then = finish[index] if index < len(finish) else None
                 factor = _unstepped_scale(factor, target, then, slowdown)
             scaled.append(served * factor)
-        return tuple(sorted(scaled))
+        return tuple(scaled)
 
     @property
     def growing_batch(self) -> int:
@@ -277,6 +324,11 @@ class SaturationState:
             "step_s_by_batch": self.step_times.to_json() if self.step_times else {},
             # Prompts prefilled since start, whose steps were left out of the step times.
             "prefills_untimed": self.step_times.prefills_untimed if self.step_times else 0,
+            # The recent requests' median output and share of service spent decoding: a
+            # request's service time is forecast for its own max_tokens from them (None: vLLM
+            # did not say; every request is forecast the recent ones' time).
+            "recent_output_tokens": _median([float(n) for n, _ in self.recent_output]),
+            "recent_decode_share": _rounded(_median([d for _, d in self.recent_output])),
         }
 
 
@@ -336,7 +388,9 @@ def requests_ahead(
     return ahead
 
 
-def slot_meets(state: SaturationState, slot: int, latency_s: float) -> bool | None:
+def slot_meets(
+    state: SaturationState, slot: int, latency_s: float, output_tokens: int | None = None
+) -> bool | None:
     """Whether a request that takes the running batch's ``slot``-th freed slot (0: the
     first; ``slot`` requests ahead of it) is done within ``latency_s`` at the
     ``SERVICE_QUANTILE``: its wait for that slot and its own service time together, not each
@@ -357,12 +411,14 @@ def slot_meets(state: SaturationState, slot: int, latency_s: float) -> bool | No
     would have finished in time were refused (run 25: 2 at 0.5x, 154-300 a pair at 3x into a
     full batch with no queue; run 26: 5 at 0.5x behind one queued). Admission asks this for
     the first half of a full batch's slots only (``deep_slots_from`` in
-    warden/control/saturation.py says why)."""
+    warden/control/saturation.py says why). The request's own draws are of its own length
+    (``service_times_for(output_tokens)``); the running ones' of theirs, unknown here."""
     times = state.forecast_service_times
     if not times or not state.served_ages:
         return None
     service = nearest_rank(times, SERVICE_QUANTILE)
-    count = len(times)
+    own = state.service_times_for(output_tokens)
+    count = len(own)
     running = _may_end(times, tuple(age for age in state.served_ages if age < service))
     if len(running) <= slot:
         return None
@@ -373,7 +429,7 @@ def slot_meets(state: SaturationState, slot: int, latency_s: float) -> bool | No
     # draws, each at most as likely to be late as this one, cannot reach the budget, they
     # are not worked out.
     for index in range(count - 1, -1, -1):
-        wait = latency_s - times[index]
+        wait = latency_s - own[index]
         if wait <= 0.0:
             late += 1.0
         else:
@@ -511,6 +567,21 @@ def _unstepped_scale(
     if not then or target is None:
         return growth * slowdown
     return max(_beyond_noise(target / then), slowdown)
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _output_share(output_tokens: int, generated: int, decode_share: float) -> float:
+    """The part of a recent request's service time a request generating at most
+    ``output_tokens`` takes: all of it but its decoding (prefill, the first token, the API
+    server's share), plus its decoding's share per token beyond the first. 1.0 where the
+    recent one generated no more, or fewer than two tokens (no decode to divide)."""
+    if generated < 2 or output_tokens >= generated:
+        return 1.0
+    decode = min(max(decode_share, 0.0), 1.0)
+    return 1.0 - decode + decode * (max(output_tokens, 1) - 1) / (generated - 1)
 
 
 def _beyond_noise(ratio: float) -> float:
@@ -681,12 +752,9 @@ class SaturationMeter:
         self._checkpoint_slots: list[tuple[float, int]] = []
         self.step_times = StepTimes()
         self.batch_peaks = BatchPeaks()
-        # (busy clock, slot clock, tokens, service seconds, mean batch served in) of recent
-        # completions; one more than ``keep``: the oldest is the reference the rates are
-        # measured from.
-        self._done: deque[tuple[float, float, int, float, int, float | None]] = deque(
-            maxlen=keep + 1
-        )
+        # Recent completions; one more than ``keep``: the oldest is the reference the rates
+        # are measured from.
+        self._done: deque[_Done] = deque(maxlen=keep + 1)
         self._preempted: deque[tuple[float, int]] = deque()
         # What the recent completions add up to, kept until one finishes or is preempted:
         # most steps finish nothing, and this runs on every step.
@@ -697,13 +765,16 @@ class SaturationMeter:
         now: float,
         running: int,
         waiting: int,
-        finished: list[tuple[int, float, float]],
+        finished: Sequence[Sequence[float]],
         preempted: int = 0,
         steps: int = 1,
         kv_usage: float | None = None,
         prefilled: int = 0,
     ) -> SaturationState:
-        """One observed step; ``steps`` engine steps since the last one observed (the steps
+        """One observed step, with the requests it finished: (prompt + generated tokens,
+        seconds queued, seconds served[, tokens generated, seconds decoding]), the last two
+        where vLLM says (``vllm_compat.finished_requests``); ``steps`` engine steps since the
+        last one observed (the steps
         that changed nothing are counted, not observed: exporter/step_monitor.py); the KV
         cache's use at it, when known; how many prompts it finished prefilling (then its
         time is not a step time of the batch: ``StepTimes``)."""
@@ -721,10 +792,17 @@ class SaturationMeter:
         self._last = (now, running, waiting)
         self.batch_peaks.record(now, running)
         self._checkpoint(now, running)
-        for tokens, _queued, served in finished:
+        for request in finished:
+            tokens, served = int(request[0]), float(request[2])
+            generated = int(request[3]) if len(request) > 4 else 0
+            decode_share = float(request[4]) / served if len(request) > 4 and served > 0 else 0.0
             batch = self._mean_batch(now, served) if served > 0 else max(running, 1)
             step_s = self.step_times.exact(batch)
-            self._done.append((self._busy, self._slot_s, tokens, served, batch, step_s))
+            self._done.append(
+                _Done(
+                    self._busy, self._slot_s, tokens, served, batch, step_s, generated, decode_share
+                )
+            )
         if preempted:
             self._preempted.append((self._busy, preempted))
         if finished or preempted or self._summary is None:
@@ -753,6 +831,7 @@ class SaturationMeter:
             slot_rate=summary.count / slot_span if slot_span > 1e-3 else None,
             recent_service=summary.recent_service,
             finish_step_s=summary.finish_step_s,
+            recent_output=summary.recent_output,
             step_times=self.step_times,
             batch_peaks=self.batch_peaks,
             measured_at=now,
@@ -804,12 +883,29 @@ class SaturationMeter:
             count=len(counted),
             reference=reference,
             slot_reference=slot_reference,
-            service_s=nearest_rank([entry[3] for entry in counted], SERVICE_QUANTILE),
-            recent_service=tuple((entry[3], entry[4]) for entry in counted),
-            finish_step_s=tuple(entry[5] for entry in counted),
-            tokens_per_request=sum(entry[2] for entry in counted) / len(counted),
+            service_s=nearest_rank([entry.served_s for entry in counted], SERVICE_QUANTILE),
+            recent_service=tuple((entry.served_s, entry.batch) for entry in counted),
+            finish_step_s=tuple(entry.step_s for entry in counted),
+            # Where vLLM said how many tokens each generated (all or none: a mix is not scaled).
+            recent_output=tuple((entry.generated, entry.decode_share) for entry in counted)
+            if all(entry.generated for entry in counted)
+            else (),
+            tokens_per_request=sum(entry.tokens for entry in counted) / len(counted),
             preemptions=sum(n for _at, n in self._preempted),
         )
+
+
+class _Done(NamedTuple):
+    """One recent completion, as the meter keeps it."""
+
+    busy: float  # the busy clock when it finished
+    slots: float  # the slot clock, same
+    tokens: int  # prompt + generated
+    served_s: float
+    batch: int  # the mean batch it was served in
+    step_s: float | None  # a step's time at that batch then (None: not timed)
+    generated: int  # 0: not known
+    decode_share: float  # of ``served_s``, decoding
 
 
 @dataclass(frozen=True)
@@ -823,5 +919,6 @@ class _Completions:
     service_s: float | None = None
     recent_service: tuple[tuple[float, int], ...] = ()
     finish_step_s: tuple[float | None, ...] = ()
+    recent_output: tuple[tuple[int, float], ...] = ()
     tokens_per_request: float | None = None
     preemptions: int = 0

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from exporter import catalog
@@ -113,11 +113,11 @@ class StepMonitor:
         waiting: int | None,
         kv_usage: float | None,
         preempted: int = 0,
-        finished: list[tuple[int, float, float]] | None = None,
+        finished: Sequence[Sequence[float]] | None = None,
         prefilled: int = 0,
     ) -> StepSnapshot:
         """One engine step: counts (None = unknown, keep the last), preemptions in it, the
-        requests it finished as (tokens, seconds queued, seconds served), and how many
+        requests it finished (``SaturationMeter.observe`` says what of each), and how many
         prompts it finished prefilling."""
         snap = self.snapshot
         if (

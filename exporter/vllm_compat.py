@@ -286,17 +286,18 @@ def memory_budget(worker: Any) -> tuple[int | None, int | None]:
     return (None if requested is None else int(requested)), baseline
 
 
-def finished_requests(stats: Any) -> list[tuple[int, float, float]]:
-    """(prompt + generated tokens, seconds queued, seconds served) per request finished in an
-    IterationStats; served = end to end minus queued (recomputation after preemption included)."""
+def finished_requests(stats: Any) -> list[tuple[int, float, float, int, float]]:
+    """(prompt + generated tokens, seconds queued, seconds served, tokens generated, seconds
+    decoding) per request finished in an IterationStats; served = end to end minus queued
+    (recomputation after preemption included), decoding = first token to last."""
     out = []
     for finished in getattr(stats, "finished_requests", None) or ():
-        tokens = int(getattr(finished, "num_prompt_tokens", 0) or 0) + int(
-            getattr(finished, "num_generation_tokens", 0) or 0
-        )
+        generated = int(getattr(finished, "num_generation_tokens", 0) or 0)
+        tokens = int(getattr(finished, "num_prompt_tokens", 0) or 0) + generated
         queued = float(getattr(finished, "queued_time", 0.0) or 0.0)
         e2e = float(getattr(finished, "e2e_latency", 0.0) or 0.0)
-        out.append((tokens, queued, max(e2e - queued, 0.0)))
+        decode = float(getattr(finished, "decode_time", 0.0) or 0.0)
+        out.append((tokens, queued, max(e2e - queued, 0.0), generated, max(decode, 0.0)))
     return out
 
 

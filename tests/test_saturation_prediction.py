@@ -24,7 +24,10 @@ from exporter.saturation import (
 )
 from exporter.settings import WardenSettings
 from exporter.step_monitor import StepMonitor, StepSnapshot
-from warden.control.config import SaturationSettings
+from warden.control.admission import RequestFacts, Saturation, judge_saturation, limit
+from warden.control.config import AdmissionSettings, SaturationSettings
+from warden.control.leases import Lease
+from warden.control.policy import EffectivePolicy, combine
 from warden.control.saturation import (
     DEEP_FACTOR_MAX,
     DEEP_FACTOR_MIN,
@@ -930,3 +933,136 @@ def test_a_fuller_batch_whose_steps_take_about_as_long_changes_nothing() -> None
     assert full.forecast_service_s == 2.0
     assert full.slot_rate is not None
     assert batch_drain_rate(full, 8) == pytest.approx(full.slot_rate * 8)
+
+
+def _outputs_measured(running: int = 5, ages: tuple[float, ...] = ()) -> SaturationState:
+    """32 recent requests served at a batch of 8 that generated 48-144 tokens each (issue
+    #28's benchmark: ``--random-output-len 96 --random-range-ratio 0.5``): 30 ms before the
+    first token, then 10 ms a token, so the longest took 1.46 s and the shortest 0.50 s."""
+    generated = [48 + 3 * index for index in range(32)]  # 48-141
+    served = [0.03 + 0.01 * (n - 1) for n in generated]
+    return SaturationState(
+        running=running,
+        waiting=0,
+        drain_rate=6.0,
+        service_s=max(served),
+        capacity=8,
+        recent_service=tuple((s, 8) for s in served),
+        recent_output=tuple(
+            (n, 0.01 * (n - 1) / s) for n, s in zip(generated, served, strict=True)
+        ),
+        step_times=StepTimes({8: 0.01}),
+        served_ages=ages,
+    )
+
+
+def test_a_request_is_forecast_the_service_time_of_the_tokens_it_asks_for() -> None:
+    """Service time is decoding, a token a step: a request that asks for at most 48 tokens
+    is forecast what 48 take (the recent requests' prefill and API share, then their time per
+    token for 47 more), not the longest recent request's time. One that asks for more than
+    any recent request generated, or says nothing, is forecast as before: a limit is an upper
+    bound, and most requests stop before it."""
+    state = _outputs_measured()
+    typical = state.forecast_service_s
+    assert typical == pytest.approx(0.03 + 0.01 * 140)
+    assert state.forecast_service_for(48) == pytest.approx(0.03 + 0.01 * 47)
+    assert state.forecast_service_for(96) == pytest.approx(0.03 + 0.01 * 95)
+    assert state.forecast_service_for(1) == pytest.approx(0.03)
+    for asks in (None, 141, 4096):
+        assert state.forecast_service_for(asks) == typical
+    # Where vLLM did not say what the recent requests generated: the recent times as they are.
+    unknown = dataclasses.replace(state, recent_output=())
+    assert unknown.forecast_service_for(48) == typical
+    assert unknown.to_json()["recent_output_tokens"] is None
+    assert state.to_json()["recent_output_tokens"] == 94.5
+
+
+def test_a_short_request_is_admitted_at_an_slo_the_longest_recent_one_would_miss() -> None:
+    """At an SLO of 1 s on an engine whose longest recent request took 1.43 s, a request
+    asking for 48 tokens (0.50 s) is admitted and one asking for 120 (1.22 s) is refused,
+    its refusal naming the limit its forecast was made for. Before, both were refused on the
+    longest recent time (run 44: goodput 0.60-0.80 of capacity at 4x)."""
+    settings = SaturationSettings(latency_slo_s=1.0)
+    state = _outputs_measured(running=5)
+    assert assess(settings, state).breach is not None  # a typical request: the longest's time
+    assert assess(settings, state, output_tokens=48).breach is None
+    found = assess(settings, state, output_tokens=120).breach
+    assert found is not None
+    assert found.basis()["output_tokens"] == 120
+    assert found.basis()["service_s"] == pytest.approx(0.03 + 0.01 * 119, abs=0.001)
+
+
+def test_a_short_requests_slot_is_judged_on_its_own_length() -> None:
+    """In a full batch, the first freed slot's wait is the running requests' (their lengths
+    unknown: the recent times); the request's own service time, drawn with it, is its own
+    length's. A short request takes the slot at an SLO a typical one would miss there."""
+    ages = (1.2, 1.0, 0.8, 0.6, 0.4, 0.3, 0.2, 0.1)
+    state = _outputs_measured(running=8, ages=ages)
+    assert slot_meets(state, 0, 1.0) is False
+    assert slot_meets(state, 0, 1.0, output_tokens=48) is True
+    assert slot_meets(state, 0, 1.0, output_tokens=4096) is False
+
+
+def test_the_meter_keeps_what_each_recent_request_generated_where_vllm_said() -> None:
+    """vLLM's per-request statistics carry the tokens generated and the seconds decoding
+    (``vllm_compat.finished_requests``); the meter keeps both with each completion. A
+    completion without them (an older vLLM) leaves the output unknown for the whole window:
+    a mix would be scaled by some requests and not others."""
+    meter = SaturationMeter(keep=4, min_finished=1)
+    now = 10.0
+    state = meter.observe(now, 1, 0, [])
+    for index in range(4):
+        now += 0.5
+        state = meter.observe(now, 1, 0, [(160, 0.0, 0.5, 96, 0.475 - index * 0.001)])
+    assert [n for n, _ in state.recent_output] == [96] * 4
+    assert state.recent_output[0][1] == pytest.approx(0.95)
+    now += 0.5
+    state = meter.observe(now, 1, 0, [(160, 0.0, 0.5)])
+    assert state.recent_output == ()
+    assert state.service_s == 0.5
+
+
+def test_vllms_finished_request_stats_give_the_tokens_generated_and_the_decode_time() -> None:
+    from vllm.v1.metrics.stats import FinishedRequestStats, IterationStats
+
+    from exporter import vllm_compat
+
+    iteration = IterationStats()
+    iteration.finished_requests = [
+        FinishedRequestStats(
+            finish_reason=None,  # type: ignore[arg-type]
+            e2e_latency=1.2,
+            num_prompt_tokens=64,
+            num_generation_tokens=96,
+            queued_time=0.2,
+            prefill_time=0.05,
+            decode_time=0.9,
+        )
+    ]
+    assert vllm_compat.finished_requests(iteration) == [(160, 0.2, pytest.approx(1.0), 96, 0.9)]
+
+
+def test_before_its_body_a_request_is_judged_as_the_shortest_then_on_its_own_limit() -> None:
+    """The body route's first check (``judge_saturation``, before the body is parsed) knows
+    nothing of what the request asks for, so it refuses only where even a one-token request
+    would miss the SLO; ``limit`` then judges each on its own ``max_tokens``, the cap's where
+    a cap is in force."""
+    settings = AdmissionSettings(saturation=SaturationSettings(latency_slo_s=1.0))
+    saturation = Saturation(_outputs_measured(running=5))
+    assert judge_saturation(settings, saturation).admit
+    policy = EffectivePolicy()
+    long = limit(RequestFacts(max_tokens=120), policy, settings, None, saturation)
+    assert (long.admit, long.signal, (long.basis or {})["output_tokens"]) == (
+        False,
+        "latency_s",
+        120,
+    )
+    assert limit(RequestFacts(max_tokens=48), policy, settings, None, saturation).admit
+    assert not limit(RequestFacts(), policy, settings, None, saturation).admit  # no limit given
+    # A cap of 48 in force: the request asking for 120 gets 48 and is judged on them.
+    cap = Lease("webhook", "a", "cap_max_tokens", {"max_tokens": 48}, expires_at=1e12)
+    capped = limit(RequestFacts(max_tokens=120), combine([cap]), settings, None, saturation)
+    assert (capped.admit, capped.cap) == (True, 48)
+    # Where no request could meet it (a deep queue), the first check refuses before parsing.
+    deep = Saturation(dataclasses.replace(_outputs_measured(running=8), waiting=40))
+    assert not judge_saturation(settings, deep).admit

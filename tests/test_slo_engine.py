@@ -90,3 +90,20 @@ def test_a_burst_deep_in_a_full_batch_is_admitted_and_teaches_the_deep_slot_cali
     assert 1 <= deep["samples"] <= BURST - BATCH, (deep, after)
     assert DEEP_FACTOR_MIN <= deep["factor"] <= DEEP_FACTOR_MAX, deep
     assert admitted_within(engine) - within_before == WARM_UP + BURST
+
+
+def test_the_forecast_knows_what_recent_requests_generated_and_how_long_they_decoded(
+    engine: Any,
+) -> None:
+    """vLLM's per-request statistics reach the meter with the tokens each request generated
+    and its seconds decoding, so a request's service time is forecast for its own max_tokens
+    (``SaturationState.service_times_for``): ``/warden/state`` shows the recent requests'
+    median output (every one here generated ``TOKENS``) and their share of service spent
+    decoding (steps of at least ``STEP_DELAY_S``: nearly all of it)."""
+    served = str(engine.spec.model)
+    for index in range(WARM_UP):
+        response = complete(engine, served, f"output {index}", TOKENS, ignore_eos=True)
+        assert response.status_code == 200, response.text
+    measured = saturation(engine)["measured"]
+    assert measured["recent_output_tokens"] == TOKENS, measured
+    assert 0.5 < measured["recent_decode_share"] < 1.0, measured

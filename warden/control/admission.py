@@ -6,9 +6,10 @@ tokens) and carries out the decision (answer 503/429/400 with the decision's err
 Retry-After headers, or rewrite max_tokens). It asks in two steps: ``admit`` (the policy's
 refusals and saturation for a typical request, before the request's body is read, so a refused
 request costs nothing) and ``limit`` (the cap, the KV forecast and saturation for this request's
-prompt, which need the body); ``decide`` is both at once. Every refusal names its cause: the
-``signal`` (the memory watermark, a saturation signal, the alert or override behind a lease)
-and its ``value``, so a false intervention is visible in the answer and in ``/warden/state``.
+prompt and output limit, which need the body); ``decide`` is both at once. Every refusal names
+its cause: the ``signal`` (the memory watermark, a saturation signal, the alert or override
+behind a lease) and its ``value``, so a false intervention is visible in the answer and in
+``/warden/state``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from warden.control.cause import NO_CAUSE, Cause
 from warden.control.config import AdmissionSettings
 from warden.control.policy import EffectivePolicy
 from warden.control.saturation import KvState, RetrySchedule, assess
+
+# Before its body is read a request is judged as the shortest it could be: one token.
+SHORTEST_OUTPUT = 1
 
 __all__ = [
     "NO_CAUSE",
@@ -220,7 +224,7 @@ def limit(
             )
     deep_forecast_s = None
     if saturation is not None:
-        decision = _saturation(settings, saturation, kv, prompt, margin)
+        decision = _saturation(settings, saturation, kv, prompt, margin, max_tokens)
         if not decision.admit:
             return decision
         deep_forecast_s = decision.deep_forecast_s
@@ -228,10 +232,12 @@ def limit(
 
 
 def judge_saturation(settings: AdmissionSettings, saturation: Saturation) -> Decision:
-    """Saturation alone, for a typical request (nothing known of its prompt): the first and
-    cheapest check once a request is known by its key, before its body is parsed or its
-    prompt counted."""
-    return _saturation(settings, saturation, None, None, 0)
+    """Saturation alone, before the body is parsed or its prompt counted: the first and
+    cheapest check once a request is known by its key. Nothing is known yet of what it asks
+    for, so it is judged as the shortest request could be (one token, ``SHORTEST_OUTPUT``):
+    refused here only where no request could meet the limits; ``limit`` judges the rest on
+    their own ``max_tokens``."""
+    return _saturation(settings, saturation, None, None, 0, SHORTEST_OUTPUT)
 
 
 def _saturation(
@@ -240,13 +246,14 @@ def _saturation(
     kv: KvState | None,
     prompt: int | None,
     margin: int,
+    output_tokens: int | None = None,
 ) -> Decision:
     """503 with a Retry-After when this request would break a saturation limit."""
     sat = settings.saturation
     if not sat.enabled:
         return Decision(True)
     state = saturation.state
-    judged = assess(sat, state, kv, prompt, margin, saturation.deep_factor)
+    judged = assess(sat, state, kv, prompt, margin, saturation.deep_factor, output_tokens)
     found = judged.breach
     if found is None:
         return Decision(True, deep_forecast_s=judged.deep_forecast_s)

@@ -146,6 +146,8 @@ class Breach:
     # engine's step times now and the batch the request joins: a forecast far above it was
     # made by the scaling, one near it by the requests themselves.
     measured_service_s: float | None = None
+    # The request's own limit on its output the service time was forecast for (None: unknown).
+    output_tokens: int | None = None
 
     def basis(self) -> dict[str, float | int]:
         """The parts of the forecast this refusal was decided on, for ``/warden/state``: a
@@ -156,6 +158,7 @@ class Breach:
             "wait_s": self.wait_s,
             "service_s": self.service_s,
             "measured_service_s": self.measured_service_s,
+            "output_tokens": self.output_tokens,
             "slot": self.slot,
             "running": counts.running,
             "waiting": counts.waiting,
@@ -215,6 +218,7 @@ def assess(
     prompt_tokens: int | None = None,
     margin_blocks: int = 0,
     deep_factor: float = 1.0,
+    output_tokens: int | None = None,
 ) -> Assessment:
     """The first configured limit this request would break. An idle engine admits: refusing
     would leave it idle, and with nothing finishing the forecast (its service time, its drain
@@ -223,7 +227,9 @@ def assess(
     The latency is the wait plus the service time, each at its 99th percentile; for the first
     slots a full batch frees, their joint percentile where the sum is over the SLO
     (``slot_meets``); for the deep slots, the sum times ``deep_factor``: how much later than
-    that forecast recent requests at those slots ran (``DeepSlotCalibration``)."""
+    that forecast recent requests at those slots ran (``DeepSlotCalibration``). The service
+    time is forecast for the request's own ``output_tokens`` (its ``max_tokens``; None:
+    unknown, a typical request): ``SaturationState.service_times_for``."""
     if state.running <= 0 and state.waiting <= 0:
         return Assessment(None)
     rate = batch_drain_rate(state, max(1, state.running)) or 0.0
@@ -236,7 +242,7 @@ def assess(
     if wait is None:
         return Assessment(None)
     slo = settings.latency_slo_s
-    service_s = state.forecast_service_s if slo is not None else None
+    service_s = state.forecast_service_for(output_tokens) if slo is not None else None
     deep_forecast_s = None
     if slo is not None and service_s is not None:
         latency = wait + service_s
@@ -245,10 +251,15 @@ def assess(
             deep_forecast_s = latency
             latency *= deep_factor
             if latency > slo:
-                found = _latency_breach(state, latency, slo, wait, service_s, slot, deep_factor)
+                found = _latency_breach(
+                    state, latency, slo, wait, service_s, slot, deep_factor, output_tokens
+                )
                 return Assessment(found, deep_forecast_s)
-        elif latency > slo and not (slot is not None and slot_meets(state, slot, slo)):
-            return Assessment(_latency_breach(state, latency, slo, wait, service_s, slot))
+        elif latency > slo and not (
+            slot is not None and slot_meets(state, slot, slo, output_tokens)
+        ):
+            found = _latency_breach(state, latency, slo, wait, service_s, slot, 1.0, output_tokens)
+            return Assessment(found)
     limit = settings.max_queue_wait_s
     if limit is not None and wait > limit:
         found = Breach(
@@ -270,6 +281,7 @@ def _latency_breach(
     service_s: float,
     slot: int | None,
     deep_factor: float = 1.0,
+    output_tokens: int | None = None,
 ) -> Breach:
     """The latency SLO broken, with the forecast's parts (``Breach.basis``); built only for a
     refusal, so an admitted request pays nothing for them."""
@@ -284,6 +296,7 @@ def _latency_breach(
         slot=slot,
         counts=_counts(state),
         measured_service_s=state.service_s,
+        output_tokens=output_tokens,
     )
 
 
