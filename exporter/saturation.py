@@ -93,9 +93,9 @@ class SaturationState:
     recent_service: tuple[tuple[float, int], ...] = ()
     # Seconds a step took at that batch when each of them finished (None: not timed yet).
     finish_step_s: tuple[float | None, ...] = ()
-    # (tokens generated, the share of its service time spent decoding) of the same
-    # completions, where vLLM said (empty: not known; ``service_times_for``).
-    recent_output: tuple[tuple[int, float], ...] = ()
+    # What each of the same completions generated and how long it decoded, where vLLM said
+    # (empty: not known; ``service_times_for``).
+    recent_output: tuple[RecentOutput, ...] = ()
     # Seconds per engine step by batch size, the meter's own (live: the engine's speed now).
     step_times: StepTimes | None = field(default=None, hash=False)
     # The meter's record of recent batch sizes (live), and when this state was measured.
@@ -157,10 +157,15 @@ class SaturationState:
         both read it, and a state lives one step (admission's live copies, one decision)."""
         return tuple(sorted(self._scaled_service))
 
-    def service_times_for(self, output_tokens: int | None) -> tuple[float, ...]:
+    def service_times_for(
+        self, output_tokens: int | None, prompt_tokens: int | None = None
+    ) -> tuple[float, ...]:
         """``forecast_service_times`` for a request that generates at most ``output_tokens``
         (its ``max_tokens``; None: unknown, up to the context): each recent request's time
-        shortened to that many tokens where it generated more (``_output_share``), sorted.
+        shortened to that many tokens where it generated more (``RecentOutput.share``), sorted.
+        The part that is not decoding (the prefill above all) is taken as long as the recent
+        request's, longer in proportion where this one's prompt is known to be longer
+        (``prompt_tokens``).
 
         Service time is mostly decoding, one token a step, so a request asking for 48 tokens
         is done in about a third of the steps of one that generated 144. Judged on the
@@ -174,17 +179,20 @@ class SaturationState:
         output = self.recent_output
         if output_tokens is None or not times or len(output) != len(self.recent_service):
             return times
-        shares = [_output_share(output_tokens, generated, decode) for generated, decode in output]
+        shares = [recent.share(output_tokens, prompt_tokens) for recent in output]
         if min(shares) >= 1.0:
             return times
         return tuple(
             sorted(time * share for time, share in zip(self._scaled_service, shares, strict=True))
         )
 
-    def forecast_service_for(self, output_tokens: int | None) -> float | None:
-        """``forecast_service_s`` for a request that generates at most ``output_tokens``: the
-        ``SERVICE_QUANTILE`` of ``service_times_for``."""
-        times = self.service_times_for(output_tokens)
+    def forecast_service_for(
+        self, output_tokens: int | None, prompt_tokens: int | None = None
+    ) -> float | None:
+        """``forecast_service_s`` for a request that generates at most ``output_tokens`` from
+        a prompt of ``prompt_tokens`` (None: unknown): the ``SERVICE_QUANTILE`` of
+        ``service_times_for``."""
+        times = self.service_times_for(output_tokens, prompt_tokens)
         if times is self.forecast_service_times:
             return self.forecast_service_s
         return nearest_rank(times, SERVICE_QUANTILE)
@@ -327,9 +335,33 @@ class SaturationState:
             # The recent requests' median output and share of service spent decoding: a
             # request's service time is forecast for its own max_tokens from them (None: vLLM
             # did not say; every request is forecast the recent ones' time).
-            "recent_output_tokens": _median([float(n) for n, _ in self.recent_output]),
-            "recent_decode_share": _rounded(_median([d for _, d in self.recent_output])),
+            "recent_output_tokens": _median([float(r.generated) for r in self.recent_output]),
+            "recent_decode_share": _rounded(_median([r.decode_share for r in self.recent_output])),
         }
+
+
+class RecentOutput(NamedTuple):
+    """What a recent request generated, from vLLM's own count: how a request asking for fewer
+    tokens is forecast from its service time (``share``)."""
+
+    generated: int
+    decode_share: float  # of its service time, decoding (first token to last)
+    prompt_tokens: int
+
+    def share(self, output_tokens: int, prompt_tokens: int | None = None) -> float:
+        """The part of this request's service time one generating at most ``output_tokens``
+        takes: all of it but the decoding (prefill, the first token, the API server's part;
+        scaled up by the prompts' ratio where ``prompt_tokens`` is known and longer), plus the
+        decoding's share per token beyond the first; never more than 1.0, and 1.0 where this
+        one generated no more, or fewer than two tokens (no decode to divide)."""
+        generated = self.generated
+        if generated < 2 or output_tokens >= generated:
+            return 1.0
+        decode = min(max(self.decode_share, 0.0), 1.0)
+        rest = 1.0 - decode
+        if prompt_tokens is not None and prompt_tokens > self.prompt_tokens > 0:
+            rest *= prompt_tokens / self.prompt_tokens
+        return min(1.0, rest + decode * (max(output_tokens, 1) - 1) / (generated - 1))
 
 
 @dataclass(frozen=True)
@@ -389,7 +421,11 @@ def requests_ahead(
 
 
 def slot_meets(
-    state: SaturationState, slot: int, latency_s: float, output_tokens: int | None = None
+    state: SaturationState,
+    slot: int,
+    latency_s: float,
+    output_tokens: int | None = None,
+    prompt_tokens: int | None = None,
 ) -> bool | None:
     """Whether a request that takes the running batch's ``slot``-th freed slot (0: the
     first; ``slot`` requests ahead of it) is done within ``latency_s`` at the
@@ -417,7 +453,7 @@ def slot_meets(
     if not times or not state.served_ages:
         return None
     service = nearest_rank(times, SERVICE_QUANTILE)
-    own = state.service_times_for(output_tokens)
+    own = state.service_times_for(output_tokens, prompt_tokens)
     count = len(own)
     running = _may_end(times, tuple(age for age in state.served_ages if age < service))
     if len(running) <= slot:
@@ -571,17 +607,6 @@ def _unstepped_scale(
 
 def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
-
-
-def _output_share(output_tokens: int, generated: int, decode_share: float) -> float:
-    """The part of a recent request's service time a request generating at most
-    ``output_tokens`` takes: all of it but its decoding (prefill, the first token, the API
-    server's share), plus its decoding's share per token beyond the first. 1.0 where the
-    recent one generated no more, or fewer than two tokens (no decode to divide)."""
-    if generated < 2 or output_tokens >= generated:
-        return 1.0
-    decode = min(max(decode_share, 0.0), 1.0)
-    return 1.0 - decode + decode * (max(output_tokens, 1) - 1) / (generated - 1)
 
 
 def _beyond_noise(ratio: float) -> float:
@@ -887,7 +912,10 @@ class SaturationMeter:
             recent_service=tuple((entry.served_s, entry.batch) for entry in counted),
             finish_step_s=tuple(entry.step_s for entry in counted),
             # Where vLLM said how many tokens each generated (all or none: a mix is not scaled).
-            recent_output=tuple((entry.generated, entry.decode_share) for entry in counted)
+            recent_output=tuple(
+                RecentOutput(entry.generated, entry.decode_share, entry.tokens - entry.generated)
+                for entry in counted
+            )
             if all(entry.generated for entry in counted)
             else (),
             tokens_per_request=sum(entry.tokens for entry in counted) / len(counted),
@@ -919,6 +947,6 @@ class _Completions:
     service_s: float | None = None
     recent_service: tuple[tuple[float, int], ...] = ()
     finish_step_s: tuple[float | None, ...] = ()
-    recent_output: tuple[tuple[int, float], ...] = ()
+    recent_output: tuple[RecentOutput, ...] = ()
     tokens_per_request: float | None = None
     preemptions: int = 0

@@ -14,6 +14,7 @@ from exporter import catalog
 from exporter.metrics import WardenMetrics
 from exporter.saturation import (
     KvState,
+    RecentOutput,
     SaturationMeter,
     SaturationState,
     StepTimes,
@@ -949,7 +950,7 @@ def _outputs_measured(running: int = 5, ages: tuple[float, ...] = ()) -> Saturat
         capacity=8,
         recent_service=tuple((s, 8) for s in served),
         recent_output=tuple(
-            (n, 0.01 * (n - 1) / s) for n, s in zip(generated, served, strict=True)
+            RecentOutput(n, 0.01 * (n - 1) / s, 64) for n, s in zip(generated, served, strict=True)
         ),
         step_times=StepTimes({8: 0.01}),
         served_ages=ages,
@@ -970,6 +971,12 @@ def test_a_request_is_forecast_the_service_time_of_the_tokens_it_asks_for() -> N
     assert state.forecast_service_for(1) == pytest.approx(0.03)
     for asks in (None, 141, 4096):
         assert state.forecast_service_for(asks) == typical
+    # A prompt known to be 4x the recent ones' 64 tokens: their part before decoding (30 ms)
+    # taken 4x; one no longer than theirs, as theirs.
+    assert state.forecast_service_for(48, prompt_tokens=256) == pytest.approx(0.12 + 0.47)
+    assert state.forecast_service_for(48, prompt_tokens=32) == pytest.approx(0.03 + 0.47)
+    # Never longer than the recent requests' own times, whatever the prompt.
+    assert state.forecast_service_for(120, prompt_tokens=100_000) == typical
     # Where vLLM did not say what the recent requests generated: the recent times as they are.
     unknown = dataclasses.replace(state, recent_output=())
     assert unknown.forecast_service_for(48) == typical
@@ -1014,8 +1021,8 @@ def test_the_meter_keeps_what_each_recent_request_generated_where_vllm_said() ->
     for index in range(4):
         now += 0.5
         state = meter.observe(now, 1, 0, [(160, 0.0, 0.5, 96, 0.475 - index * 0.001)])
-    assert [n for n, _ in state.recent_output] == [96] * 4
-    assert state.recent_output[0][1] == pytest.approx(0.95)
+    assert state.recent_output[0] == RecentOutput(96, pytest.approx(0.95), 64)  # type: ignore[arg-type]
+    assert [recent.generated for recent in state.recent_output] == [96] * 4
     now += 0.5
     state = meter.observe(now, 1, 0, [(160, 0.0, 0.5)])
     assert state.recent_output == ()
