@@ -315,7 +315,7 @@ class SaturationState:
             "running": self.running,
             "waiting": self.waiting,
             "drain_rate_per_s": _rounded(self.drain_rate),
-            # A request's that does not say how many tokens it wants (``service_times_for``).
+            # The forecast for a request that does not say how many tokens it wants.
             "service_s": _rounded(self.forecast_service_for(None)),
             "measured_service_s": _rounded(self.service_s),
             "queue_wait_s": _rounded(self.queue_wait_s),
@@ -812,10 +812,9 @@ class SaturationMeter:
         """One observed step, with the requests it finished: (prompt + generated tokens,
         seconds queued, seconds served[, tokens generated, seconds decoding]), the last two
         where vLLM says (``vllm_compat.finished_requests``); ``steps`` engine steps since the
-        last one observed (the steps
-        that changed nothing are counted, not observed: exporter/step_monitor.py); the KV
-        cache's use at it, when known; how many prompts it finished prefilling (then its
-        time is not a step time of the batch: ``StepTimes``)."""
+        last one observed (the steps that changed nothing are counted, not observed:
+        exporter/step_monitor.py); the KV cache's use at it, when known; how many prompts it
+        finished prefilling (then its time is not a step time of the batch: ``StepTimes``)."""
         last = self._last
         # Started since the last observed step: the batch's growth, plus what left it.
         started = running - last[1] + len(finished) + preempted if last is not None else 0
@@ -832,7 +831,7 @@ class SaturationMeter:
         self._checkpoint(now, running)
         for request in finished:
             tokens, served = int(request[0]), float(request[2])
-            generated = int(request[3]) if len(request) > 4 else 0
+            generated = int(request[3]) if len(request) > 4 else None
             decode_share = float(request[4]) / served if len(request) > 4 and served > 0 else 0.0
             batch = self._mean_batch(now, served) if served > 0 else max(running, 1)
             step_s = self.step_times.exact(batch)
@@ -924,13 +923,7 @@ class SaturationMeter:
             service_s=nearest_rank([entry.served_s for entry in counted], SERVICE_QUANTILE),
             recent_service=tuple((entry.served_s, entry.batch) for entry in counted),
             finish_step_s=tuple(entry.step_s for entry in counted),
-            # Where vLLM said how many tokens each generated (all or none: a mix is not scaled).
-            recent_output=tuple(
-                RecentOutput(entry.generated, entry.decode_share, entry.tokens - entry.generated)
-                for entry in counted
-            )
-            if all(entry.generated for entry in counted)
-            else (),
+            recent_output=_recent_output(counted),
             tokens_per_request=sum(entry.tokens for entry in counted) / len(counted),
             preemptions=sum(n for _at, n in self._preempted),
         )
@@ -945,8 +938,21 @@ class _Done(NamedTuple):
     served_s: float
     batch: int  # the mean batch it was served in
     step_s: float | None  # a step's time at that batch then (None: not timed)
-    generated: int  # 0: not known
+    generated: int | None  # None: not known
     decode_share: float  # of ``served_s``, decoding
+
+
+def _recent_output(counted: list[_Done]) -> tuple[RecentOutput, ...]:
+    """What each completion generated, where vLLM said for all of them: a window that mixes
+    known and unknown lengths is not scaled at all (``service_times_for``)."""
+    found = []
+    for entry in counted:
+        if entry.generated is None:
+            return ()
+        found.append(
+            RecentOutput(entry.generated, entry.decode_share, entry.tokens - entry.generated)
+        )
+    return tuple(found)
 
 
 @dataclass(frozen=True)

@@ -1023,6 +1023,10 @@ def test_the_meter_keeps_what_each_recent_request_generated_where_vllm_said() ->
         state = meter.observe(now, 1, 0, [(160, 0.0, 0.5, 96, 0.475 - index * 0.001)])
     assert state.recent_output[0] == RecentOutput(96, pytest.approx(0.95), 64)  # type: ignore[arg-type]
     assert [recent.generated for recent in state.recent_output] == [96] * 4
+    # One aborted before its first token: generated none, known all the same.
+    now += 0.5
+    state = meter.observe(now, 1, 0, [(64, 0.0, 0.1, 0, 0.0)])
+    assert [recent.generated for recent in state.recent_output] == [96] * 3 + [0]
     now += 0.5
     state = meter.observe(now, 1, 0, [(160, 0.0, 0.5)])
     assert state.recent_output == ()
