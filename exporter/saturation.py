@@ -31,11 +31,12 @@ statistics, in the API process; admission (warden/control/admission.py) decides 
   queue after a load at capacity (run 20), not a light load's moment of queue (run 21).
   Under steady load the forecast is the measured quantile itself.
 - a request's own length: service time is mostly decoding, a token a step, so a request is
-  forecast for the tokens it asks for (its ``max_tokens``, at most as many as the longest
-  recent request generated): each recent service time is taken to that many tokens at its own
-  pace, from vLLM's own count of its tokens and decode time (``service_times_for``). Forecast
-  the longest recent request's time, short requests the SLO had room for were refused with
-  the long ones (run 44), and long ones outran it when a shorter one had run slower (run 45).
+  forecast for the tokens it asks for (its ``max_tokens``): each recent service time is cut
+  to that many tokens where the recent request generated more, from vLLM's own count of its
+  tokens and decode time (``service_times_for``), never lengthened. Forecast the longest
+  recent request's time, short requests the SLO had room for were refused with the long ones
+  (run 44); lengthened to a long request's tokens at each recent pace, a light load after an
+  overload was refused (run 46: 21 at 0.5x).
 - slowdown: when the engine's steps take measurably longer now than when the recent
   requests finished (``SaturationState.slowdown``), the service forecast is that many times
   longer and the drain rate that many times lower, from the step times, within about 20
@@ -161,31 +162,30 @@ class SaturationState:
         self, output_tokens: int | None, prompt_tokens: int | None = None
     ) -> tuple[float, ...]:
         """The service times a request arriving now is forecast to take, sorted: each recent
-        request's (``forecast_service_times``, as scaled to the engine now) taken to as many
-        tokens as this one may generate (``RecentOutput.share``): its ``output_tokens`` (its
-        ``max_tokens``; None: unknown, up to the context), at most as many as the longest
-        recent request generated. The part that is not decoding (the prefill above all) is
-        taken as long as the recent request's, longer in proportion where this one's prompt is
-        known to be longer (``prompt_tokens``). The recent times as they are where vLLM did
-        not say what they generated.
+        request's (``forecast_service_times``, as scaled to the engine now) cut to as many
+        tokens as this one may generate where it generated more (``RecentOutput.share``): its
+        ``output_tokens`` (its ``max_tokens``; None: unknown, up to the context, and nothing
+        is cut). The part that is not decoding (the prefill above all) is taken as long as the
+        recent request's, longer in proportion where this one's prompt is known to be longer
+        (``prompt_tokens``). The recent times as they are where vLLM did not say what they
+        generated.
 
         Service time is mostly decoding, one token a step, so a request asking for 48 tokens
-        is done in about a third of the steps of one that generated 144, and one asking for
-        144 in three times those of one that generated 48, at its pace. Judged on the recent
-        requests' 99th percentile as it stood, the short ones were forecast the longest
-        ones' time and refused with it (run 44: refusals at 0.5x forecast 0.48 s of service
-        for every request, whatever it asked for; at 4x goodput 0.60-0.80 of capacity), and
-        a long one was promised the pace of the longest recent one, outrun when any other
-        ran slower (run 45's first pair at 4x: 7 of its 8 late requests asked for 110-144
-        tokens). Never past the longest recent request: a limit is an upper bound, and
-        most requests stop before it."""
+        is done in about a third of the steps of one that generated 144. Judged on the recent
+        requests' 99th percentile alone, the short ones were forecast the longest ones' time
+        and refused with it (run 44: refusals at 0.5x forecast 0.48 s of service for every
+        request, whatever it asked for; at 4x goodput 0.60-0.80 of capacity). Never
+        lengthened: a limit is an upper bound, most requests stop before it, and a shorter
+        recent request's pace taken to a long request's tokens (run 46: up to twice its own,
+        at most to the longest recent one's) refused 21 requests at 0.5x after an overload,
+        where cutting alone refused none (run 45)."""
         times = self.forecast_service_times
         output = self.recent_output
-        if not times or len(output) != len(self.recent_service):
+        if output_tokens is None or not times or len(output) != len(self.recent_service):
             return times
-        longest = max(recent.generated for recent in output)
-        tokens = longest if output_tokens is None else min(output_tokens, longest)
-        shares = [recent.share(tokens, prompt_tokens) for recent in output]
+        shares = [recent.share(output_tokens, prompt_tokens) for recent in output]
+        if min(shares) >= 1.0:
+            return times
         return tuple(
             sorted(time * share for time, share in zip(self._scaled_service, shares, strict=True))
         )
@@ -315,8 +315,7 @@ class SaturationState:
             "running": self.running,
             "waiting": self.waiting,
             "drain_rate_per_s": _rounded(self.drain_rate),
-            # The forecast for a request that does not say how many tokens it wants.
-            "service_s": _rounded(self.forecast_service_for(None)),
+            "service_s": _rounded(self.forecast_service_s),
             "measured_service_s": _rounded(self.service_s),
             "queue_wait_s": _rounded(self.queue_wait_s),
             "tokens_per_request": _rounded(self.tokens_per_request),
@@ -345,36 +344,28 @@ class SaturationState:
         }
 
 
-# A recent request's pace is taken to at most this many times the tokens it generated.
-PACE_STRETCH = 2
-
-
 class RecentOutput(NamedTuple):
-    """What a recent request generated, from vLLM's own count: how a request asking for
-    another number of tokens is forecast from its service time (``share``)."""
+    """What a recent request generated, from vLLM's own count: how a request asking for fewer
+    tokens is forecast from its service time (``share``)."""
 
     generated: int
     decode_share: float  # of its service time, decoding (first token to last)
     prompt_tokens: int
 
     def share(self, output_tokens: int, prompt_tokens: int | None = None) -> float:
-        """How many times this request's service time one generating ``output_tokens`` takes
-        at its pace: all of it but the decoding (prefill, the first token, the API server's
-        part; scaled up by the prompts' ratio where ``prompt_tokens`` is known and longer),
-        plus its decoding's time per token beyond the first, for as many as that one's, at most
-        ``PACE_STRETCH`` times its own (a pace read over a few tokens is a noisy one: a
-        burst's prefills weigh on each of them, and stretched far, the noisiest of the
-        recent requests would set every long request's forecast). 1.0 where it generated
-        fewer than two tokens (no pace to read)."""
+        """The part of this request's service time one generating at most ``output_tokens``
+        takes: all of it but the decoding (prefill, the first token, the API server's part;
+        scaled up by the prompts' ratio where ``prompt_tokens`` is known and longer), plus the
+        decoding's share per token beyond the first; never more than 1.0, and 1.0 where this
+        one generated no more, or fewer than two tokens (no decode to divide)."""
         generated = self.generated
-        if generated < 2:
+        if generated < 2 or output_tokens >= generated:
             return 1.0
-        output_tokens = min(output_tokens, PACE_STRETCH * generated)
         decode = min(max(self.decode_share, 0.0), 1.0)
         rest = 1.0 - decode
         if prompt_tokens is not None and prompt_tokens > self.prompt_tokens > 0:
             rest *= prompt_tokens / self.prompt_tokens
-        return rest + decode * (max(output_tokens, 1) - 1) / (generated - 1)
+        return min(1.0, rest + decode * (max(output_tokens, 1) - 1) / (generated - 1))
 
 
 @dataclass(frozen=True)

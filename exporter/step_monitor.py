@@ -240,8 +240,7 @@ class StepMonitor:
 
     def _publish_saturation(self, state: SaturationState) -> None:
         """The saturation gauges, each set only when its value changed (None keeps the last)."""
-        # The service time admission forecasts a request that does not say its length.
-        published = (state.queue_wait_s, state.drain_rate, state.forecast_service_for(None))
+        published = (state.queue_wait_s, state.drain_rate, state.forecast_service_s)
         if published == self._published:
             return
         for gauge, value, last in zip(
