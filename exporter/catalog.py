@@ -500,7 +500,9 @@ SERVICE_TIME = _w(
     "Service time (end to end minus queue) forecast for a request arriving now: the 99th "
     "percentile of recent requests' service times, preemptions and recomputation included, "
     "each scaled down by the step times now when the batch the request will be served in is "
-    "smaller than the one it was served in: what admission forecasts a request's latency with.",
+    "smaller than the one it was served in: what admission forecasts the latency of a request "
+    "that does not say how many tokens it wants with (one that does: each recent time cut to "
+    "its max_tokens where the recent request generated more).",
     unit="s",
     multiprocess_mode="max",
 )
