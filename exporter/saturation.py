@@ -196,7 +196,11 @@ class SaturationState:
         """``forecast_service_s`` for a request that generates at most ``output_tokens`` from
         a prompt of ``prompt_tokens`` (None: unknown): the ``SERVICE_QUANTILE`` of
         ``service_times_for``."""
-        times = self.service_times_for(output_tokens, prompt_tokens)
+        return self.service_quantile(self.service_times_for(output_tokens, prompt_tokens))
+
+    def service_quantile(self, times: tuple[float, ...]) -> float | None:
+        """The ``SERVICE_QUANTILE`` of ``service_times_for``'s ``times`` (worked out once per
+        decision: the latency forecast and the slot's joint draw both read them)."""
         if times is self.forecast_service_times:
             return self.forecast_service_s
         return nearest_rank(times, SERVICE_QUANTILE) if times else None
@@ -428,8 +432,7 @@ def slot_meets(
     state: SaturationState,
     slot: int,
     latency_s: float,
-    output_tokens: int | None = None,
-    prompt_tokens: int | None = None,
+    own_times: tuple[float, ...] | None = None,
 ) -> bool | None:
     """Whether a request that takes the running batch's ``slot``-th freed slot (0: the
     first; ``slot`` requests ahead of it) is done within ``latency_s`` at the
@@ -452,12 +455,13 @@ def slot_meets(
     full batch with no queue; run 26: 5 at 0.5x behind one queued). Admission asks this for
     the first half of a full batch's slots only (``deep_slots_from`` in
     warden/control/saturation.py says why). The request's own draws are of its own length
-    (``service_times_for(output_tokens)``); the running ones' of theirs, unknown here."""
+    (``own_times``: ``service_times_for`` its ``max_tokens``; None: a typical request's);
+    the running ones' of theirs, unknown here."""
     times = state.forecast_service_times
     if not times or not state.served_ages:
         return None
     service = nearest_rank(times, SERVICE_QUANTILE)
-    own = state.service_times_for(output_tokens, prompt_tokens)
+    own = times if own_times is None else own_times
     count = len(own)
     running = _may_end(times, tuple(age for age in state.served_ages if age < service))
     if len(running) <= slot:

@@ -1007,8 +1007,8 @@ def test_a_short_requests_slot_is_judged_on_its_own_length() -> None:
     ages = (1.2, 1.0, 0.8, 0.6, 0.4, 0.3, 0.2, 0.1)
     state = _outputs_measured(running=8, ages=ages)
     assert slot_meets(state, 0, 1.0) is False
-    assert slot_meets(state, 0, 1.0, output_tokens=48) is True
-    assert slot_meets(state, 0, 1.0, output_tokens=4096) is False
+    assert slot_meets(state, 0, 1.0, state.service_times_for(48)) is True
+    assert slot_meets(state, 0, 1.0, state.service_times_for(4096)) is False
 
 
 def test_the_meter_keeps_what_each_recent_request_generated_where_vllm_said() -> None:

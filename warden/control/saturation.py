@@ -242,9 +242,8 @@ def assess(
     if wait is None:
         return Assessment(None)
     slo = settings.latency_slo_s
-    service_s = (
-        state.forecast_service_for(output_tokens, prompt_tokens) if slo is not None else None
-    )
+    own = state.service_times_for(output_tokens, prompt_tokens) if slo is not None else ()
+    service_s = state.service_quantile(own) if slo is not None else None
     deep_forecast_s = None
     if slo is not None and service_s is not None:
         latency = wait + service_s
@@ -257,9 +256,7 @@ def assess(
                     state, latency, slo, wait, service_s, slot, deep_factor, output_tokens
                 )
                 return Assessment(found, deep_forecast_s)
-        elif latency > slo and not (
-            slot is not None and slot_meets(state, slot, slo, output_tokens, prompt_tokens)
-        ):
+        elif latency > slo and not (slot is not None and slot_meets(state, slot, slo, own)):
             found = _latency_breach(state, latency, slo, wait, service_s, slot, 1.0, output_tokens)
             return Assessment(found)
     limit = settings.max_queue_wait_s
