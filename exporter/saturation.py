@@ -31,12 +31,16 @@ statistics, in the API process; admission (warden/control/admission.py) decides 
   queue after a load at capacity (run 20), not a light load's moment of queue (run 21).
   Under steady load the forecast is the measured quantile itself.
 - a request's own length: service time is mostly decoding, a token a step, so a request is
-  forecast for the tokens it asks for (its ``max_tokens``): each recent service time is cut
-  to that many tokens where the recent request generated more, from vLLM's own count of its
-  tokens and decode time (``service_times_for``), never lengthened. Forecast the longest
-  recent request's time, short requests the SLO had room for were refused with the long ones
-  (run 44); lengthened to a long request's tokens at each recent pace, a light load after an
-  overload was refused (run 46: 21 at 0.5x).
+  forecast for the tokens it asks for (its ``max_tokens``, at most as many as the longest
+  recent request generated), from vLLM's own count of each recent request's tokens and decode
+  time (``service_times_for``): each recent service time is cut to that many tokens where the
+  recent request generated more, and where it generated fewer, the tokens it lacks are added
+  at the engine's pace, the recent requests' decode time per token over all their tokens
+  (``decode_pace``). Forecast the longest recent request's time, short requests the SLO had
+  room for were refused with the long ones (run 44), and long ones outran it (run 45: 23 of
+  the 32 late at 4x asked for 110-144 tokens); each recent request's own pace stretched to a
+  long request's tokens, a short one's slow pace (a few tokens among a burst's prefills) set
+  the forecast, and a light load after an overload was refused (run 46: 21 at 0.5x).
 - slowdown: when the engine's steps take measurably longer now than when the recent
   requests finished (``SaturationState.slowdown``), the service forecast is that many times
   longer and the drain rate that many times lower, from the step times, within about 20
@@ -162,33 +166,58 @@ class SaturationState:
         self, output_tokens: int | None, prompt_tokens: int | None = None
     ) -> tuple[float, ...]:
         """The service times a request arriving now is forecast to take, sorted: each recent
-        request's (``forecast_service_times``, as scaled to the engine now) cut to as many
-        tokens as this one may generate where it generated more (``RecentOutput.share``): its
-        ``output_tokens`` (its ``max_tokens``; None: unknown, up to the context, and nothing
-        is cut). The part that is not decoding (the prefill above all) is taken as long as the
-        recent request's, longer in proportion where this one's prompt is known to be longer
-        (``prompt_tokens``). The recent times as they are where vLLM did not say what they
-        generated.
+        request's (``forecast_service_times``, as scaled to the engine now) taken to as many
+        tokens as this one may generate (``RecentOutput.time_for``): its ``output_tokens``
+        (its ``max_tokens``; None: unknown, up to the context), at most as many as the longest
+        recent request generated. Cut, the part that is not decoding (the prefill above all)
+        is taken as long as the recent request's, longer in proportion where this one's prompt
+        is known to be longer (``prompt_tokens``); lengthened, the tokens the recent request
+        did not generate are added at the engine's ``decode_pace``. The recent times as they
+        are where vLLM did not say what they generated.
 
         Service time is mostly decoding, one token a step, so a request asking for 48 tokens
         is done in about a third of the steps of one that generated 144. Judged on the recent
         requests' 99th percentile alone, the short ones were forecast the longest ones' time
-        and refused with it (run 44: refusals at 0.5x forecast 0.48 s of service for every
-        request, whatever it asked for; at 4x goodput 0.60-0.80 of capacity). Never
-        lengthened: a limit is an upper bound, most requests stop before it, and a shorter
-        recent request's pace taken to a long request's tokens (run 46: up to twice its own,
-        at most to the longest recent one's) refused 21 requests at 0.5x after an overload,
-        where cutting alone refused none (run 45)."""
+        and refused with it (run 44: at 4x goodput 0.60-0.80 of capacity), and the long ones
+        were promised it, late when a shorter request had run slower than the longest (run
+        45: 0.976 of the admitted within the SLO at 4x, most of the late ones long).
+
+        The tokens a recent request lacks are added at the pace of all recent tokens, not at
+        its own: a short request's pace is that of a few steps, slow where a burst's prefills
+        fell among them, and stretched to a long request's length (run 46, up to twice its
+        own) it set the forecast, refusing 21 requests at 0.5x after an overload with nothing
+        waiting, forecast 0.86-1.03 s where the slowest recent request took 0.54 s. A long
+        request's own pace is that of many steps, about the engine's mean. At most the longest
+        recent request's length: a limit is an upper bound, and most requests stop before it
+        (a chat's ``max_tokens`` of 4096 is not forecast as 4096 tokens)."""
         times = self.forecast_service_times
         output = self.recent_output
-        if output_tokens is None or not times or len(output) != len(self.recent_service):
+        if not times or len(output) != len(self.recent_service):
             return times
-        shares = [recent.share(output_tokens, prompt_tokens) for recent in output]
-        if min(shares) >= 1.0:
+        longest = max(recent.generated for recent in output)
+        tokens = longest if output_tokens is None else min(output_tokens, longest)
+        pace = self.decode_pace
+        taken = [
+            recent.time_for(time, tokens, pace, prompt_tokens)
+            for time, recent in zip(self._scaled_service, output, strict=True)
+        ]
+        if taken == list(self._scaled_service):
             return times
-        return tuple(
-            sorted(time * share for time, share in zip(self._scaled_service, shares, strict=True))
-        )
+        return tuple(sorted(taken))
+
+    @functools.cached_property
+    def decode_pace(self) -> float | None:
+        """Seconds per generated token at the engine's pace now: the recent requests' decode
+        time (their scaled service time's decoding share) over the tokens they decoded after
+        the first, all together (None: none decoded two tokens). The pace of many steps, so
+        that one request's few slow ones do not set it (``service_times_for``)."""
+        decoded = 0
+        seconds = 0.0
+        for time, recent in zip(self._scaled_service, self.recent_output, strict=False):
+            if recent.generated >= 2:
+                decoded += recent.generated - 1
+                seconds += time * min(max(recent.decode_share, 0.0), 1.0)
+        return seconds / decoded if decoded else None
 
     def forecast_service_for(
         self, output_tokens: int | None, prompt_tokens: int | None = None
@@ -349,12 +378,27 @@ class SaturationState:
 
 
 class RecentOutput(NamedTuple):
-    """What a recent request generated, from vLLM's own count: how a request asking for fewer
-    tokens is forecast from its service time (``share``)."""
+    """What a recent request generated, from vLLM's own count: how a request asking for
+    another number of tokens is forecast from its service time (``time_for``)."""
 
     generated: int
     decode_share: float  # of its service time, decoding (first token to last)
     prompt_tokens: int
+
+    def time_for(
+        self,
+        served_s: float,
+        output_tokens: int,
+        pace_s: float | None,
+        prompt_tokens: int | None = None,
+    ) -> float:
+        """This request's service time ``served_s`` taken to ``output_tokens``: cut by its
+        ``share`` where it generated more; where it generated fewer, the tokens it lacks added
+        at ``pace_s`` seconds each (the engine's, ``SaturationState.decode_pace``; None: as it
+        was)."""
+        if output_tokens <= self.generated or pace_s is None:
+            return served_s * self.share(output_tokens, prompt_tokens)
+        return served_s + (output_tokens - self.generated) * pace_s
 
     def share(self, output_tokens: int, prompt_tokens: int | None = None) -> float:
         """The part of this request's service time one generating at most ``output_tokens``

@@ -961,23 +961,25 @@ def test_a_request_is_forecast_the_service_time_of_the_tokens_it_asks_for() -> N
     """Service time is decoding, a token a step: a request that asks for at most 48 tokens
     is forecast what 48 take (the recent requests' prefill and API share, then their time per
     token for 47 more), not the longest recent request's time. One that asks for more than
-    any recent request generated, or says nothing, is forecast the recent times as they are:
-    a limit is an upper bound, and most requests stop before it."""
+    any recent request generated, or says nothing, is forecast the longest one's length: a
+    limit is an upper bound, and most requests stop before it."""
     state = _outputs_measured()
     typical = state.forecast_service_s
     assert typical == pytest.approx(0.03 + 0.01 * 140)
+    assert state.decode_pace == pytest.approx(0.01)
     assert state.forecast_service_for(48) == pytest.approx(0.03 + 0.01 * 47)
     assert state.forecast_service_for(96) == pytest.approx(0.03 + 0.01 * 95)
     assert state.forecast_service_for(1) == pytest.approx(0.03)
     for asks in (None, 141, 4096):
-        assert state.forecast_service_for(asks) == typical
+        assert state.forecast_service_for(asks) == pytest.approx(typical)
     # A prompt known to be 4x the recent ones' 64 tokens: their part before decoding (30 ms)
     # taken 4x; one no longer than theirs, as theirs.
     assert state.forecast_service_for(48, prompt_tokens=256) == pytest.approx(0.12 + 0.47)
     assert state.forecast_service_for(48, prompt_tokens=32) == pytest.approx(0.03 + 0.47)
-    # Never longer than the recent requests' own times, whatever the prompt.
-    assert state.forecast_service_for(141, prompt_tokens=100_000) == typical
-    assert state.forecast_service_for(120, prompt_tokens=100_000) == typical
+    # Never longer than the longest recent request's length at the engine's pace, whatever
+    # the prompt.
+    assert state.forecast_service_for(141, prompt_tokens=100_000) == pytest.approx(typical)
+    assert state.forecast_service_for(120, prompt_tokens=100_000) == pytest.approx(typical)
     # Where vLLM did not say what the recent requests generated: the recent times as they are.
     unknown = dataclasses.replace(state, recent_output=())
     assert unknown.forecast_service_for(48) == typical
@@ -1080,12 +1082,13 @@ def test_before_its_body_a_request_is_judged_as_the_shortest_then_on_its_own_lim
     assert not judge_saturation(settings, deep).admit
 
 
-def test_a_long_request_is_forecast_the_recent_times_never_a_shorter_ones_pace_stretched() -> None:
+def test_a_long_request_is_forecast_a_shorter_ones_time_plus_the_rest_at_the_engines_pace() -> None:
     """A request asking for more tokens than a recent one generated is forecast that one's
-    time as it was, not its pace taken to the request's length: stretched (up to twice its
-    own, at most to the longest recent one's), the short requests an overload admitted set
-    the forecast of the light load after it, and 21 requests were refused at 0.5x (run 46);
-    cut only, none (run 45)."""
+    time plus the tokens it lacks at the pace of all recent tokens: one recent request that
+    decoded slower than the longest makes a long request late where it is promised the
+    longest's time (run 45: most of the late requests at 4x asked for 110-144 tokens), and
+    its own slow pace stretched to the long request's length sets a forecast the engine does
+    not run at (run 46: 21 refused at 0.5x after an overload)."""
     state = _outputs_measured()
     generated, _decode, prompt = state.recent_output[16]  # 96 tokens at 10 ms a token
     slow = 0.03 + 0.015 * (generated - 1)  # decoded at 15 ms a token: 1.455 s
@@ -1093,7 +1096,43 @@ def test_a_long_request_is_forecast_the_recent_times_never_a_shorter_ones_pace_s
     service[16] = (slow, 8)
     output[16] = RecentOutput(generated, 0.015 * (generated - 1) / slow, prompt)
     state = dataclasses.replace(state, recent_service=tuple(service), recent_output=tuple(output))
+    decoded = sum(recent.generated - 1 for recent in state.recent_output)
+    pace = (0.01 * (decoded - (generated - 1)) + 0.015 * (generated - 1)) / decoded
+    assert state.decode_pace == pytest.approx(pace)
     assert state.forecast_service_s == pytest.approx(slow)
-    assert state.forecast_service_for(141) == state.forecast_service_s  # not 0.03 + 0.015 * 140
+    # 45 tokens more than the slow one generated, at the engine's pace: more than its 1.455 s
+    # and than the longest's 1.43 s, less than its own pace would make it (2.13 s).
+    long_request = state.forecast_service_for(141)
+    assert long_request == pytest.approx(slow + (141 - generated) * pace)
+    assert slow < long_request < 0.03 + 0.015 * 140
     assert state.forecast_service_for(96) == pytest.approx(slow)
     assert state.forecast_service_for(48) == pytest.approx(0.03 + 0.015 * 47)
+
+
+def test_after_an_overload_a_long_request_is_not_forecast_a_short_ones_slow_pace() -> None:
+    """Run 46's light load after an overload: the recent requests the overload admitted were
+    short, and a few of them decoded at a burst's slow pace. A long request arriving to an
+    engine with room is forecast within the SLO that plain vLLM met there (0.81 s; the
+    slowest recent request took 0.42 s here, 0.54 s there), not their pace stretched to its
+    length (0.88 s)."""
+    generated = [40 + 2 * index for index in range(32)]  # 40-102, the overload's short mix
+    paces = [0.0085 if index < 4 else 0.004 for index in range(32)]  # 4 short ones in a burst
+    served = [0.02 + pace * (n - 1) for n, pace in zip(generated, paces, strict=True)]
+    state = SaturationState(
+        running=2,
+        waiting=0,
+        drain_rate=6.0,
+        service_s=max(served),
+        capacity=8,
+        recent_service=tuple((s, 4) for s in served),
+        recent_output=tuple(
+            RecentOutput(n, pace * (n - 1) / s, 64)
+            for n, pace, s in zip(generated, paces, served, strict=True)
+        ),
+        step_times=StepTimes({4: 0.004}),
+    )
+    stretched = max(0.02 + pace * (102 - 1) for pace in paces)  # each one's own pace
+    assert stretched > 0.81
+    forecast = state.forecast_service_for(144)
+    assert forecast is not None and max(served) < forecast < 0.81
+    assert assess(SaturationSettings(latency_slo_s=0.81), state, output_tokens=144).breach is None
