@@ -36,11 +36,13 @@ statistics, in the API process; admission (warden/control/admission.py) decides 
   time (``service_times_for``): each recent service time is cut to that many tokens where the
   recent request generated more, and where it generated fewer, the tokens it lacks are added
   at the engine's pace, the recent requests' decode time per token over all their tokens
-  (``decode_pace``). Forecast the longest recent request's time, short requests the SLO had
-  room for were refused with the long ones (run 44), and long ones outran it (run 45: 23 of
-  the 32 late at 4x asked for 110-144 tokens); each recent request's own pace stretched to a
-  long request's tokens, a short one's slow pace (a few tokens among a burst's prefills) set
-  the forecast, and a light load after an overload was refused (run 46: 21 at 0.5x).
+  (``decode_pace``), where it was served at a batch no larger than the one the new request
+  will be served in (from a larger one, its time as it was). Forecast the longest recent
+  request's time, short requests the SLO had room for were refused with the long ones (run
+  44), and long ones outran it (run 45: 23 of the 32 late at 4x asked for 110-144 tokens);
+  each recent request's own pace stretched to a long request's tokens, a short one's slow
+  pace (a few tokens among a burst's prefills) set the forecast, and a light load after an
+  overload was refused (run 46: 21 at 0.5x).
 - slowdown: when the engine's steps take measurably longer now than when the recent
   requests finished (``SaturationState.slowdown``), the service forecast is that many times
   longer and the drain rate that many times lower, from the step times, within about 20
@@ -197,9 +199,12 @@ class SaturationState:
         longest = max(recent.generated for recent in output)
         tokens = longest if output_tokens is None else min(output_tokens, longest)
         pace = self.decode_pace
+        serving = self.serving_batch
         taken = [
-            recent.time_for(time, tokens, pace, prompt_tokens)
-            for time, recent in zip(self._scaled_service, output, strict=True)
+            recent.time_for(time, tokens, pace if batch <= serving else None, prompt_tokens)
+            for time, recent, (_served, batch) in zip(
+                self._scaled_service, output, self.recent_service, strict=True
+            )
         ]
         if taken == list(self._scaled_service):
             return times
@@ -207,14 +212,23 @@ class SaturationState:
 
     @functools.cached_property
     def decode_pace(self) -> float | None:
-        """Seconds per generated token at the engine's pace now: the recent requests' decode
-        time (their scaled service time's decoding share) over the tokens they decoded after
-        the first, all together (None: none decoded two tokens). The pace of many steps, so
-        that one request's few slow ones do not set it (``service_times_for``)."""
+        """Seconds per generated token at the engine's pace now: the decode time of the
+        recent requests served at a batch no larger than the one a request arriving now will
+        be served in (their scaled service time's decoding share), over the tokens they
+        decoded after the first, all together; None where none decoded two tokens. The pace
+        of many steps, so that one request's few slow ones do not set it
+        (``service_times_for``). A request served in a larger batch is left out, and its time
+        is not lengthened: its steps carried more prefills than this one's will, which the
+        step times' ratio does not scale away (issue #28's quick check: after a warm-up burst
+        of a full batch, a 132-token request was forecast 1.00 s at 0.5x with 3 running, where
+        the slowest recent request took 0.58 s and plain's p99 was 0.47 s)."""
+        serving = self.serving_batch
         decoded = 0
         seconds = 0.0
-        for time, recent in zip(self._scaled_service, self.recent_output, strict=False):
-            if recent.generated >= 2:
+        for time, recent, (_served, batch) in zip(
+            self._scaled_service, self.recent_output, self.recent_service, strict=False
+        ):
+            if recent.generated >= 2 and batch <= serving:
                 decoded += recent.generated - 1
                 seconds += time * min(max(recent.decode_share, 0.0), 1.0)
         return seconds / decoded if decoded else None

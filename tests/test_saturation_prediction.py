@@ -963,7 +963,7 @@ def test_a_request_is_forecast_the_service_time_of_the_tokens_it_asks_for() -> N
     token for 47 more), not the longest recent request's time. One that asks for more than
     any recent request generated, or says nothing, is forecast the longest one's length: a
     limit is an upper bound, and most requests stop before it."""
-    state = _outputs_measured()
+    state = _outputs_measured(running=8)  # a full batch, as the recent requests'
     typical = state.forecast_service_s
     assert typical == pytest.approx(0.03 + 0.01 * 140)
     assert state.decode_pace == pytest.approx(0.01)
@@ -1088,8 +1088,9 @@ def test_a_long_request_is_forecast_a_shorter_ones_time_plus_the_rest_at_the_eng
     decoded slower than the longest makes a long request late where it is promised the
     longest's time (run 45: most of the late requests at 4x asked for 110-144 tokens), and
     its own slow pace stretched to the long request's length sets a forecast the engine does
-    not run at (run 46: 21 refused at 0.5x after an overload)."""
-    state = _outputs_measured()
+    not run at (run 46: 21 refused at 0.5x after an overload). The batch is full, as the
+    recent requests' was."""
+    state = _outputs_measured(running=8)
     generated, _decode, prompt = state.recent_output[16]  # 96 tokens at 10 ms a token
     slow = 0.03 + 0.015 * (generated - 1)  # decoded at 15 ms a token: 1.455 s
     service, output = list(state.recent_service), list(state.recent_output)
@@ -1109,12 +1110,13 @@ def test_a_long_request_is_forecast_a_shorter_ones_time_plus_the_rest_at_the_eng
     assert state.forecast_service_for(48) == pytest.approx(0.03 + 0.015 * 47)
 
 
-def test_after_an_overload_a_long_request_is_not_forecast_a_short_ones_slow_pace() -> None:
-    """Run 46's light load after an overload: the recent requests the overload admitted were
-    short, and a few of them decoded at a burst's slow pace. A long request arriving to an
-    engine with room is forecast within the SLO that plain vLLM met there (0.81 s; the
-    slowest recent request took 0.42 s here, 0.54 s there), not their pace stretched to its
-    length (0.88 s)."""
+def test_after_an_overload_a_long_request_is_forecast_at_its_own_batchs_pace() -> None:
+    """Run 46's light load after an overload: the recent requests were served in a full
+    batch, the overload's short mix, a few of them at a burst's slow pace. A long request
+    arriving to an engine with 2 running is forecast within the SLO that plain vLLM met
+    there (0.81 s), not their pace stretched to its length (0.88 s), nor their pace at all:
+    their steps carried a full batch's prefills. Where the recent requests ran in a batch
+    no larger than this one's, their pace is its own, and the tokens they lacked are added."""
     generated = [40 + 2 * index for index in range(32)]  # 40-102, the overload's short mix
     paces = [0.0085 if index < 4 else 0.004 for index in range(32)]  # 4 short ones in a burst
     served = [0.02 + pace * (n - 1) for n, pace in zip(generated, paces, strict=True)]
@@ -1124,15 +1126,20 @@ def test_after_an_overload_a_long_request_is_not_forecast_a_short_ones_slow_pace
         drain_rate=6.0,
         service_s=max(served),
         capacity=8,
-        recent_service=tuple((s, 4) for s in served),
+        recent_service=tuple((s, 8) for s in served),
         recent_output=tuple(
             RecentOutput(n, pace * (n - 1) / s, 64)
             for n, pace, s in zip(generated, paces, served, strict=True)
         ),
-        step_times=StepTimes({4: 0.004}),
+        step_times=StepTimes({8: 0.004}),
     )
     stretched = max(0.02 + pace * (102 - 1) for pace in paces)  # each one's own pace
     assert stretched > 0.81
-    forecast = state.forecast_service_for(144)
-    assert forecast is not None and max(served) < forecast < 0.81
+    assert state.decode_pace is None  # none served in a batch of 3 or fewer
+    assert state.forecast_service_for(144) == pytest.approx(max(served))
     assert assess(SaturationSettings(latency_slo_s=0.81), state, output_tokens=144).breach is None
+    # The same requests served in a batch of 3, the one this request joins: their pace.
+    light = dataclasses.replace(state, recent_service=tuple((s, 3) for s in served))
+    assert light.decode_pace is not None and 0.004 < light.decode_pace < 0.0045
+    forecast = light.forecast_service_for(144)
+    assert forecast is not None and max(served) < forecast < 0.81

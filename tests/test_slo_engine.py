@@ -2,13 +2,15 @@
 
 The forecast's pieces are unit-tested (tests/test_saturation_prediction.py); this module runs
 the path they make together in the API server: vLLM's per-step statistics -> the live queue ->
-``assess`` -> the body stage -> ``Controller.serving``. One engine: the tiny model with a batch
+``assess`` -> the body stage -> ``Controller.serving``. The first engine: the tiny model, a batch
 of 4 and steps slowed to at least ``STEP_DELAY_S`` (a test switch), so a request lasts at least
-``TOKENS`` steps however fast the machine is, and a burst queues several batches deep. The SLO
-is generous: nothing here may be refused, whatever the machine's speed. No fakes."""
+``TOKENS`` steps however fast the machine is, and a burst queues several batches deep. Its SLO
+is generous: nothing there may be refused, whatever the machine's speed. A second engine, the
+same but for an SLO under those steps' floor, tells a short request from a long one. No fakes."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -107,3 +109,69 @@ def test_the_forecast_knows_what_recent_requests_generated_and_how_long_they_dec
     measured = saturation(engine)["measured"]
     assert measured["recent_output_tokens"] == TOKENS, measured
     assert 0.5 < measured["recent_decode_share"] < 1.0, measured
+
+
+LENGTH_SLO_S = 0.8  # under a TOKENS request's steps alone (>= 0.94 s), far over a 4-token one's
+SHORT = 4  # tokens: its service is the prefill and 3 steps of at least STEP_DELAY_S
+BACKGROUND = 8 * TOKENS  # a request that keeps the engine busy while the two are judged
+
+
+@pytest.fixture(scope="module")
+def tight_engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The same engine with an SLO that a request of ``TOKENS`` cannot meet and a short one
+    meets on any machine (the steps' floor sets the first; the second has 0.6 s to spare)."""
+    run_dir = tmp_path_factory.mktemp("slo-length-engine")
+    config = run_dir / "warden.yaml"
+    config.write_text(f"admission:\n  saturation:\n    latency_slo_s: {LENGTH_SLO_S}\n")
+    env = {"WARDEN_CONFIG": str(config), "WARDEN_TEST_STEP_DELAY_S": str(STEP_DELAY_S)}
+    args = ("--max-num-seqs", str(BATCH))
+    with running_engine(tiny_model, extra_args=args, env=env, run_dir=run_dir) as eng:
+        yield eng
+
+
+def test_over_http_a_short_request_is_admitted_where_a_long_one_is_refused(
+    tight_engine: Any,
+) -> None:
+    """On a busy engine whose recent requests each took ``TOKENS`` steps (over the SLO), a
+    request asking for ``SHORT`` tokens is admitted and served; one asking for more than the
+    recent ones generated is refused with 503 and Retry-After, its basis in
+    ``/warden/state`` naming the latency forecast and the length it was forecast for (at
+    most the longest recent one's). Both arrive to a batch with free slots and no queue, so
+    nothing but their length tells them apart (``SaturationState.service_times_for``)."""
+    engine = tight_engine
+    served = str(engine.spec.model)
+    for index in range(WARM_UP):  # sequential: an idle engine admits whatever the forecast
+        response = complete(engine, served, f"recent {index}", TOKENS, ignore_eos=True)
+        assert response.status_code == 200, response.text
+    measured = saturation(engine)["measured"]
+    assert measured["recent_output_tokens"] == TOKENS, measured
+    assert measured["service_s"] > LENGTH_SLO_S, measured
+
+    with ThreadPoolExecutor(1) as pool:
+        background = pool.submit(
+            complete, engine, served, "background", BACKGROUND, ignore_eos=True
+        )
+        deadline = time.monotonic() + 60
+        while saturation(engine)["measured"]["running"] < 1:
+            assert time.monotonic() < deadline, "the background request never ran"
+            assert not background.done(), background.result().text
+            time.sleep(0.02)
+        short = complete(engine, served, "short", SHORT, ignore_eos=True)
+        long = complete(engine, served, "long", 2 * TOKENS, ignore_eos=True)
+        assert not background.done(), "the engine went idle before both were judged"
+        assert background.result().status_code == 200
+
+    assert short.status_code == 200, short.text
+    assert short.json()["usage"]["completion_tokens"] == SHORT
+    assert long.status_code == 503, long.text
+    assert long.headers.get("retry-after"), long.headers
+    assert long.json()["error"]["warden_signal"] == "latency_s", long.text
+    refusals = [r for r in state_of(engine)["recent_rejections"] if r["signal"] == "latency_s"]
+    assert len(refusals) == 1, refusals
+    basis = refusals[0]["basis"]
+    assert basis["output_tokens"] == 2 * TOKENS, basis
+    assert basis["service_s"] > LENGTH_SLO_S and basis["waiting"] == 0, basis
+
+
+def state_of(engine: Any) -> dict[str, Any]:
+    return dict(httpx.get(f"{engine.base_url}/warden/state", timeout=10).json())
