@@ -273,14 +273,17 @@ def refusal_causes(state: dict[str, Any], since: float) -> dict[str, dict[str, A
 
 def basis_text(basis: dict[str, Any]) -> str:
     """One refusal's forecast in a few words: "wait 0.41 + service 0.38 s for 96 tokens
-    (measured 0.30), slot 2, 5 running / 3 waiting of 8" (the request's max_tokens the service
-    was forecast for; measured: the recent service times' quantile before the forecast scaled
-    it; slot "-": the batch had room; parts not given are left out)."""
+    (scaled 0.33, measured 0.30), slot 2, 5 running / 3 waiting of 8" (the request's
+    max_tokens the service was forecast for; measured: the recent service times' quantile
+    before the forecast scaled it; scaled: after the scaling, before the request's length;
+    slot "-": the batch had room; parts not given are left out)."""
     parts = []
     wait, service = basis.get("wait_s"), basis.get("service_s")
     if wait is not None and service is not None:
-        measured = basis.get("measured_service_s")
-        scaled_from = f" (measured {measured:.2f})" if measured is not None else ""
+        measured, scaled = basis.get("measured_service_s"), basis.get("scaled_service_s")
+        sources = [f"scaled {scaled:.2f}"] if scaled is not None else []
+        sources += [f"measured {measured:.2f}"] if measured is not None else []
+        scaled_from = f" ({', '.join(sources)})" if sources else ""
         tokens = basis.get("output_tokens")
         asked = f" for {tokens} tokens" if tokens is not None else ""
         parts.append(f"wait {wait:.2f} + service {service:.2f} s{asked}{scaled_from}")

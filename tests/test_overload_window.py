@@ -206,6 +206,16 @@ def test_refusals_at_a_light_load_are_named_under_the_table() -> None:
                     "capacity": 8,
                 },
                 {"wait_s": 0.5, "service_s": 0.62, "slot": 2, "running": 8, "waiting": 2},
+                {
+                    "wait_s": 0.0,
+                    "service_s": 1.57,
+                    "measured_service_s": 1.02,
+                    "scaled_service_s": 1.05,
+                    "output_tokens": 141,
+                    "running": 4,
+                    "waiting": 0,
+                    "capacity": 8,
+                },
             ],
         }
     }
@@ -224,7 +234,9 @@ def test_refusals_at_a_light_load_are_named_under_the_table() -> None:
     assert (
         "\n- pair 1: wait 0.41 + service 0.60 s (measured 0.31), slot -, 5 running / 3 waiting"
         " of 8"
-        "\n- pair 1: wait 0.50 + service 0.62 s, slot 2, 8 running / 2 waiting\n"
+        "\n- pair 1: wait 0.50 + service 0.62 s, slot 2, 8 running / 2 waiting"
+        "\n- pair 1: wait 0.00 + service 1.57 s for 141 tokens (scaled 1.05, measured 1.02),"
+        " slot -, 4 running / 0 waiting of 8\n"
     ) in text
     assert "refused at 2x" not in text
 

@@ -1000,6 +1000,8 @@ def test_a_short_request_is_admitted_at_an_slo_the_longest_recent_one_would_miss
     assert found is not None
     assert found.basis()["output_tokens"] == 120
     assert found.basis()["service_s"] == pytest.approx(0.03 + 0.01 * 119, abs=0.001)
+    # The recent times before the length cut them: the longest recent request's 1.43 s.
+    assert found.basis()["scaled_service_s"] == pytest.approx(0.03 + 0.01 * 140, abs=0.001)
 
 
 def test_a_short_requests_slot_is_judged_on_its_own_length() -> None:

@@ -148,6 +148,10 @@ class Breach:
     measured_service_s: float | None = None
     # The request's own limit on its output the service time was forecast for (None: unknown).
     output_tokens: int | None = None
+    # The recent service times as scaled to the engine now, before the request's own length
+    # cut or lengthened them (``forecast_service_s``; given with ``output_tokens``): a service
+    # time far from it was made by the length, one near it by the scaling or the requests.
+    scaled_service_s: float | None = None
 
     def basis(self) -> dict[str, float | int]:
         """The parts of the forecast this refusal was decided on, for ``/warden/state``: a
@@ -158,6 +162,7 @@ class Breach:
             "wait_s": self.wait_s,
             "service_s": self.service_s,
             "measured_service_s": self.measured_service_s,
+            "scaled_service_s": self.scaled_service_s,
             "output_tokens": self.output_tokens,
             "slot": self.slot,
             "running": counts.running,
@@ -296,6 +301,7 @@ def _latency_breach(
         counts=_counts(state),
         measured_service_s=state.service_s,
         output_tokens=output_tokens,
+        scaled_service_s=state.forecast_service_s if output_tokens is not None else None,
     )
 
 
