@@ -134,11 +134,12 @@ class SaturationState:
             return self.capacity
         return self.running + 1
 
-    @property
+    @functools.cached_property
     def serving_batch(self) -> int:
         """The batch a request arriving now will be served in: the one it joins, or the
         largest of the last service time if larger (under load the batch fills again before
-        the request ends), never above the capacity."""
+        the request ends), never above the capacity. Worked out once per state: the scaling,
+        the lengthening and the pace all read it, and a state lives one step."""
         batch = max(self.joining_batch, self.recent_peak)
         return min(batch, self.capacity) if self.capacity is not None else batch
 

@@ -33,15 +33,21 @@ WARM_UP = 4  # sequential requests first: the forecast needs a drain rate and se
 BURST = 4 * BATCH  # sent together: three batches queue behind the running one
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    run_dir = tmp_path_factory.mktemp("slo-engine")
+def _engine_with_slo(
+    tiny_model: Path, factory: pytest.TempPathFactory, name: str, slo_s: float
+) -> Iterator[Any]:
+    run_dir = factory.mktemp(name)
     config = run_dir / "warden.yaml"
-    config.write_text(f"admission:\n  saturation:\n    latency_slo_s: {SLO_S}\n")
+    config.write_text(f"admission:\n  saturation:\n    latency_slo_s: {slo_s}\n")
     env = {"WARDEN_CONFIG": str(config), "WARDEN_TEST_STEP_DELAY_S": str(STEP_DELAY_S)}
     args = ("--max-num-seqs", str(BATCH))
     with running_engine(tiny_model, extra_args=args, env=env, run_dir=run_dir) as eng:
         yield eng
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    yield from _engine_with_slo(tiny_model, tmp_path_factory, "slo-engine", SLO_S)
 
 
 def saturation(engine: Any) -> dict[str, Any]:
@@ -120,13 +126,7 @@ BACKGROUND = 8 * TOKENS  # a request that keeps the engine busy while the two ar
 def tight_engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """The same engine with an SLO that a request of ``TOKENS`` cannot meet and a short one
     meets on any machine (the steps' floor sets the first; the second has 0.6 s to spare)."""
-    run_dir = tmp_path_factory.mktemp("slo-length-engine")
-    config = run_dir / "warden.yaml"
-    config.write_text(f"admission:\n  saturation:\n    latency_slo_s: {LENGTH_SLO_S}\n")
-    env = {"WARDEN_CONFIG": str(config), "WARDEN_TEST_STEP_DELAY_S": str(STEP_DELAY_S)}
-    args = ("--max-num-seqs", str(BATCH))
-    with running_engine(tiny_model, extra_args=args, env=env, run_dir=run_dir) as eng:
-        yield eng
+    yield from _engine_with_slo(tiny_model, tmp_path_factory, "slo-length-engine", LENGTH_SLO_S)
 
 
 def test_over_http_a_short_request_is_admitted_where_a_long_one_is_refused(
