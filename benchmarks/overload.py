@@ -67,6 +67,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import yaml
 
 from benchmarks.common import (
@@ -83,6 +84,7 @@ from benchmarks.common import (
     tiny_model,
     workdir,
 )
+from benchmarks.cpu_timeline import CpuTimeline, cpu_text, cpu_while_running
 from benchmarks.honouring_client import run_honouring
 from exporter import catalog
 
@@ -156,11 +158,12 @@ def measure(
     the load and returns a result in ``vllm bench serve``'s keys (completed, failed, duration,
     request_goodput, p99_e2el_ms); a client that counts its lost requests itself says so."""
     cpu = EngineCpu(engine)
+    timeline = CpuTimeline(cpu.read, engine_cores(engine))
     began_at = time.time()
     before, cpu_before = scrape(engine.base_url), cpu.read()
     tokens = TokenSampler(engine.base_url, sample(before, catalog.VLLM_GENERATION_TOKENS.name))
     started = time.monotonic()
-    with tokens:
+    with tokens, timeline:
         result = client()
     elapsed = time.monotonic() - started
     after, cpu_after = scrape(engine.base_url), cpu.read()
@@ -215,6 +218,9 @@ def measure(
         * (cpu_after.get("worker", 0.0) - cpu_before.get("worker", 0.0))
         / max(delta(catalog.VLLM_GENERATION_TOKENS.name), 1.0),
     }
+    if slo_s is not None and "latencies" in result:
+        # The CPU while the admitted requests ran, the late ones apart (benchmarks/cpu_timeline.py).
+        point["cpu_while_running"] = cpu_while_running(_succeeded(result), slo_s, timeline)
     if "admitted_on_first_return" in result:
         point["honouring"] = {k: v for k, v in result.items() if k not in point}
     state = warden_state(engine.base_url)
@@ -430,6 +436,13 @@ def cpu_split(spec: str) -> CpuSplit | None:
     if not client or not client < cores:
         raise ValueError(f"--client-cpus {spec}: leaves no core of {sorted(cores)} to the engine")
     return CpuSplit(cores - client, client)
+
+
+def engine_cores(engine: Any) -> frozenset[int] | None:
+    """The cores the engine's processes run on (its API server's: they inherit them)."""
+    with contextlib.suppress(Exception):
+        return frozenset(psutil.Process(engine.process.pid).cpu_affinity() or ())
+    return None
 
 
 @contextlib.contextmanager
@@ -809,7 +822,9 @@ def report_config(results: dict[str, Any], name: str) -> str:
         else "default config"
     )
     text = head + "\n" + table(headers, rows) + light_load_refusals(results, side)
-    return text + (short_goodput_pairs(results, side) if name == "slo" else "")
+    if name == "slo":
+        text += short_goodput_pairs(results, side) + cpu_while_late(results, side)
+    return text
 
 
 # The loads at which any refusal is one too many (issue #28): their causes follow the table.
@@ -868,6 +883,25 @@ def short_goodput_pairs(results: dict[str, Any], side: str) -> str:
     if not short:
         return ""
     return f"\n\ngoodput under {GOODPUT_TARGET:g} of capacity at 2x and up: " + "; ".join(short)
+
+
+def cpu_while_late(results: dict[str, Any], side: str) -> str:
+    """A line per pair and point with late admitted requests: the engine's CPU while they ran
+    against while the rest did (``cpu_while_running``: the worker, engine core and API server
+    in cores, the steal and idle of the engine's cores, the sampler's longest wake-up lag).
+    A worker at its usual share while requests ran late says the engine's own steps were
+    slower than forecast; a worker short of CPU beside a busy API server says the refusals
+    took it; steal says the host did."""
+    lines = []
+    for index, point in enumerate(results["points"]):
+        for number, sides in enumerate(results["pairs"], start=1):
+            groups = sides[side][index].get("cpu_while_running") or {}
+            if groups.get("late"):
+                lines.append(f"- {point:g}x pair {number}: {cpu_text(groups)}")
+    if not lines:
+        return ""
+    head = "\n\nCPU while admitted requests ran late and on time (median per request, cores):"
+    return head + "\n" + "\n".join(lines)
 
 
 def goodput_share(point: dict[str, Any], capacity: float) -> float:
