@@ -221,6 +221,7 @@ def measure(
     if slo_s is not None and "latencies" in result:
         # The CPU while the admitted requests ran, the late ones apart (benchmarks/cpu_timeline.py).
         point["cpu_while_running"] = cpu_while_running(_succeeded(result), slo_s, timeline)
+        point["late_time"] = late_time(result, slo_s)
     if "admitted_on_first_return" in result:
         point["honouring"] = {k: v for k, v in result.items() if k not in point}
     state = warden_state(engine.base_url)
@@ -346,6 +347,74 @@ def _succeeded(result: dict[str, Any]) -> list[tuple[float, float]]:
         )
         if not error and latency
     ]
+
+
+# How far back "the requests admitted before it" reach (``late_time``): about the service
+# time of a request at the SLO, the ones still running or queued ahead of it when it came.
+AHEAD_S = 1.5
+
+
+def late_time(result: dict[str, Any], slo_s: float) -> dict[str, dict[str, float]]:
+    """Where the admitted requests' time went, the late ones apart from those within the
+    SLO: for each group the number of requests and the medians of its time to the first
+    token (the wait in vLLM's queue and the prefill), the rest (decoding), the tokens it
+    generated, and the mean tokens of the requests admitted in the ``AHEAD_S`` before it
+    over the point's mean (over 1: a run of long requests went in ahead of it). A late
+    request with a long first token waited longer than its wait was forecast; one with a
+    long decode decoded slower than its service was."""
+    answered = [
+        (start, latency, ttft, tokens)
+        for start, latency, ttft, tokens, error in zip(
+            result.get("start_times") or [],
+            result.get("latencies") or [],
+            result.get("ttfts") or [],
+            result.get("output_lens") or [],
+            result.get("errors") or [""] * len(result.get("latencies") or []),
+            strict=False,
+        )
+        if not error and latency and ttft is not None
+    ]
+    if not answered:
+        return {}
+    mean_tokens = statistics.mean(tokens for *_, tokens in answered) or 1.0
+    starts = sorted((start, tokens) for start, *_, tokens in answered)
+    sent = [start for start, _ in starts]
+    groups: dict[str, list[tuple[float, float, float, float]]] = {"on_time": [], "late": []}
+    for start, latency, ttft, tokens in answered:
+        ahead = [
+            t
+            for _, t in starts[
+                bisect.bisect_left(sent, start - AHEAD_S) : bisect.bisect_left(sent, start)
+            ]
+        ]
+        ahead_share = statistics.mean(ahead) / mean_tokens if ahead else 1.0
+        group = groups["late" if latency > slo_s else "on_time"]
+        group.append((ttft, latency - ttft, float(tokens), ahead_share))
+    out = {}
+    for name, members in groups.items():
+        if members:
+            columns = list(zip(*members, strict=True))
+            medians = [round(statistics.median(column), 3) for column in columns]
+            out[name] = dict(
+                zip(("first_token_s", "decode_s", "tokens", "ahead_tokens"), medians, strict=True),
+                requests=float(len(members)),
+            )
+    return out
+
+
+def late_time_text(groups: dict[str, Any]) -> str:
+    """'late 20: first token 0.99 s, decode 0.72 s, 120 tokens, 1.11x the tokens ahead; on
+    time ...' for a point's ``late_time``."""
+    parts = []
+    for name, label in (("late", "late"), ("on_time", "on time")):
+        group = groups.get(name)
+        if group:
+            parts.append(
+                f"{label} {int(group['requests'])}: first token {group['first_token_s']:.2f} s,"
+                f" decode {group['decode_s']:.2f} s, {group['tokens']:.0f} tokens,"
+                f" {group['ahead_tokens']:.2f}x the tokens ahead"
+            )
+    return "; ".join(parts)
 
 
 def goodput_in(result: dict[str, Any], window: Window, slo_s: float) -> float:
@@ -888,20 +957,29 @@ def short_goodput_pairs(results: dict[str, Any], side: str) -> str:
 def cpu_while_late(results: dict[str, Any], side: str) -> str:
     """A line per pair and point with late admitted requests: the engine's CPU while they ran
     against while the rest did (``cpu_while_running``: the worker, engine core and API server
-    in cores, the steal and idle of the engine's cores, the sampler's longest wake-up lag).
-    A worker at its usual share while requests ran late says the engine's own steps were
-    slower than forecast; a worker short of CPU beside a busy API server says the refusals
-    took it; steal says the host did."""
-    lines = []
+    in cores, the steal and idle of the engine's cores, the sampler's longest wake-up lag),
+    after where their time went (``late_time``: queue and prefill, or decoding). A worker at
+    its usual share while requests ran late says the engine's own steps were slower than
+    forecast, or the queue ahead longer; a worker short of CPU beside a busy API server says
+    the refusals took it; steal says the host did."""
+    lines, times = [], []
     for index, point in enumerate(results["points"]):
         for number, sides in enumerate(results["pairs"], start=1):
-            groups = sides[side][index].get("cpu_while_running") or {}
+            run = sides[side][index]
+            groups = run.get("cpu_while_running") or {}
             if groups.get("late"):
                 lines.append(f"- {point:g}x pair {number}: {cpu_text(groups)}")
-    if not lines:
-        return ""
-    head = "\n\nCPU while admitted requests ran late and on time (median per request, cores):"
-    return head + "\n" + "\n".join(lines)
+            spent = run.get("late_time") or {}
+            if spent.get("late"):
+                times.append(f"- {point:g}x pair {number}: {late_time_text(spent)}")
+    text = ""
+    if times:
+        head = "where the admitted requests' time went, late and on time (median per request):"
+        text += "\n\n" + head + "\n" + "\n".join(times)
+    if lines:
+        head = "CPU while admitted requests ran late and on time (median per request, cores):"
+        text += "\n\n" + head + "\n" + "\n".join(lines)
+    return text
 
 
 def goodput_share(point: dict[str, Any], capacity: float) -> float:

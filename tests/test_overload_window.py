@@ -18,6 +18,8 @@ from benchmarks.overload import (
     completed_per_s,
     cpu_split,
     goodput_in,
+    late_time,
+    late_time_text,
     offered_window,
     pooled_within_share,
     refusal_causes,
@@ -317,3 +319,40 @@ def test_every_side_runs_once_in_every_place_at_every_point_over_as_many_pairs()
     # From point to point within a pair the order moves too.
     assert side_order(sides, 0, 0) != side_order(sides, 0, 1)
     assert side_order(["plain", "warden"], 1, 0) == ["warden", "plain"]
+
+
+def test_a_late_requests_time_is_split_into_first_token_and_decode_with_the_tokens_ahead() -> None:
+    """Run 49: the late ones waited for their first token (the queue), not decoding slower,
+    and long requests had gone in ahead of them. Two requests within a 1.5 s SLO sent 0.1 s
+    apart with 50 tokens each; a refused one (no tokens); two late ones sent 1 s later with
+    150 tokens each, 1.2 s to the first token."""
+    result = {
+        "start_times": [10.0, 10.1, 10.5, 11.0, 11.1],
+        "latencies": [0.8, 0.9, 0.0, 2.0, 2.2],
+        "ttfts": [0.3, 0.3, None, 1.2, 1.2],
+        "output_lens": [50, 50, 0, 150, 150],
+        "errors": ["", "", "Service Unavailable", "", ""],
+    }
+    groups = late_time(result, 1.5)
+    # The point's mean is 100 tokens. Ahead of the first late one (sent at 11.0): the two
+    # short ones (50, 0.5x); of the second: those and the first late one (83.3, 0.833x).
+    assert groups["late"] == {
+        "first_token_s": 1.2,
+        "decode_s": 0.9,
+        "tokens": 150.0,
+        "ahead_tokens": 0.667,
+        "requests": 2.0,
+    }
+    # Nothing was admitted before the first; the second had the first (0.5x).
+    assert groups["on_time"] == {
+        "first_token_s": 0.3,
+        "decode_s": 0.55,
+        "tokens": 50.0,
+        "ahead_tokens": 0.75,
+        "requests": 2.0,
+    }
+    assert late_time_text(groups) == (
+        "late 2: first token 1.20 s, decode 0.90 s, 150 tokens, 0.67x the tokens ahead; "
+        "on time 2: first token 0.30 s, decode 0.55 s, 50 tokens, 0.75x the tokens ahead"
+    )
+    assert late_time({"start_times": [], "latencies": []}, 1.5) == {}
