@@ -892,7 +892,7 @@ def report_config(results: dict[str, Any], name: str) -> str:
     )
     text = head + "\n" + table(headers, rows) + light_load_refusals(results, side)
     if name == "slo":
-        text += short_goodput_pairs(results, side) + cpu_while_late(results, side)
+        text += short_goodput_pairs(results, side) + late_requests_text(results, side)
     return text
 
 
@@ -954,7 +954,7 @@ def short_goodput_pairs(results: dict[str, Any], side: str) -> str:
     return f"\n\ngoodput under {GOODPUT_TARGET:g} of capacity at 2x and up: " + "; ".join(short)
 
 
-def cpu_while_late(results: dict[str, Any], side: str) -> str:
+def late_requests_text(results: dict[str, Any], side: str) -> str:
     """A line per pair and point with late admitted requests: the engine's CPU while they ran
     against while the rest did (``cpu_while_running``: the worker, engine core and API server
     in cores, the steal and idle of the engine's cores, the sampler's longest wake-up lag),

@@ -81,8 +81,17 @@ def test_late_requests_are_told_apart_by_the_cpu_they_ran_with() -> None:
 def test_the_report_names_each_pair_and_point_with_late_requests_and_its_cpu() -> None:
     late = {"late": {"requests": 3.0, "worker": 0.4, "api": 0.5}, "on_time": {"requests": 9.0}}
     on_time = {"on_time": {"requests": 12.0, "worker": 0.9}}
+    spent = {
+        "late": {
+            "requests": 3.0,
+            "first_token_s": 0.9,
+            "decode_s": 0.7,
+            "tokens": 120.0,
+            "ahead_tokens": 1.1,
+        }
+    }
     points = []
-    for groups in (on_time, late):
+    for groups, times in ((on_time, {}), (late, spent)):
         points.append(
             {
                 "rate": 12.0,
@@ -96,6 +105,7 @@ def test_the_report_names_each_pair_and_point_with_late_requests_and_its_cpu() -
                 "api_cpu_ms_per_request": 10.0,
                 "core_cpu_ms_per_request": 10.0,
                 "cpu_while_running": groups,
+                "late_time": times,
             }
         )
     results = {
@@ -108,6 +118,9 @@ def test_the_report_names_each_pair_and_point_with_late_requests_and_its_cpu() -
     }
     text = report(results)
     assert text.endswith(
+        "where the admitted requests' time went, late and on time (median per request):\n"
+        "- 4x pair 1: late 3: first token 0.90 s, decode 0.70 s, 120 tokens, 1.10x the tokens"
+        " ahead\n\n"
         "CPU while admitted requests ran late and on time (median per request, cores):\n"
         "- 4x pair 1: late 3: worker 0.40, api 0.50, lag 0.00 s; on time 9: lag 0.00 s"
     )
