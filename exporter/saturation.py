@@ -42,7 +42,10 @@ statistics, in the API process; admission (warden/control/admission.py) decides 
   44), and long ones outran it (run 45: 23 of the 32 late at 4x asked for 110-144 tokens);
   each recent request's own pace stretched to a long request's tokens, a short one's slow
   pace (a few tokens among a burst's prefills) set the forecast, and a light load after an
-  overload was refused (run 46: 21 at 0.5x).
+  overload was refused (run 46: 21 at 0.5x). A recent request the model stopped before its
+  limit (vLLM's finish reason: an end-of-sequence token, a stop string) is taken to no
+  more tokens than it generated: where requests end on their own, a limit is not a length
+  (``RecentOutput.tokens_like``).
 - slowdown: when the engine's steps take measurably longer now than when the recent
   requests finished (``SaturationState.slowdown``), the service forecast is that many times
   longer and the drain rate that many times lower, from the step times, within about 20
@@ -57,9 +60,11 @@ statistics, in the API process; admission (warden/control/admission.py) decides 
   wait is counted in whole batches of the running size, each lasting ``running / drain rate``
   (the drain rate of that batch, ``batch_drain_rate``): the worst case, since admission
   promises the SLO to the requests it admits. A slot within the running batch frees sooner,
-  as its requests end, from how long each has run (``served_ages``, ``_slot_freed_by``);
-  for the first half of those slots, admission also judges the wait and the request's own
-  service time together, their sum's 99th percentile (``slot_meets``).
+  as its requests end, from how long each has run (``served_ages``, ``_slot_freed_by``)
+  and the tokens each may generate (``served_limits``: each is forecast its own length,
+  ``running_times``); for the first half of those slots, admission also judges the wait
+  and the request's own service time together, their sum's 99th percentile
+  (``slot_meets``).
   Preemptions are in it twice: preempted requests wait again in the queue, and recomputation
   lowers the drain rate. There is one prediction: admission (warden/control/saturation.py)
   judges with it, and ``warden_queue_wait_predicted_seconds`` exports it for a typical
@@ -118,6 +123,10 @@ class SaturationState:
     # by the step monitor where a saturation limit is set; empty: unknown, and each slot is
     # taken to free a whole batch later: ``predicted_wait``).
     served_ages: tuple[float, ...] = ()
+    # The most tokens each of them may generate (its max_tokens; None: up to the context), in
+    # the same order; empty: unknown, and each is taken to be a typical recent request
+    # (``running_times``).
+    served_limits: tuple[int | None, ...] = ()
 
     @property
     def recent_peak(self) -> int:
@@ -202,7 +211,9 @@ class SaturationState:
         pace = self.decode_pace
         serving = self.serving_batch
         taken = [
-            recent.time_for(time, tokens, pace if batch <= serving else None, prompt_tokens)
+            recent.time_for(
+                time, recent.tokens_like(tokens), pace if batch <= serving else None, prompt_tokens
+            )
             for time, recent, (_served, batch) in zip(
                 self._scaled_service, output, self.recent_service, strict=True
             )
@@ -352,6 +363,46 @@ class SaturationState:
             ratios.append(now / then if now is not None and then else None)
         return tuple(ratios)
 
+    @functools.cached_property
+    def running_times(self) -> tuple[tuple[float, ...], ...]:
+        """For each running request (``served_ages``' order), the service times it is forecast
+        to take, sorted: ``service_times_for`` its limit (``served_limits``), each recent
+        request's time taken to as many tokens as it may generate, or, where the model
+        stopped the recent one early, to as many as that one did (``RecentOutput.tokens_like``).
+        A typical request's (``forecast_service_times``) where the limits are not known.
+        Worked out once per limit and state: the requests of a batch share few limits."""
+        times = self.forecast_service_times
+        limits = self.served_limits
+        if not times or len(limits) != len(self.served_ages):
+            return (times,) * len(self.served_ages)
+        by_limit: dict[int | None, tuple[float, ...]] = {}
+        found = []
+        for limit in limits:
+            own = by_limit.get(limit)
+            if own is None:
+                own = by_limit[limit] = self.service_times_for(limit)
+            found.append(own)
+        return tuple(found)
+
+    @functools.cached_property
+    def running_ends(self) -> tuple[RunningEnd, ...]:
+        """The running requests that may still end, oldest first: those served for less than
+        their own ``SERVICE_QUANTILE`` service time (one served past it already is a long
+        one, and nothing recent says when it ends)."""
+        found = []
+        for age, times in zip(self.served_ages, self.running_times, strict=True):
+            if times and age < nearest_rank(times, SERVICE_QUANTILE):
+                found.append(RunningEnd(age, times, len(times) - bisect.bisect_right(times, age)))
+        return tuple(found)
+
+    @functools.cached_property
+    def running_bounds(self) -> tuple[float, ...]:
+        """Seconds until each of ``running_ends`` ends at the latest, 99 times in 100 (its
+        ``SERVICE_QUANTILE`` service time less its age), soonest first."""
+        return tuple(
+            sorted(nearest_rank(end.times, SERVICE_QUANTILE) - end.age for end in self.running_ends)
+        )
+
     @property
     def queue_wait_s(self) -> float | None:
         """Predicted wait in vLLM's queue for a typical request arriving now (nothing known of
@@ -399,6 +450,16 @@ class RecentOutput(NamedTuple):
     generated: int
     decode_share: float  # of its service time, decoding (first token to last)
     prompt_tokens: int
+    # The model ended it before its limit (vLLM's finish reason): its length is its own, and a
+    # request like it generates as many, not as many as it may (``tokens_like``). False: it ran
+    # to its ``max_tokens`` (or nothing says otherwise), so one like it runs to its own.
+    stopped_early: bool = False
+
+    def tokens_like(self, limit: int) -> int:
+        """The tokens a request that may generate ``limit`` generates, drawn like this one:
+        its limit where this one ran to its own, or as many as this one generated where the
+        model stopped it, never more than ``limit``."""
+        return min(self.generated, limit) if self.stopped_early else limit
 
     def time_for(
         self,
@@ -487,6 +548,21 @@ def requests_ahead(
     return ahead
 
 
+class RunningEnd(NamedTuple):
+    """A running request that may end: how long it has been served, the service times it is
+    forecast to take (sorted: ``SaturationState.running_times``), and how many of them are
+    longer than its age (the draws it may still end at)."""
+
+    age: float
+    times: tuple[float, ...]
+    past: int
+
+    def goes_on(self, wait: float) -> float:
+        """The chance it is still running ``wait`` seconds from now: the share of its service
+        times past its age that are past its age plus ``wait``."""
+        return (len(self.times) - bisect.bisect_right(self.times, self.age + wait)) / self.past
+
+
 def slot_meets(
     state: SaturationState,
     slot: int,
@@ -500,12 +576,13 @@ def slot_meets(
     service times unknown, fewer running requests with an age than the slot needs).
 
     The slot frees when ``slot + 1`` of the running requests have ended. Each one's end is
-    drawn from the recent service times longer than its age (as ``_first_end_s``; one served
-    past the forecast already is not counted on to end), and the request's own service time
-    is an independent draw: its length is its own, theirs are theirs. A recent service time
-    ``s`` is late if fewer than ``slot + 1`` running requests end within ``latency_s - s``;
-    averaged over the recent service times, that is the chance of a miss, and it must be
-    within ``1 - SERVICE_QUANTILE``.
+    drawn from the service times it is forecast to take (``running_times``: of its own
+    length where its limit is known) longer than its age (as ``_first_end_s``; one served
+    past its forecast already is not counted on to end), and the request's own service time
+    is an independent draw: its length is its own, theirs are theirs. A service time ``s``
+    of its own is late if fewer than ``slot + 1`` running requests end within
+    ``latency_s - s``; averaged over its service times, that is the chance of a miss, and it
+    must be within ``1 - SERVICE_QUANTILE``.
 
     Added at their 99th percentiles each (the wait's bound from the ``slot``-th oldest
     request, ``_slot_freed_by``, plus the service time), a request whose service time is at
@@ -514,15 +591,13 @@ def slot_meets(
     full batch with no queue; run 26: 5 at 0.5x behind one queued). Admission asks this for
     the first half of a full batch's slots only (``deep_slots_from`` in
     warden/control/saturation.py says why). The request's own draws are of its own length
-    (``own_times``: ``service_times_for`` its ``max_tokens``; None: a typical request's);
-    the running ones' of theirs, unknown here."""
+    (``own_times``: ``service_times_for`` its ``max_tokens``; None: a typical request's)."""
     times = state.forecast_service_times
     if not times or not state.served_ages:
         return None
-    service = nearest_rank(times, SERVICE_QUANTILE)
     own = times if own_times is None else own_times
     count = len(own)
-    running = _may_end(times, tuple(age for age in state.served_ages if age < service))
+    running = state.running_ends[:FIRST_END_REQUESTS]
     if len(running) <= slot:
         return None
     budget = (1.0 - SERVICE_QUANTILE) * count  # late draws allowed, of ``count``
@@ -536,7 +611,7 @@ def slot_meets(
         if wait <= 0.0:
             late += 1.0
         else:
-            too_few = _fewer_ended(times, running, wait, slot + 1)
+            too_few = _fewer_ended(running, wait, slot + 1)
             late += too_few
             if late + too_few * index <= budget:
                 return True
@@ -545,16 +620,13 @@ def slot_meets(
     return True
 
 
-def _fewer_ended(
-    times: Sequence[float], running: list[tuple[float, int]], wait: float, needed: int
-) -> float:
-    """The chance that fewer than ``needed`` of the ``running`` requests (age, how many of
-    the ``times`` are past it) end within ``wait``: the ended count's distribution, built one
-    request at a time, kept only below ``needed``."""
-    count = len(times)
+def _fewer_ended(running: Sequence[RunningEnd], wait: float, needed: int) -> float:
+    """The chance that fewer than ``needed`` of the ``running`` requests end within ``wait``:
+    the ended count's distribution, built one request at a time, kept only below
+    ``needed``."""
     chances = [1.0] + [0.0] * (needed - 1)  # chances[j]: exactly j ended so far
-    for age, past in running:
-        goes_on = (count - bisect.bisect_right(times, age + wait)) / past
+    for request in running:
+        goes_on = request.goes_on(wait)
         ends = 1.0 - goes_on
         for ended in range(needed - 1, 0, -1):
             chances[ended] = chances[ended] * goes_on + chances[ended - 1] * ends
@@ -567,12 +639,13 @@ def _slot_freed_by(state: SaturationState, index: int) -> float:
     ``SERVICE_QUANTILE``. Unknown (ages not read, or fewer running requests with an age than
     the slot asks): infinity, and the whole batch's wait stands.
 
-    The ``index``-th oldest request ends within the service forecast of its start, 99 times
-    in 100, and the ones older than it before it: a bound that holds however the batch's
-    requests are spread. A request served past the forecast already is not counted on to
+    Each running request ends within its service forecast (of its own length, where its
+    limit is known: ``running_times``) of its start, 99 times in 100, so the slot frees by
+    the ``index + 1``-th soonest of those bounds: a bound that holds however the batch's
+    requests are spread. A request served past its forecast already is not counted on to
     end (a long one: nothing recent says when). The first slot frees when any running
-    request ends, whichever: ``_first_end_s`` forecasts that from the recent service times,
-    each request's remaining time given how long it has run.
+    request ends, whichever: ``_first_end_s`` forecasts that from each one's service times,
+    its remaining time given how long it has run.
 
     A momentary full batch under a light load holds requests that started at different
     times: the first slot frees when one of them ends, not a whole batch later (run 23: at
@@ -580,43 +653,43 @@ def _slot_freed_by(state: SaturationState, index: int) -> float:
     p99 service time, over an SLO of 1.99 s that plain vLLM met for every request). Under
     overload the batch stays full, and with each request's end bounded by the oldest's, a
     request arriving to no queue was refused whenever the batch's requests were young
-    (run 24: 127-169 refusals a pair at 3x in seconds where no admitted request queued)."""
+    (run 24: 127-169 refusals a pair at 3x in seconds where no admitted request queued).
+    Each request's own length: forecast as a typical recent request, a batch of long ones
+    was taken to free its slots sooner than it did, and requests admitted behind it waited
+    0.4-1.1 s for their first token where those admitted into a batch of short ones waited
+    0.03-0.67 s (issue #28, runs 49 and 50)."""
     if index >= len(state.served_ages):
         return math.inf
-    times = state.forecast_service_times
-    service = nearest_rank(times, SERVICE_QUANTILE) if times else state.forecast_service_s
-    if service is None:
+    if not state.forecast_service_times:
+        service = state.forecast_service_s
+        if service is None:
+            return math.inf
+        ages = tuple(age for age in state.served_ages if age < service)
+        return service - ages[index] if index < len(ages) else math.inf
+    bounds = state.running_bounds
+    if index >= len(bounds):
         return math.inf
-    # A request served past the forecast already (a long one) says nothing of when it ends.
-    ages = tuple(age for age in state.served_ages if age < service)
-    if index >= len(ages):
-        return math.inf
-    bound = service - ages[index]
-    if index > 0 or not times:
-        return bound
-    return min(bound, _first_end_s(times, ages, SERVICE_QUANTILE))
+    if index > 0:
+        return bounds[index]
+    return min(bounds[0], _first_end_s(state.running_ends[:FIRST_END_REQUESTS], SERVICE_QUANTILE))
 
 
-def _first_end_s(times: Sequence[float], ages: tuple[float, ...], quantile: float) -> float:
-    """The ``quantile`` of the time until the first of the running requests ends, given how
-    long each has run (``ages``) and the forecast service times (``times``, sorted): the
-    time by which the chance that none has ended falls to ``1 - quantile``. Each request's
-    chance to run ``t`` longer is the share of the service times past its age that are past
-    its age plus ``t`` (a request older than all of them is taken never to end). Found to
+def _first_end_s(running: Sequence[RunningEnd], quantile: float) -> float:
+    """The ``quantile`` of the time until the first of the ``running`` requests ends, given
+    how long each has run and the service times it is forecast to take: the time by which
+    the chance that none has ended falls to ``1 - quantile``. Found to
     ``FIRST_END_RESOLUTION_S`` by bisection, over the ``FIRST_END_REQUESTS`` oldest (fewer
     requests end later: a batch of hundreds costs no more than one of 16)."""
-    count = len(times)
-    older = _may_end(times, ages)
-    if not older:
+    if not running:
         return math.inf
 
     def none_ended(wait: float) -> float:
         chance = 1.0
-        for age, past in older:
-            chance *= (count - bisect.bisect_right(times, age + wait)) / past
+        for request in running:
+            chance *= request.goes_on(wait)
         return chance
 
-    low, high = 0.0, times[-1]
+    low, high = 0.0, max(request.times[-1] for request in running)
     if none_ended(high) > 1.0 - quantile:
         return math.inf
     while high - low > FIRST_END_RESOLUTION_S:
@@ -626,14 +699,6 @@ def _first_end_s(times: Sequence[float], ages: tuple[float, ...], quantile: floa
         else:
             high = middle
     return high
-
-
-def _may_end(times: Sequence[float], ages: tuple[float, ...]) -> list[tuple[float, int]]:
-    """The ``FIRST_END_REQUESTS`` oldest of ``ages`` (oldest first) that some recent service
-    time (``times``, sorted) is longer than, each with how many are: (age, past)."""
-    count = len(times)
-    older = [(age, count - bisect.bisect_right(times, age)) for age in ages[:FIRST_END_REQUESTS]]
-    return [(age, past) for age, past in older if past > 0]
 
 
 def batch_drain_rate(state: SaturationState, slots: int) -> float | None:
@@ -864,8 +929,9 @@ class SaturationMeter:
         prefilled: int = 0,
     ) -> SaturationState:
         """One observed step, with the requests it finished: (prompt + generated tokens,
-        seconds queued, seconds served[, tokens generated, seconds decoding]), the last two
-        where vLLM says (``vllm_compat.finished_requests``); ``steps`` engine steps since the
+        seconds queued, seconds served[, tokens generated, seconds decoding[, 1.0 if the model
+        stopped it before its limit]]), the last ones where vLLM says
+        (``vllm_compat.finished_requests``); ``steps`` engine steps since the
         last one observed (the steps that changed nothing are counted, not observed:
         exporter/step_monitor.py); the KV cache's use at it, when known; how many prompts it
         finished prefilling (then its time is not a step time of the batch: ``StepTimes``)."""
@@ -887,11 +953,20 @@ class SaturationMeter:
             tokens, served = int(request[0]), float(request[2])
             generated = int(request[3]) if len(request) > 4 else None
             decode_share = float(request[4]) / served if len(request) > 4 and served > 0 else 0.0
+            stopped_early = len(request) > 5 and bool(request[5])
             batch = self._mean_batch(now, served) if served > 0 else max(running, 1)
             step_s = self.step_times.exact(batch)
             self._done.append(
                 _Done(
-                    self._busy, self._slot_s, tokens, served, batch, step_s, generated, decode_share
+                    self._busy,
+                    self._slot_s,
+                    tokens,
+                    served,
+                    batch,
+                    step_s,
+                    generated,
+                    decode_share,
+                    stopped_early,
                 )
             )
         if preempted:
@@ -994,6 +1069,7 @@ class _Done(NamedTuple):
     step_s: float | None  # a step's time at that batch then (None: not timed)
     generated: int | None  # None: not known
     decode_share: float  # of ``served_s``, decoding
+    stopped_early: bool = False  # the model ended it before its limit
 
 
 def _recent_output(counted: list[_Done]) -> tuple[RecentOutput, ...]:
@@ -1004,7 +1080,12 @@ def _recent_output(counted: list[_Done]) -> tuple[RecentOutput, ...]:
         if entry.generated is None:
             return ()
         found.append(
-            RecentOutput(entry.generated, entry.decode_share, entry.tokens - entry.generated)
+            RecentOutput(
+                entry.generated,
+                entry.decode_share,
+                entry.tokens - entry.generated,
+                entry.stopped_early,
+            )
         )
     return tuple(found)
 

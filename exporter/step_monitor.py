@@ -40,6 +40,8 @@ class StepSnapshot:
 
 
 StepListener = Callable[[StepSnapshot], None]
+# The running requests' ages, oldest first, and their token limits: vllm_compat.served_requests.
+ServedRequests = Callable[[], tuple[tuple[float, ...], tuple[int | None, ...]]]
 
 # The step gauges (last step, queue wait, drain rate, service time) are set at most this often:
 # engines step hundreds of times a second, Prometheus scrapes every few seconds, and each set
@@ -93,10 +95,11 @@ class StepMonitor:
         self._peak = metrics.get(catalog.MEMORY_WATERMARK_PEAK)
         self._peak.set(0)
         self.inflight: Callable[[], int] | None = None
-        # Seconds each started request has been served, oldest first (set where a saturation
-        # limit is): with a queue, its first slots free as these end (predicted_wait), the
-        # same inputs admission reads, so the gauge is the number admission decides on.
-        self.served_ages: Callable[[], tuple[float, ...]] | None = None
+        # Seconds each started request has been served, oldest first, and the tokens each may
+        # generate (``vllm_compat.served_requests``; set where a saturation limit is): with a
+        # queue, its first slots free as these end (predicted_wait), the same inputs admission
+        # reads, so the gauge is the number admission decides on.
+        self.served_requests: ServedRequests | None = None
         self.stall_reason = ""  # the stall check's last verdict, for readiness to say why
         self.watermark_changed_at: float | None = None
         # Recent changes as (time, level entered, deciding signal, its risk), for
@@ -152,8 +155,9 @@ class StepMonitor:
                 snap.kv_cache_usage,
                 prefilled,
             )
-            if snap.waiting > 0 and self.served_ages is not None:
-                snap.saturation = replace(snap.saturation, served_ages=self.served_ages())
+            if snap.waiting > 0 and self.served_requests is not None:
+                ages, limits = self.served_requests()
+                snap.saturation = replace(snap.saturation, served_ages=ages, served_limits=limits)
             self._quiet_steps = 0
             self.snapshot = snap
         if now - self._published_at >= PUBLISH_EVERY_S or now < self._published_at:

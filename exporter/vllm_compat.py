@@ -211,9 +211,13 @@ def unfinished_requests(engine_client: Any) -> int | None:
         return None
 
 
-def served_ages(engine_client: Any) -> tuple[float, ...]:
+def served_requests(
+    engine_client: Any,
+) -> tuple[tuple[float, ...], tuple[int | None, ...]]:
     """Seconds each unfinished request of this API process has been served (since the engine
-    first scheduled it), oldest first; empty when unknown (stats off, nothing scheduled).
+    first scheduled it), oldest first, and the most tokens each may generate in all (its
+    ``max_tokens``; None: up to the context), in the same order; empty when unknown (stats
+    off, nothing scheduled).
 
     Both ends are the engine core's own timestamps (its scheduling events, and its latest
     output any request has seen), never this process's clock, which vLLM warns is not to be
@@ -223,8 +227,8 @@ def served_ages(engine_client: Any) -> tuple[float, ...]:
     processor = getattr(engine_client, "output_processor", None)
     states = getattr(processor, "request_states", None)
     if not states:
-        return ()
-    scheduled: list[float] = []
+        return (), ()
+    scheduled: list[tuple[float, int | None]] = []
     latest = 0.0
     try:
         for state in list(states.values()):
@@ -233,11 +237,13 @@ def served_ages(engine_client: Any) -> tuple[float, ...]:
                 continue
             latest = max(latest, stats.last_token_ts, stats.scheduled_ts)
             if stats.scheduled_ts > 0.0 and not stats.num_preemptions:
-                scheduled.append(stats.scheduled_ts)
+                limit = getattr(state, "max_tokens_param", None)
+                scheduled.append((stats.scheduled_ts, int(limit) if limit else None))
     except Exception:
-        return ()
-    scheduled.sort()
-    return tuple(max(0.0, latest - at) for at in scheduled)
+        return (), ()
+    scheduled.sort(key=lambda started: started[0])
+    ages = tuple(max(0.0, latest - at) for at, _limit in scheduled)
+    return ages, tuple(limit for _at, limit in scheduled)
 
 
 def kv_geometry(engine_client: Any) -> tuple[int, int] | None:
@@ -286,10 +292,14 @@ def memory_budget(worker: Any) -> tuple[int | None, int | None]:
     return (None if requested is None else int(requested)), baseline
 
 
-def finished_requests(stats: Any) -> list[tuple[int, float, float, int, float]]:
+def finished_requests(stats: Any) -> list[tuple[int, float, float, int, float, float]]:
     """(prompt + generated tokens, seconds queued, seconds served, tokens generated, seconds
-    decoding) per request finished in an IterationStats; served = end to end minus queued
-    (recomputation after preemption included), decoding = first token to last."""
+    decoding, 1.0 if it stopped before its limit else 0.0) per request finished in an
+    IterationStats; served = end to end minus queued (recomputation after preemption
+    included), decoding = first token to last. Stopped before its limit: vLLM's finish
+    reason says the model ended it (an end-of-sequence token, a stop string, a repetition),
+    not ``max_tokens`` or the context; a request aborted by its client is not counted as
+    stopping on its own."""
     out = []
     for finished in getattr(stats, "finished_requests", None) or ():
         generated = int(getattr(finished, "num_generation_tokens", 0) or 0)
@@ -297,8 +307,15 @@ def finished_requests(stats: Any) -> list[tuple[int, float, float, int, float]]:
         queued = float(getattr(finished, "queued_time", 0.0) or 0.0)
         e2e = float(getattr(finished, "e2e_latency", 0.0) or 0.0)
         decode = float(getattr(finished, "decode_time", 0.0) or 0.0)
-        out.append((tokens, queued, max(e2e - queued, 0.0), generated, max(decode, 0.0)))
+        stopped = str(getattr(finished, "finish_reason", "")) in STOPPED_ON_ITS_OWN
+        out.append(
+            (tokens, queued, max(e2e - queued, 0.0), generated, max(decode, 0.0), float(stopped))
+        )
     return out
+
+
+# vLLM's finish reasons (``FinishReason.__str__``) for a request the model ended itself.
+STOPPED_ON_ITS_OWN = frozenset({"stop", "repetition"})
 
 
 def eos_token_id(vllm_config: Any) -> int | None:

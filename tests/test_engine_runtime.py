@@ -61,16 +61,16 @@ def test_the_plugin_gives_its_runtime_and_the_engine_to_the_routes() -> None:
     assert state["watermark"] == catalog.WATERMARK_LEVELS[0]  # from this runtime's monitor
 
 
-def test_the_step_monitor_reads_served_ages_only_where_a_saturation_limit_is_set() -> None:
+def test_the_step_monitor_reads_served_requests_only_where_a_saturation_limit_is_set() -> None:
     """The default config decides nothing on the queue's wait: its step path reads nothing
     more. With an SLO set, the exported wait reads the ages admission reads."""
     plain = StepMonitor(WardenSettings(), WardenMetrics(CollectorRegistry()), None)
     served(EngineRuntime.build(monitor=plain), FakeEngineClient())
-    assert plain.served_ages is None
+    assert plain.served_requests is None
     limited = StepMonitor(WardenSettings(), WardenMetrics(CollectorRegistry()), None)
     slo = ControlConfig(admission=AdmissionSettings(saturation=SaturationSettings(latency_slo_s=3)))
     served(EngineRuntime.build(slo, monitor=limited), FakeEngineClient())
-    assert limited.served_ages is not None and limited.served_ages() == ()
+    assert limited.served_requests is not None and limited.served_requests() == ((), ())
 
 
 def test_two_runtimes_do_not_share_a_controller() -> None:

@@ -370,7 +370,7 @@ def _gauge_after_a_full_batch(
     now = [1000.0]
     monitor = StepMonitor(WardenSettings(), WardenMetrics(registry), None, clock=lambda: now[0])
     if served_ages is not None:
-        monitor.served_ages = lambda: served_ages
+        monitor.served_requests = lambda: (served_ages, ())
     for _ in range(10):
         now[0] += 0.25
         monitor.on_step(running=8, waiting=0, kv_usage=0.5, finished=[(96, 0.0, 2.0)])
@@ -957,6 +957,66 @@ def _outputs_measured(running: int = 5, ages: tuple[float, ...] = ()) -> Saturat
     )
 
 
+def _first_slot_s(state: SaturationState, limits: tuple[int | None, ...]) -> float:
+    """The wait for the first slot a full batch frees, its running requests' limits known."""
+    wait = predicted_wait(dataclasses.replace(state, served_limits=limits))
+    assert wait is not None
+    return wait
+
+
+def test_a_batch_of_long_requests_frees_its_first_slot_later_than_one_of_short_ones() -> None:
+    """Each running request's end is forecast for its own length (its ``max_tokens``, where
+    the recent requests ran to theirs): 8 requests 0.3 s into 48 tokens end 0.2 s from now,
+    8 into 141 tokens 1.13 s from now. Forecast as typical recent requests (limits unknown),
+    both batches are taken to free a slot in between: the long batch's wait was
+    underestimated, and requests admitted behind it ran late (issue #28, runs 49 and 50)."""
+    state = _outputs_measured(running=8, ages=(0.3,) * 8)
+    short = _first_slot_s(state, (48,) * 8)
+    long = _first_slot_s(state, (141,) * 8)
+    typical = _first_slot_s(state, ())
+    assert short == pytest.approx(0.5 - 0.3, abs=0.01)
+    assert long == pytest.approx(1.43 - 0.3, abs=0.01)
+    assert short < typical < long
+    # One short request among long ones frees the first slot; the second waits for a long one.
+    mixed = dataclasses.replace(state, served_limits=(141,) * 7 + (48,))
+    assert predicted_wait(mixed) == pytest.approx(0.2, abs=0.01)
+    assert slot_meets(mixed, 1, 1.0) is False
+    # A 48-token request (0.5 s) into the short batch's first slot is within a 1 s SLO; into
+    # the long batch's it is not, and admission's joint draw says so.
+    own = state.service_times_for(48)
+    assert slot_meets(dataclasses.replace(state, served_limits=(48,) * 8), 0, 1.0, own) is True
+    assert slot_meets(dataclasses.replace(state, served_limits=(141,) * 8), 0, 1.0, own) is False
+
+
+def test_requests_the_model_stopped_early_say_a_limit_is_not_a_length() -> None:
+    """Where the recent requests ran to their limits (``max_tokens`` reached, as under the
+    benchmark's ``--ignore-eos``), a running request is forecast to run to its own; where the
+    model stopped them (vLLM's finish reason), a limit says nothing of a request's length,
+    and a batch of chat requests with a ``max_tokens`` of 4096 is forecast as the recent
+    requests ran, not each as long as the longest. The meter keeps the finish reason."""
+    ran_to_limit = _outputs_measured(running=8, ages=(0.3,) * 8)
+    stopped = dataclasses.replace(
+        ran_to_limit,
+        recent_output=tuple(
+            recent._replace(stopped_early=True) for recent in ran_to_limit.recent_output
+        ),
+    )
+    chat = (4096,) * 8
+    assert _first_slot_s(ran_to_limit, chat) == pytest.approx(1.43 - 0.3, abs=0.01)
+    assert _first_slot_s(stopped, chat) == pytest.approx(_first_slot_s(stopped, ()))
+    assert _first_slot_s(stopped, chat) < 0.65  # the first of 8 typical ones ends, p99
+    # A new request's own forecast: a 96-token limit is cut to 96 from the longer ones either
+    # way; from the shorter ones, lengthened only where they ran to their limits.
+    assert stopped.service_times_for(96) != ran_to_limit.service_times_for(96)
+    assert max(stopped.service_times_for(96)) == pytest.approx(0.03 + 0.01 * 95)
+    assert min(stopped.service_times_for(96)) == pytest.approx(0.03 + 0.01 * 47)
+    assert ran_to_limit.service_times_for(96) == pytest.approx([0.03 + 0.01 * 95] * 32)
+    meter = SaturationMeter(keep=4, min_finished=1)
+    meter.observe(10.0, 1, 0, [])
+    state = meter.observe(10.5, 1, 0, [(160, 0.0, 0.5, 96, 0.475, 1.0), (160, 0.0, 0.5, 96, 0.475)])
+    assert [recent.stopped_early for recent in state.recent_output] == [True, False]
+
+
 def test_a_request_is_forecast_the_service_time_of_the_tokens_it_asks_for() -> None:
     """Service time is decoding, a token a step: a request that asks for at most 48 tokens
     is forecast what 48 take (the recent requests' prefill and API share, then their time per
@@ -1055,7 +1115,37 @@ def test_vllms_finished_request_stats_give_the_tokens_generated_and_the_decode_t
             decode_time=0.9,
         )
     ]
-    assert vllm_compat.finished_requests(iteration) == [(160, 0.2, pytest.approx(1.0), 96, 0.9)]
+    assert vllm_compat.finished_requests(iteration) == [
+        (160, 0.2, pytest.approx(1.0), 96, 0.9, 0.0)
+    ]
+
+
+def test_finished_requests_say_whether_the_model_stopped_them_before_their_limit() -> None:
+    """vLLM's finish reasons: a stop token or string (and a repetition) is the model ending
+    the request; ``max_tokens``, the context or the client's abort are not."""
+    from types import SimpleNamespace
+
+    from vllm.v1.engine import FinishReason
+    from vllm.v1.metrics.stats import FinishedRequestStats
+
+    from exporter import vllm_compat
+
+    def finished(reason: FinishReason) -> FinishedRequestStats:
+        return FinishedRequestStats(
+            finish_reason=reason,
+            e2e_latency=1.0,
+            num_prompt_tokens=10,
+            num_generation_tokens=20,
+            queued_time=0.25,
+            decode_time=0.5,
+        )
+
+    reasons = [FinishReason.STOP, FinishReason.LENGTH, FinishReason.ABORT, FinishReason.REPETITION]
+    rows = vllm_compat.finished_requests(
+        SimpleNamespace(finished_requests=[finished(reason) for reason in reasons])
+    )
+    assert [row[5] for row in rows] == [1.0, 0.0, 0.0, 1.0]
+    assert rows[0][:5] == (30, 0.25, 0.75, 20, 0.5)
 
 
 def test_before_its_body_a_request_is_judged_as_the_shortest_then_on_its_own_limit() -> None:
@@ -1093,7 +1183,7 @@ def test_a_long_request_is_forecast_a_shorter_ones_time_plus_the_rest_at_the_eng
     not run at (run 46: 21 refused at 0.5x after an overload). The batch is full, as the
     recent requests' was."""
     state = _outputs_measured(running=8)
-    generated, _decode, prompt = state.recent_output[16]  # 96 tokens at 10 ms a token
+    generated, _decode, prompt, _stopped = state.recent_output[16]  # 96 tokens, 10 ms a token
     slow = 0.03 + 0.015 * (generated - 1)  # decoded at 15 ms a token: 1.455 s
     service, output = list(state.recent_service), list(state.recent_output)
     service[16] = (slow, 8)

@@ -53,31 +53,35 @@ def test_every_hook_point_exists_in_the_installed_vllm() -> None:
     assert missing == {p.name: None for p in vllm_compat.HOOK_POINTS}
 
 
-def test_served_ages_are_read_on_the_engine_cores_clock() -> None:
+def test_served_requests_are_read_on_the_engine_cores_clock_with_their_limits() -> None:
     """vLLM's request states in the API server: the ages count from each request's first
-    scheduling to the engine core's latest output, its own clock, oldest first; a request not
-    scheduled yet, preempted since (maybe back in the queue), or whose stats are off, has
-    none."""
+    scheduling to the engine core's latest output, its own clock, oldest first, each with its
+    ``max_tokens`` (None: no limit but the context); a request not scheduled yet, preempted
+    since (maybe back in the queue), or whose stats are off, has none."""
     from types import SimpleNamespace
 
     from vllm.v1.metrics.stats import RequestStateStats
 
-    def request(scheduled: float, last_token: float = 0.0, preempted: int = 0) -> SimpleNamespace:
+    def request(
+        scheduled: float, last_token: float = 0.0, preempted: int = 0, limit: int | None = None
+    ) -> SimpleNamespace:
         stats = RequestStateStats(
             scheduled_ts=scheduled, last_token_ts=last_token, num_preemptions=preempted
         )
-        return SimpleNamespace(stats=stats)
+        return SimpleNamespace(stats=stats, max_tokens_param=limit)
 
     states = {
-        "young": request(scheduled=5000.4, last_token=5001.0),
+        "young": request(scheduled=5000.4, last_token=5001.0, limit=144),
         "old": request(scheduled=5000.1, last_token=5000.9),
-        "queued": request(scheduled=0.0),
-        "preempted": request(scheduled=4999.0, last_token=5000.0, preempted=1),
+        "queued": request(scheduled=0.0, limit=16),
+        "preempted": request(scheduled=4999.0, last_token=5000.0, preempted=1, limit=32),
         "no-stats": SimpleNamespace(stats=None),
     }
     client = SimpleNamespace(output_processor=SimpleNamespace(request_states=states))
-    assert vllm_compat.served_ages(client) == pytest.approx((0.9, 0.6))
-    assert vllm_compat.served_ages(SimpleNamespace()) == ()  # no output processor: unknown
+    ages, limits = vllm_compat.served_requests(client)
+    assert ages == pytest.approx((0.9, 0.6))
+    assert limits == (None, 144)
+    assert vllm_compat.served_requests(SimpleNamespace()) == ((), ())  # no output processor
 
 
 def test_version_series() -> None:

@@ -375,8 +375,8 @@ class Controller:
         if held and capacity is not None and in_flight >= capacity:
             in_flight += self.retry_schedule.expected_returns(self.clock())
         kv_blocks = vllm_compat.kv_geometry(self.engine_client)
-        ages = vllm_compat.served_ages(self.engine_client)
-        return with_live_queue(self.saturation, in_flight, capacity, kv_blocks, ages)
+        ages, limits = vllm_compat.served_requests(self.engine_client)
+        return with_live_queue(self.saturation, in_flight, capacity, kv_blocks, ages, limits)
 
     @contextlib.contextmanager
     def serving(
@@ -478,6 +478,7 @@ class Controller:
         limits = self.config.admission.saturation
         kv_blocks = vllm_compat.kv_geometry(self.engine_client)
         capacity = vllm_compat.max_num_seqs(self.engine_client)
+        served_ages, served_limits = vllm_compat.served_requests(self.engine_client)
         return {
             "state": judge.state if judge is not None else "normal",
             "since": judge.since if judge is not None else None,
@@ -504,9 +505,11 @@ class Controller:
             "in_flight": {
                 "admitted": self.admitted_in_flight,
                 "engine": vllm_compat.unfinished_requests(self.engine_client),
-                # Seconds each started request has been served, oldest first: the batch's
-                # first slots free when these end (predicted_wait).
-                "served_s": [round(age, 3) for age in vllm_compat.served_ages(self.engine_client)],
+                # Seconds each started request has been served, oldest first, and the most
+                # tokens each may generate: the batch's first slots free when these end
+                # (predicted_wait).
+                "served_s": [round(age, 3) for age in served_ages],
+                "served_max_tokens": list(served_limits),
                 # Refused requests told when to come back: new arrivals queue behind them.
                 "places_held": self.retry_schedule.held(self.clock()),
                 # The share of recent places whose client came back: how many of those held

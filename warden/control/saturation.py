@@ -90,11 +90,13 @@ def with_live_queue(
     capacity: int | None,
     kv_blocks: tuple[int, int] | None = None,
     served_ages: tuple[float, ...] = (),
+    served_limits: tuple[int | None, ...] = (),
 ) -> SaturationState:
     """``state`` with the batch and queue this instant: ``in_flight`` requests unfinished now
     (this request not among them), at most ``capacity`` (max_num_seqs) of them running, and
-    the seconds each started one has been served (``served_ages``, oldest first: when the
-    batch frees its next slots).
+    the seconds each started one has been served (``served_ages``, oldest first) and the
+    tokens each may generate (``served_limits``, the same order): when the batch frees its
+    next slots.
 
     The requests vLLM reported waiting are still waiting, unless it starts them at its next
     step (``startable_now``, from ``kv_blocks``: the cache's blocks and tokens per block),
@@ -112,6 +114,7 @@ def with_live_queue(
         waiting=max(waiting, in_flight - running),
         capacity=capacity,
         served_ages=served_ages,
+        served_limits=served_limits,
     )
 
 

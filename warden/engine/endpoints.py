@@ -74,7 +74,7 @@ class WardenEndpoints:
                 monitor.inflight = lambda: vllm_compat.unfinished_requests(engine_client) or 0
             if control.config.admission.saturation.enabled:
                 # Read only where admission decides on them: the default config pays nothing.
-                monitor.served_ages = lambda: vllm_compat.served_ages(engine_client)
+                monitor.served_requests = lambda: vllm_compat.served_requests(engine_client)
             monitor.add_listener(Reflex(control.config.reflex, control))
             monitor.add_listener(SaturationWatch(control.config.admission.saturation, control))
         task = asyncio.get_running_loop().create_task(_tick_forever(rt))
