@@ -15,8 +15,9 @@ mypy_log="$(mktemp)"
 mypy "${packages[@]}" >"$mypy_log" 2>&1 &
 mypy_pid=$!
 trap 'kill "$mypy_pid" 2>/dev/null || true; rm -f "$mypy_log"' EXIT
-# Two workers, a whole test module per work unit, engine modules first: tests/support/parallel.py.
-workers="${WARDEN_TEST_WORKERS:-2}"
+# Three workers (one per core for the engine modules, on two cores one more for the rest), a
+# whole test module per work unit, engine modules first: tests/support/parallel.py.
+workers="${WARDEN_TEST_WORKERS:-3}"
 echo "== pytest ($workers workers)"
 status=0
 python -m pytest -p no:cacheprovider -n "$workers" --durations=40 "$@" || status=$?

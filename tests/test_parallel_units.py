@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
 
 from tests.support.parallel import (
+    ENGINE_MODULES,
     LOAD_CALIBRATED,
     LOAD_CALIBRATED_MODULES,
     OMP_BIND_VARIABLE,
@@ -15,6 +19,8 @@ from tests.support.parallel import (
     UNLISTED_VLLM_UNIT_S,
     VLLM_CHILD_MODULES,
     expected_seconds,
+    next_unit_for,
+    pytest_collection_modifyitems,
     runs_vllm,
     work_unit,
     worker_core,
@@ -25,7 +31,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 def test_every_listed_module_exists() -> None:
     """A renamed module would silently leave its unit and run beside the others again."""
-    for module in PLAIN_ENGINE_MODULES | LOAD_CALIBRATED_MODULES | VLLM_CHILD_MODULES:
+    for module in (
+        PLAIN_ENGINE_MODULES | LOAD_CALIBRATED_MODULES | VLLM_CHILD_MODULES | ENGINE_MODULES
+    ):
         assert (REPO_ROOT / module).is_file(), module
     for unit in set(UNIT_SECONDS) - {PLAIN_ENGINE, LOAD_CALIBRATED}:
         assert (REPO_ROOT / unit).is_file(), unit
@@ -46,6 +54,30 @@ def test_each_worker_binds_its_engines_to_a_core_of_its_own_round_robin() -> Non
     assert [worker_core(f"gw{n}", [0, 1]) for n in range(4)] == [0, 1, 0, 1]
     assert worker_core("gw1", [2, 5]) == 5
     assert worker_core("gw0", [3]) == 3
+
+
+def test_a_worker_beyond_the_cores_takes_only_units_without_engines_then_stops() -> None:
+    """On two cores, ``gw0`` and ``gw1`` take the queue's first unit, engines or not; ``gw2``
+    (its engines would share a core an engine worker's step on) skips the engine units and
+    gets nothing once only those are left."""
+    queue = [LOAD_CALIBRATED, "tests/test_container_engine.py", "tests/test_alerts_promtool.py"]
+    assert next_unit_for("gw0", 2, queue) == LOAD_CALIBRATED
+    assert next_unit_for("gw1", 2, queue[1:]) == "tests/test_container_engine.py"
+    assert next_unit_for("gw2", 2, queue) == "tests/test_alerts_promtool.py"
+    assert next_unit_for("gw2", 2, [PLAIN_ENGINE, *queue[:2]]) is None
+    assert next_unit_for("gw2", 4, queue) == LOAD_CALIBRATED  # four cores: a core of its own
+    assert next_unit_for("gw0", 2, []) is None
+
+
+def test_an_engine_module_missing_from_the_list_fails_collection_with_its_name() -> None:
+    """A new engine module not in ``ENGINE_MODULES`` would be handed to the worker without a
+    core for its engines: collection names it instead."""
+    config = SimpleNamespace(option=SimpleNamespace(numprocesses=None))  # not under xdist
+    listed = _Item("tests/test_admission_engine.py::a", marker="engine")
+    pytest_collection_modifyitems(config, [listed])  # type: ignore[arg-type, list-item]
+    with pytest.raises(pytest.UsageError, match="tests/test_new_engine.py"):
+        new = _Item("tests/test_new_engine.py::b", marker="engine")
+        pytest_collection_modifyitems(config, [listed, new])  # type: ignore[arg-type, list-item]
 
 
 def test_an_xdist_worker_has_its_engines_core_in_the_environment_its_engines_inherit() -> None:

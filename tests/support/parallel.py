@@ -29,12 +29,21 @@ then step, and start, on core 0 while core 1 serves only API servers and tests: 
 beside a busy one took 105-124 s where it takes 45 s alone. Each worker's engines are bound to
 core ``N mod cores`` instead (``gwN``); the API servers and engine cores stay unbound.
 
+Why one worker more than there are cores, which starts no engine: with one worker per core, the
+cores sat idle for about half of the run (1,314 s of CPU in a 1,197 s run on two cores,
+2026-11-30), while the engine modules waited on scrape and rule intervals, alert holds and
+restarts; the modules without an engine (promtool, the fake supervisor, the renders) waited in
+the same queue. A worker beyond the cores (``gw2`` on two) would bind its engines to a core an
+engine worker's already step on, so it takes only the units that start none
+(``ENGINE_MODULES``, checked at collection), and stops when only those are left.
+
 Without xdist (a plain ``pytest tests/test_x.py``) this plugin changes nothing.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from typing import Any
 
 import pytest
@@ -48,6 +57,33 @@ PLAIN_ENGINE_MODULES = frozenset(
         "tests/test_keepalive_engine.py",
         "tests/test_nonfinite_engine.py",
         "tests/test_request_shapes_engine.py",
+    }
+)
+
+
+# The modules whose tests start engines (an ``engine`` mark): only the workers whose engines have
+# a core of their own take them (``takes_engines``). Collection checks the list: a module that
+# starts marking tests ``engine`` and is not listed fails the run, with this name.
+ENGINE_MODULES = frozenset(
+    {
+        "tests/test_admission_engine.py",
+        "tests/test_benchmarks_smoke.py",
+        "tests/test_closed_loop_e2e.py",
+        "tests/test_container_engine.py",
+        "tests/test_control_engine.py",
+        "tests/test_dashboards_live.py",
+        "tests/test_engine_errors_engine.py",
+        "tests/test_exporter_engine.py",
+        "tests/test_fleet_e2e.py",
+        "tests/test_keepalive_engine.py",
+        "tests/test_logits_refused_engine.py",
+        "tests/test_memory_creep_e2e.py",
+        "tests/test_nonfinite_engine.py",
+        "tests/test_request_shapes_engine.py",
+        "tests/test_slo_engine.py",
+        "tests/test_stack_native.py",
+        "tests/test_stall_engine.py",
+        "tests/test_supervisor_engine.py",
     }
 )
 
@@ -122,6 +158,25 @@ def expected_seconds(item: pytest.Item) -> float:
     return UNLISTED_VLLM_UNIT_S if runs_vllm(item) else 0.0
 
 
+def starts_engines(unit: str) -> bool:
+    """Whether a work unit starts engines (the plain engine's and the load-calibrated units are
+    made of engine modules)."""
+    return unit in (PLAIN_ENGINE, LOAD_CALIBRATED) or unit in ENGINE_MODULES
+
+
+def takes_engines(worker_id: str, cores: int) -> bool:
+    """Whether worker ``gwN`` runs engine units: one worker per core does (``worker_core``);
+    those beyond the cores do not."""
+    return int(worker_id.removeprefix("gw")) < cores
+
+
+def next_unit_for(worker_id: str, cores: int, queue: Iterable[str]) -> str | None:
+    """The unit a worker takes next from the ``queue`` (longest first): the first, or, for a
+    worker beyond the cores, the first that starts no engine; None: nothing left for it."""
+    engines = takes_engines(worker_id, cores)
+    return next((unit for unit in queue if engines or not starts_engines(unit)), None)
+
+
 def under_xdist(config: pytest.Config) -> bool:
     """A worker (xdist gives it ``workerinput``) or the controller of ``-n N``."""
     return hasattr(config, "workerinput") or bool(getattr(config.option, "numprocesses", None))
@@ -150,11 +205,23 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling
 
+    cores = len(os.sched_getaffinity(0))
+
     class ModuleScheduling(LoadScopeScheduling):  # type: ignore[misc]
-        """xdist's load-by-scope, with this file's units as the scopes, in collection order."""
+        """xdist's load-by-scope, with this file's units as the scopes, in collection order;
+        a worker beyond the cores gets the first unit that starts no engine, and stops when
+        none is left."""
 
         def _split_scope(self, nodeid: str) -> str:
             return work_unit(nodeid)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            unit = next_unit_for(node.gateway.id, cores, self.workqueue)
+            if unit is None:
+                node.shutdown()  # it finishes what it has; the other workers take the rest
+                return
+            self.workqueue.move_to_end(unit, last=False)  # xdist's own takes the first
+            super()._assign_work_unit(node)
 
     config.option.loadscopereorder = False  # keep the longest-first order the workers collected
     return ModuleScheduling(config, log)
@@ -200,6 +267,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError(
             f"{', '.join(unlisted)} use {PLAIN_ENGINE}: add them to PLAIN_ENGINE_MODULES in "
             "tests/support/parallel.py, so that engine starts once under xdist"
+        )
+    unlisted = sorted(
+        {
+            module_of(item.nodeid)
+            for item in items
+            if item.get_closest_marker("engine") is not None
+            and module_of(item.nodeid) not in ENGINE_MODULES
+        }
+    )
+    if unlisted:
+        raise pytest.UsageError(
+            f"{', '.join(unlisted)} start engines: add them to ENGINE_MODULES in "
+            "tests/support/parallel.py, so that only a worker with a core for them runs them"
         )
     if under_xdist(config):
         # Longest units first, each unit's tests in their own order (a stable sort keeps it).
