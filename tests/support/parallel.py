@@ -123,29 +123,29 @@ def runs_vllm(item: pytest.Item) -> bool:
     return item.get_closest_marker("engine") is not None
 
 
-# Seconds each long unit ran on its worker in a full two-worker run (the balance report this
-# plugin prints; 2 cores, 2026-11-28), less what that day's changes took out of two of them:
-# the control module's second slow engine (about 90 s) and 20 s of the container's saturated
-# phase. The stall module's engine start varies most (60-130 s, slowed by whatever starts or
-# saturates beside it). Only their order matters: a stale figure costs balance, never
-# correctness.
+# Seconds each long unit ran on its worker in a full three-worker run (the balance report this
+# plugin prints; 2 cores, 2026-11-30: two engine workers and the one without engines). The stall
+# module's engine start varies most (60-130 s, slowed by whatever starts or saturates beside
+# it). Only their order matters: a stale figure costs balance, never correctness.
 UNIT_SECONDS: dict[str, float] = {
-    LOAD_CALIBRATED: 360,
-    "tests/test_container_engine.py": 300,
-    "tests/test_memory_creep_e2e.py": 197,
-    "tests/test_control_engine.py": 175,
-    "tests/test_stall_engine.py": 148,
-    "tests/test_supervisor_fake.py": 128,
-    "tests/test_supervisor_engine.py": 128,
-    "tests/test_alerts_promtool.py": 122,
-    "tests/test_dashboards_live.py": 120,
-    "tests/test_fleet_e2e.py": 114,
-    "tests/test_engine_errors_engine.py": 81,
-    "tests/test_vllm_hooks_units.py": 74,
-    PLAIN_ENGINE: 67,  # 58 and 76 s in the last two runs
-    "tests/test_admission_engine.py": 63,
-    "tests/test_exporter_engine.py": 61,
-    "tests/test_stack_native.py": 59,
+    LOAD_CALIBRATED: 362,
+    "tests/test_container_engine.py": 301,
+    "tests/test_memory_creep_e2e.py": 226,
+    "tests/test_alerts_promtool.py": 192,  # the worker without engines
+    "tests/test_control_engine.py": 176,
+    "tests/test_supervisor_engine.py": 174,
+    "tests/test_vllm_hooks_units.py": 167,  # the worker without engines
+    "tests/test_dashboards_live.py": 128,
+    "tests/test_supervisor_fake.py": 109,  # the worker without engines
+    "tests/test_fleet_e2e.py": 104,
+    "tests/test_slo_engine.py": 100,
+    "tests/test_stall_engine.py": 89,
+    "tests/test_engine_errors_engine.py": 75,
+    PLAIN_ENGINE: 73,
+    "tests/test_exporter_engine.py": 72,
+    "tests/test_admission_engine.py": 69,
+    "tests/test_stack_native.py": 58,
+    "tests/test_logits_refused_engine.py": 43,
 }
 UNLISTED_VLLM_UNIT_S = 60.0  # about one engine start and a few requests
 
