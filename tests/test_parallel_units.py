@@ -1,4 +1,4 @@
-"""The work units the two test workers split: modules that must not run side by side share one."""
+"""The work units the test workers split: modules that must not run side by side share one."""
 
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def test_an_engine_module_missing_from_the_list_fails_collection_with_its_name()
 
 
 def test_an_xdist_worker_has_its_engines_core_in_the_environment_its_engines_inherit() -> None:
-    """Under ``scripts/test.sh`` (two workers) the engines this worker starts get its core."""
+    """Under ``scripts/test.sh`` (xdist workers) the engines this worker starts get its core."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker is None:
         return  # a plain pytest run: vLLM's own binding, unchanged

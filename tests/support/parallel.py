@@ -29,13 +29,16 @@ then step, and start, on core 0 while core 1 serves only API servers and tests: 
 beside a busy one took 105-124 s where it takes 45 s alone. Each worker's engines are bound to
 core ``N mod cores`` instead (``gwN``); the API servers and engine cores stay unbound.
 
-Why one worker more than there are cores, which starts no engine: with one worker per core, the
-cores sat idle for about half of the run (1,314 s of CPU in a 1,197 s run on two cores,
-2026-11-30), while the engine modules waited on scrape and rule intervals, alert holds and
-restarts; the modules without an engine (promtool, the fake supervisor, the renders) waited in
-the same queue. A worker beyond the cores (``gw2`` on two) would bind its engines to a core an
-engine worker's already step on, so it takes only the units that start none
-(``ENGINE_MODULES``, checked at collection), and stops when only those are left.
+Why one worker more than there are cores, which starts no engine: with one worker per core, a
+core sat idle whenever both workers' engine modules waited on scrape and rule intervals, alert
+holds and restarts, while the modules without an engine (promtool, the fake supervisor, vLLM in
+child interpreters) waited in the same queue. A worker beyond the cores (``gw2`` on two) would
+bind its engines to a core an engine worker's already step on, so it takes only the units that
+start none (``ENGINE_MODULES``, checked at collection), and stops when only those are left.
+Measured on two cores (2026-11-30): 1,196 s with two workers, 1,088 s with three; the cores
+were then busy most of the run (``vmstat``: under 5% idle for its first 11 minutes), the engine
+workers' units a little slower each (an engine start beside the third worker's imports took up
+to 97 s) and the third worker done after 733 s.
 
 Without xdist (a plain ``pytest tests/test_x.py``) this plugin changes nothing.
 """
