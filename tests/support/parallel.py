@@ -35,7 +35,8 @@ holds and restarts, while the modules without an engine (promtool, the fake supe
 child interpreters) waited in the same queue. A worker beyond the cores (``gw2`` on two) would
 bind its engines to a core an engine worker's already step on, so it takes only the units that
 start none (``ENGINE_MODULES``, checked at collection), and stops when only those are left.
-Measured on two cores (2026-11-30): 1,196 s with two workers, 1,088 s with three; the cores
+Measured on two cores (2026-11-30): 1,196 s with two workers, 1,088 s with three (an hour
+later, on a slower hour, 1,259 s and 1,176 s); the cores
 were then busy most of the run (``vmstat``: under 5% idle for its first 11 minutes), the engine
 workers' units a little slower each (an engine start beside the third worker's imports took up
 to 97 s) and the third worker done after 733 s.
