@@ -299,6 +299,8 @@ def test_the_api_server_reads_how_long_each_running_request_has_been_served(
     served = in_flight["served_s"]
     assert len(served) == 1, served  # one request started, not yet finished
     assert 0.0 <= served[0] <= elapsed
+    # Its limit, read from vLLM's own request state: its end is forecast for its own length.
+    assert in_flight["served_max_tokens"] == [120], in_flight
 
 
 def test_caps_follow_vllms_precedence_and_only_lower(engine: EngineProcess) -> None:
