@@ -20,6 +20,7 @@ from exporter.metrics import WardenMetrics
 from exporter.saturation import SaturationMeter, SaturationState
 from exporter.settings import WardenSettings
 from exporter.signals import MemorySignals, SignalBoard
+from exporter.vllm_compat import EngineRequests
 from exporter.watermark import Watermark, WatermarkChange
 
 
@@ -40,8 +41,9 @@ class StepSnapshot:
 
 
 StepListener = Callable[[StepSnapshot], None]
-# The running requests' ages, oldest first, and their token limits: vllm_compat.served_requests.
-ServedRequests = Callable[[], tuple[tuple[float, ...], tuple[int | None, ...]]]
+# The running requests' ages, oldest first, their token limits and the queue's:
+# vllm_compat.served_requests.
+ServedRequests = Callable[[], EngineRequests]
 
 # The step gauges (last step, queue wait, drain rate, service time) are set at most this often:
 # engines step hundreds of times a second, Prometheus scrapes every few seconds, and each set
@@ -95,10 +97,10 @@ class StepMonitor:
         self._peak = metrics.get(catalog.MEMORY_WATERMARK_PEAK)
         self._peak.set(0)
         self.inflight: Callable[[], int] | None = None
-        # Seconds each started request has been served, oldest first, and the tokens each may
-        # generate (``vllm_compat.served_requests``; set where a saturation limit is): with a
-        # queue, its first slots free as these end (predicted_wait), the same inputs admission
-        # reads, so the gauge is the number admission decides on.
+        # Seconds each started request has been served, oldest first, the tokens each may
+        # generate and those the queue's may (``vllm_compat.served_requests``; set where a
+        # saturation limit is): with a queue, its slots free as these end (predicted_wait),
+        # the same inputs admission reads, so the gauge is the number admission decides on.
         self.served_requests: ServedRequests | None = None
         self.stall_reason = ""  # the stall check's last verdict, for readiness to say why
         self.watermark_changed_at: float | None = None
@@ -156,8 +158,13 @@ class StepMonitor:
                 prefilled,
             )
             if snap.waiting > 0 and self.served_requests is not None:
-                ages, limits = self.served_requests()
-                snap.saturation = replace(snap.saturation, served_ages=ages, served_limits=limits)
+                found = self.served_requests()
+                snap.saturation = replace(
+                    snap.saturation,
+                    served_ages=found.served_ages,
+                    served_limits=found.served_limits,
+                    queued_limits=found.queued_limits,
+                )
             self._quiet_steps = 0
             self.snapshot = snap
         if now - self._published_at >= PUBLISH_EVERY_S or now < self._published_at:

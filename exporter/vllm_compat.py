@@ -16,7 +16,7 @@ import logging
 import re
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 log = logging.getLogger("warden.exporter")
 SUPPORTED_SERIES = (0, 32)  # major, minor of the vLLM releases the hook points were read in
@@ -211,24 +211,37 @@ def unfinished_requests(engine_client: Any) -> int | None:
         return None
 
 
-def served_requests(
-    engine_client: Any,
-) -> tuple[tuple[float, ...], tuple[int | None, ...]]:
+class EngineRequests(NamedTuple):
+    """This API process's unfinished requests as vLLM's own request states hold them: what
+    admission forecasts the running batch's ends and the queue's turnover from."""
+
+    # Seconds each started request has been served, oldest first.
+    served_ages: tuple[float, ...] = ()
+    # The most tokens each of them may generate in all (its ``max_tokens``; None: up to the
+    # context), in the same order.
+    served_limits: tuple[int | None, ...] = ()
+    # The same for each request not scheduled yet (vLLM's queue), in the order they arrived.
+    queued_limits: tuple[int | None, ...] = ()
+
+
+def served_requests(engine_client: Any) -> EngineRequests:
     """Seconds each unfinished request of this API process has been served (since the engine
     first scheduled it), oldest first, and the most tokens each may generate in all (its
-    ``max_tokens``; None: up to the context), in the same order; empty when unknown (stats
-    off, nothing scheduled).
+    ``max_tokens``; None: up to the context), in the same order; and the limits of those not
+    scheduled yet, in the order they arrived; empty when unknown (stats off, nothing in
+    flight).
 
     Both ends are the engine core's own timestamps (its scheduling events, and its latest
     output any request has seen), never this process's clock, which vLLM warns is not to be
     compared with the engine core's. The ages lag by at most the time since that output: too
-    young, never too old. A request preempted since is left out: it may be back in the queue,
-    holding no slot, and its age counts time it was not served."""
+    young, never too old. A request preempted since is left out of both: it may be back in
+    the queue, holding no slot, and its age counts time it was not served."""
     processor = getattr(engine_client, "output_processor", None)
     states = getattr(processor, "request_states", None)
     if not states:
-        return (), ()
+        return EngineRequests()
     scheduled: list[tuple[float, int | None]] = []
+    queued: list[tuple[float, int | None]] = []
     latest = 0.0
     try:
         for state in list(states.values()):
@@ -236,14 +249,23 @@ def served_requests(
             if stats is None:
                 continue
             latest = max(latest, stats.last_token_ts, stats.scheduled_ts)
-            if stats.scheduled_ts > 0.0 and not stats.num_preemptions:
-                limit = getattr(state, "max_tokens_param", None)
-                scheduled.append((stats.scheduled_ts, int(limit) if limit else None))
+            if stats.num_preemptions:
+                continue
+            limit = getattr(state, "max_tokens_param", None)
+            limit = int(limit) if limit else None
+            if stats.scheduled_ts > 0.0:
+                scheduled.append((stats.scheduled_ts, limit))
+            else:
+                queued.append((stats.arrival_time, limit))
     except Exception:
-        return (), ()
+        return EngineRequests()
     scheduled.sort(key=lambda started: started[0])
-    ages = tuple(max(0.0, latest - at) for at, _limit in scheduled)
-    return ages, tuple(limit for _at, limit in scheduled)
+    queued.sort(key=lambda arrived: arrived[0])
+    return EngineRequests(
+        tuple(max(0.0, latest - at) for at, _limit in scheduled),
+        tuple(limit for _at, limit in scheduled),
+        tuple(limit for _at, limit in queued),
+    )
 
 
 def kv_geometry(engine_client: Any) -> tuple[int, int] | None:

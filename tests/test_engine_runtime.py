@@ -21,6 +21,7 @@ from exporter import catalog
 from exporter.metrics import WardenMetrics
 from exporter.settings import WardenSettings
 from exporter.step_monitor import StepMonitor
+from exporter.vllm_compat import EngineRequests
 from warden.common import tokens
 from warden.control.actions import ActionRequest
 from warden.control.config import AdmissionSettings, ControlConfig, SaturationSettings
@@ -70,7 +71,7 @@ def test_the_step_monitor_reads_served_requests_only_where_a_saturation_limit_is
     limited = StepMonitor(WardenSettings(), WardenMetrics(CollectorRegistry()), None)
     slo = ControlConfig(admission=AdmissionSettings(saturation=SaturationSettings(latency_slo_s=3)))
     served(EngineRuntime.build(slo, monitor=limited), FakeEngineClient())
-    assert limited.served_requests is not None and limited.served_requests() == ((), ())
+    assert limited.served_requests is not None and limited.served_requests() == EngineRequests()
 
 
 def test_two_runtimes_do_not_share_a_controller() -> None:

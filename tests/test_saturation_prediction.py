@@ -25,6 +25,7 @@ from exporter.saturation import (
 )
 from exporter.settings import WardenSettings
 from exporter.step_monitor import StepMonitor, StepSnapshot
+from exporter.vllm_compat import EngineRequests
 from warden.control.admission import RequestFacts, Saturation, judge_saturation, limit
 from warden.control.config import AdmissionSettings, SaturationSettings
 from warden.control.leases import Lease
@@ -370,7 +371,7 @@ def _gauge_after_a_full_batch(
     now = [1000.0]
     monitor = StepMonitor(WardenSettings(), WardenMetrics(registry), None, clock=lambda: now[0])
     if served_ages is not None:
-        monitor.served_requests = lambda: (served_ages, ())
+        monitor.served_requests = lambda: EngineRequests(served_ages)
     for _ in range(10):
         now[0] += 0.25
         monitor.on_step(running=8, waiting=0, kv_usage=0.5, finished=[(96, 0.0, 2.0)])
@@ -986,6 +987,39 @@ def test_a_batch_of_long_requests_frees_its_first_slot_later_than_one_of_short_o
     own = state.service_times_for(48)
     assert slot_meets(dataclasses.replace(state, served_limits=(48,) * 8), 0, 1.0, own) is True
     assert slot_meets(dataclasses.replace(state, served_limits=(141,) * 8), 0, 1.0, own) is False
+
+
+def test_a_queue_of_long_requests_turns_over_slower_than_one_of_short_ones() -> None:
+    """Two batches deep, a request waits for the running batch to end and for the queued
+    requests ahead of it to end in turn, each holding its slot for its own length (its
+    ``max_tokens``, ``queued_limits``). Counted in whole batches at the last completions'
+    drain rate (6/s here), both queues were forecast the same 2.67 s wait, whatever the
+    requests ahead would generate and however soon the running ones end (issue #28, run
+    51: requests 2-4 batches deep waited 1.4-2.1 s for their first token where 0.8 s had
+    been forecast)."""
+    running = dataclasses.replace(
+        _outputs_measured(running=8, ages=(0.3,) * 8),
+        waiting=12,
+        served_limits=(48,) * 8,
+    )
+    short = predicted_wait(dataclasses.replace(running, queued_limits=(48,) * 12))
+    long = predicted_wait(dataclasses.replace(running, queued_limits=(141,) * 12))
+    assert short is not None and long is not None
+    # The running batch's slots free 0.2 s from now (48 tokens, 0.3 s in); 8 of the 12 queued
+    # take them, and the 13th request takes the first of those to end: 0.5 s for 48 tokens,
+    # 1.43 s for 141.
+    assert short == pytest.approx(0.2 + 0.5, abs=0.01)
+    assert long == pytest.approx(0.2 + 1.43, abs=0.01)
+    # Without the running requests' ages nothing forecasts their ends: whole batches, as before.
+    unknown = dataclasses.replace(running, served_ages=(), served_limits=(), queued_limits=())
+    assert predicted_wait(unknown) == pytest.approx(2 * 8 / 6.0)
+    # Queued requests whose limits are not known (places held, another API server's) are taken
+    # to be typical recent ones.
+    typical = predicted_wait(running)
+    assert typical is not None and short < typical < long
+    # Beyond the requests it follows one by one, the queue turns over at their pace.
+    deep = predicted_wait(dataclasses.replace(running, waiting=200, queued_limits=(48,) * 200))
+    assert deep == pytest.approx(200 / 8 * 0.5, rel=0.1)
 
 
 def test_requests_the_model_stopped_early_say_a_limit_is_not_a_length() -> None:

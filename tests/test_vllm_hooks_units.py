@@ -57,31 +57,41 @@ def test_served_requests_are_read_on_the_engine_cores_clock_with_their_limits() 
     """vLLM's request states in the API server: the ages count from each request's first
     scheduling to the engine core's latest output, its own clock, oldest first, each with its
     ``max_tokens`` (None: no limit but the context); a request not scheduled yet, preempted
-    since (maybe back in the queue), or whose stats are off, has none."""
+    since (maybe back in the queue), or whose stats are off, has none. The queue's limits come
+    in the order its requests arrived."""
     from types import SimpleNamespace
 
     from vllm.v1.metrics.stats import RequestStateStats
 
     def request(
-        scheduled: float, last_token: float = 0.0, preempted: int = 0, limit: int | None = None
+        scheduled: float,
+        last_token: float = 0.0,
+        preempted: int = 0,
+        limit: int | None = None,
+        arrived: float = 0.0,
     ) -> SimpleNamespace:
         stats = RequestStateStats(
-            scheduled_ts=scheduled, last_token_ts=last_token, num_preemptions=preempted
+            arrival_time=arrived,
+            scheduled_ts=scheduled,
+            last_token_ts=last_token,
+            num_preemptions=preempted,
         )
         return SimpleNamespace(stats=stats, max_tokens_param=limit)
 
     states = {
         "young": request(scheduled=5000.4, last_token=5001.0, limit=144),
         "old": request(scheduled=5000.1, last_token=5000.9),
-        "queued": request(scheduled=0.0, limit=16),
+        "queued last": request(scheduled=0.0, limit=48, arrived=2.0),
+        "queued": request(scheduled=0.0, limit=16, arrived=1.0),
         "preempted": request(scheduled=4999.0, last_token=5000.0, preempted=1, limit=32),
         "no-stats": SimpleNamespace(stats=None),
     }
     client = SimpleNamespace(output_processor=SimpleNamespace(request_states=states))
-    ages, limits = vllm_compat.served_requests(client)
-    assert ages == pytest.approx((0.9, 0.6))
-    assert limits == (None, 144)
-    assert vllm_compat.served_requests(SimpleNamespace()) == ((), ())  # no output processor
+    found = vllm_compat.served_requests(client)
+    assert found.served_ages == pytest.approx((0.9, 0.6))
+    assert found.served_limits == (None, 144)
+    assert found.queued_limits == (16, 48)  # in the order they arrived
+    assert vllm_compat.served_requests(SimpleNamespace()) == vllm_compat.EngineRequests()
 
 
 def test_version_series() -> None:

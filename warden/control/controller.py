@@ -375,8 +375,16 @@ class Controller:
         if held and capacity is not None and in_flight >= capacity:
             in_flight += self.retry_schedule.expected_returns(self.clock())
         kv_blocks = vllm_compat.kv_geometry(self.engine_client)
-        ages, limits = vllm_compat.served_requests(self.engine_client)
-        return with_live_queue(self.saturation, in_flight, capacity, kv_blocks, ages, limits)
+        found = vllm_compat.served_requests(self.engine_client)
+        return with_live_queue(
+            self.saturation,
+            in_flight,
+            capacity,
+            kv_blocks,
+            found.served_ages,
+            found.served_limits,
+            found.queued_limits,
+        )
 
     @contextlib.contextmanager
     def serving(
@@ -478,7 +486,7 @@ class Controller:
         limits = self.config.admission.saturation
         kv_blocks = vllm_compat.kv_geometry(self.engine_client)
         capacity = vllm_compat.max_num_seqs(self.engine_client)
-        served_ages, served_limits = vllm_compat.served_requests(self.engine_client)
+        found = vllm_compat.served_requests(self.engine_client)
         return {
             "state": judge.state if judge is not None else "normal",
             "since": judge.since if judge is not None else None,
@@ -508,8 +516,11 @@ class Controller:
                 # Seconds each started request has been served, oldest first, and the most
                 # tokens each may generate: the batch's first slots free when these end
                 # (predicted_wait).
-                "served_s": [round(age, 3) for age in served_ages],
-                "served_max_tokens": list(served_limits),
+                "served_s": [round(age, 3) for age in found.served_ages],
+                "served_max_tokens": list(found.served_limits),
+                # The same of the requests not scheduled yet, in the order they arrived: the
+                # queue's slots free as these end in turn (predicted_wait).
+                "queued_max_tokens": list(found.queued_limits),
                 # Refused requests told when to come back: new arrivals queue behind them.
                 "places_held": self.retry_schedule.held(self.clock()),
                 # The share of recent places whose client came back: how many of those held

@@ -8,8 +8,10 @@ Pure decisions on the measurements of exporter/saturation.py (clock values passe
   vLLM reported waiting that it starts at its next step (a free slot and KV blocks for each:
   ``startable_now``) are not a queue.
 - ``predicted_wait`` (exporter/saturation.py, so the exported gauge is the same number):
-  how long a request would sit in vLLM's queue, counted in whole batches, or, for a slot in
-  the running batch, until its requests end (from ``served_ages``: how long each has run).
+  how long a request would sit in vLLM's queue: for a slot in the running batch, until its
+  requests end (from ``served_ages``: how long each has run); deeper, until the queued
+  requests ahead of it have each held a slot for their own length (``queue_turnover``);
+  counted in whole batches where neither is known.
 - ``breach``: the first configured limit a request would break (latency = wait + the service
   time forecast for the batch it will be served in, each at its 99th percentile; for the
   first half of the slots a full batch frees, the 99th percentile of their sum when that is
@@ -91,12 +93,14 @@ def with_live_queue(
     kv_blocks: tuple[int, int] | None = None,
     served_ages: tuple[float, ...] = (),
     served_limits: tuple[int | None, ...] = (),
+    queued_limits: tuple[int | None, ...] = (),
 ) -> SaturationState:
     """``state`` with the batch and queue this instant: ``in_flight`` requests unfinished now
     (this request not among them), at most ``capacity`` (max_num_seqs) of them running, and
     the seconds each started one has been served (``served_ages``, oldest first) and the
     tokens each may generate (``served_limits``, the same order): when the batch frees its
-    next slots.
+    next slots; and the tokens each queued request may generate, in the order they arrived
+    (``queued_limits``): how long each holds the slot it takes.
 
     The requests vLLM reported waiting are still waiting, unless it starts them at its next
     step (``startable_now``, from ``kv_blocks``: the cache's blocks and tokens per block),
@@ -115,6 +119,7 @@ def with_live_queue(
         capacity=capacity,
         served_ages=served_ages,
         served_limits=served_limits,
+        queued_limits=queued_limits,
     )
 
 
