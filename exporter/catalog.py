@@ -478,11 +478,13 @@ SATURATION_STATES: tuple[str, ...] = ("normal", "saturated")
 QUEUE_WAIT_PREDICTED = _w(
     "warden_queue_wait_predicted_seconds",
     "gauge",
-    "How long a typical request arriving now would wait in vLLM's queue, counted in whole "
-    "batches at the drain rate, or, for a slot in the running batch, until its requests end "
-    "(with a saturation limit set, from how long each has run): the prediction admission's "
-    "saturation judge decides on (for the first slots a full batch frees, under a latency "
-    "SLO, together with the service time: their sum's 99th percentile). 0 when nothing waits.",
+    "How long a typical request arriving now would wait in vLLM's queue: for a slot in the "
+    "running batch, until its requests end; deeper, until the queued requests ahead of it "
+    "have each held a slot for their own max_tokens (both with a saturation limit set, from "
+    "how long each running request has run and what each may generate); else whole batches "
+    "at the drain rate: the prediction admission's saturation judge decides on (for the "
+    "first slots a full batch frees, under a latency SLO, together with the service time: "
+    "their sum's 99th percentile). 0 when nothing waits.",
     unit="s",
     multiprocess_mode="max",
 )
