@@ -301,6 +301,9 @@ def test_the_api_server_reads_how_long_each_running_request_has_been_served(
     assert 0.0 <= served[0] <= elapsed
     # Its limit, read from vLLM's own request state: its end is forecast for its own length.
     assert in_flight["served_max_tokens"] == [120], in_flight
+    # Started, it is not also in the queue whose turnover a deep slot waits for: vLLM's own
+    # scheduling timestamp split the two (queue_turnover).
+    assert in_flight["queued_max_tokens"] == [], in_flight
 
 
 def test_caps_follow_vllms_precedence_and_only_lower(engine: EngineProcess) -> None:
