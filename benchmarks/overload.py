@@ -305,6 +305,8 @@ def basis_text(basis: dict[str, Any]) -> str:
         parts.append(f"{basis['running']} running / {basis['waiting']} waiting{of}")
     if basis.get("deep_factor") is not None:
         parts.append(f"deep x{basis['deep_factor']:.2f}")
+    if basis.get("pace_margin") is not None:
+        parts.append(f"pace x{basis['pace_margin']:.2f}")
     return ", ".join(parts)
 
 

@@ -912,6 +912,101 @@ def test_at_an_overloads_onset_the_full_batchs_slower_steps_are_forecast() -> No
     assert breach(settings, dataclasses.replace(onset, step_times=None)) is None
 
 
+def test_a_deep_slot_at_an_overloads_onset_is_forecast_at_the_full_batch() -> None:
+    """The batch filled 0.3 s ago behind a queue: a request that takes one of the first slots
+    is still forecast at the batch the engine held (6), but one with half a batch or more
+    queued ahead of it (a deep slot) is served only after those ahead, which keep the batch
+    full: its wait and its service are forecast at the full batch's steps (runs 52 and 53:
+    34-35 requests admitted in an overload's first second, the engine finishing 9). The
+    exported wait for a queue that deep is the same number."""
+    meter = SaturationMeter(keep=32, min_finished=3)
+    now, state = _at_capacity(meter, 0.0, 0.06)
+    for _ in range(3):
+        now += 0.1
+        state = meter.observe(now, 8, 6, [])
+    deep = with_live_queue(state, in_flight=14, capacity=8)  # 6 queued: slot 6
+    shallow = dataclasses.replace(deep, waiting=2)  # slot 2
+    assert shallow.growing_batch == deep.growing_batch == 6
+    full = deep.at_full_batch
+    assert full.growing_batch == 8 and full.at_full_batch is full
+    assert full.forecast_service_s is not None and deep.forecast_service_s is not None
+    assert full.forecast_service_s > deep.forecast_service_s * 1.2
+    assert predicted_wait(deep) == predicted_wait(full)
+    assert deep.queue_wait_s == predicted_wait(full)
+    # Deep, the request is judged on the full batch's forecast; its refusal says so.
+    judged = assess(SaturationSettings(latency_slo_s=100.0), deep)
+    assert judged.deep_forecast_s == pytest.approx(predicted_wait(full) + full.forecast_service_s)
+    # The first slots keep the batch held: a light load's moment of queue is not refused
+    # for a full batch it will not be served in (run 21).
+    assert shallow.at_full_batch.growing_batch == 8
+    assert predicted_wait(shallow) == predicted_wait(dataclasses.replace(shallow))
+    assert predicted_wait(shallow) != predicted_wait(shallow.at_full_batch)
+
+
+def _paced_meter(paces_ms: list[float], running: int = 8) -> tuple[SaturationMeter, float]:
+    """A meter that saw one second of steps at each of ``paces_ms`` (ms per step) at a batch
+    of ``running``, one observation per step, starting on a whole second."""
+    meter = SaturationMeter()
+    now = 100.0
+    meter.observe(now, running, 4, [])
+    for pace_ms in paces_ms:
+        end = now + 1.0
+        while now + pace_ms / 1000 <= end + 1e-9:
+            now += pace_ms / 1000
+            meter.observe(now, running, 4, [])
+        now = end
+    return meter, now
+
+
+def test_the_pace_margin_is_the_slowest_recent_second_at_a_full_batch_over_now() -> None:
+    """Each whole second at a full batch is timed, every step counted: the margin is the
+    slowest of the last minute's over the last two seconds' pace, 1.0 where the engine is as
+    slow now, and never above its bound."""
+    meter, now = _paced_meter([10.0] * 20 + [15.0, 15.0] + [10.0] * 10)
+    assert meter.pace.margin(now + 0.5, 8) == pytest.approx(1.5, rel=0.02)
+    # Slow now: the slowest second is now's; nothing more is allowed for.
+    assert meter.pace.margin(now - 10 + 0.5, 8) == pytest.approx(1.0, rel=0.02)
+    # Seconds at a part-full batch say nothing of a full one's pace.
+    part, at = _paced_meter([10.0] * 5 + [18.0] * 2 + [10.0] * 5, running=5)
+    assert part.pace.margin(at + 0.5, 8) == 1.0
+    assert part.pace.margin(at + 0.5, 5) == pytest.approx(1.8, rel=0.02)
+    stalled, at = _paced_meter([10.0] * 5 + [100.0] + [10.0] * 3)
+    assert stalled.pace.margin(at + 0.5, 8) == 2.0  # PACE_MARGIN_MAX
+    # A minute later the slow second is forgotten; unknown capacity: no margin.
+    assert meter.pace.margin(now + 61.0, 8) == 1.0
+    assert meter.pace.margin(now + 0.5, None) == 1.0
+
+
+def test_a_deep_slot_allows_for_the_engines_slowest_recent_second() -> None:
+    """Runs 52 and 53: the engine's pace moved 20-60% for seconds at a time, and the requests
+    admitted deep into a full batch just before it slowed missed the SLO together. A deep
+    slot's forecast is scaled by how much slower than now the engine's slowest recent second
+    was (the larger of that and the deep-slot calibration), and the refusal names it; the
+    first slots are judged as before."""
+    meter, now = _paced_meter([10.0] * 20 + [15.0, 15.0] + [10.0] * 10)
+    state = _measured_full_batch(SPREAD, STAGGERED)
+    paced = dataclasses.replace(state, pace_record=meter.pace, measured_at=now + 0.5)
+    assert paced.pace_margin == pytest.approx(1.5, rel=0.02)
+    assert paced.to_json()["pace_margin"] == pytest.approx(1.5, rel=0.02)
+    deep = dataclasses.replace(paced, waiting=6)
+    forecast = assess(SaturationSettings(latency_slo_s=100.0), deep).deep_forecast_s
+    assert forecast is not None
+    settings = SaturationSettings(latency_slo_s=forecast * 1.3)
+    assert assess(settings, dataclasses.replace(state, waiting=6)).breach is None
+    found = assess(settings, deep).breach
+    assert found is not None and found.value == pytest.approx(forecast * paced.pace_margin)
+    assert "slowest second" in found.message()
+    assert found.basis()["pace_margin"] == pytest.approx(1.5, rel=0.02)
+    # The calibration, where larger, is the one applied and named.
+    calibrated = assess(settings, deep, deep_factor=1.8).breach
+    assert calibrated is not None and calibrated.value == pytest.approx(forecast * 1.8)
+    assert "x1.80" in calibrated.message() and "slowest second" not in calibrated.message()
+    # The first half of the slots: unchanged.
+    shallow = dataclasses.replace(paced, waiting=3)
+    slo = SaturationSettings(latency_slo_s=_latency_p99_by_simulation(state, 3) + 0.1)
+    assert assess(slo, shallow).breach is None
+
+
 def test_a_light_loads_moment_of_queue_is_not_forecast_at_the_full_batch() -> None:
     """A burst of a light load fills the batch for a moment and queues one request; the
     batch drains again long before a request admitted then ends, so it is forecast at the

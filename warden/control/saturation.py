@@ -51,6 +51,7 @@ from exporter.saturation import (
     KvState,
     SaturationState,
     batch_drain_rate,
+    deep_slots_from,
     nearest_rank,
     predicted_wait,
     requests_ahead,
@@ -142,8 +143,10 @@ class Breach:
     value: float
     limit: float
     earliest_s: float
-    # The deep slot's calibration the latency was scaled by (1.0: none).
+    # A deep slot's scales, the larger of which the latency was scaled by (1.0: none): the
+    # deep-slot calibration and the engine's slowest recent pace over its pace now.
     deep_factor: float = 1.0
+    pace_margin: float = 1.0
     # What the value was made of (``basis``): the wait and service time forecast, the slot a
     # full batch frees for it (None: the batch had room), the batch and queue it was judged on.
     wait_s: float | None = None
@@ -184,6 +187,8 @@ class Breach:
         }
         if self.deep_factor != 1.0:
             found["deep_factor"] = round(self.deep_factor, 3)
+        if self.pace_margin != 1.0:
+            found["pace_margin"] = round(self.pace_margin, 3)
         return found
 
     def message(self) -> str:
@@ -193,7 +198,12 @@ class Breach:
             "queue_depth": "{value:.0f} requests are waiting, at the limit of {limit:g}",
         }[self.signal]
         text = what.format(value=self.value, limit=self.limit)
-        if self.deep_factor != 1.0:
+        if self.pace_margin > max(self.deep_factor, 1.0):
+            text += (
+                f" (its forecast x{self.pace_margin:.2f}: the engine's slowest second at a full"
+                " batch in the last minute was that much slower than its pace now)"
+            )
+        elif self.deep_factor != 1.0:
             text += (
                 f" (its forecast x{self.deep_factor:.2f}: recent requests this deep in the"
                 " queue ran that much later than theirs)"
@@ -239,8 +249,10 @@ def assess(
 
     The latency is the wait plus the service time, each at its 99th percentile; for the first
     slots a full batch frees, their joint percentile where the sum is over the SLO
-    (``slot_meets``); for the deep slots, the sum times ``deep_factor``: how much later than
-    that forecast recent requests at those slots ran (``DeepSlotCalibration``). The service
+    (``slot_meets``); for the deep slots, forecast at the full batch (``at_full_batch``),
+    the sum times the larger of ``deep_factor``, how much later than that forecast recent
+    requests at those slots ran (``DeepSlotCalibration``), and the engine's ``pace_margin``,
+    how much slower than now it ran in its slowest recent second at a full batch. The service
     time is forecast for the request's own ``output_tokens`` (its ``max_tokens``; None:
     unknown, a typical request): ``SaturationState.service_times_for``."""
     if state.running <= 0 and state.waiting <= 0:
@@ -251,6 +263,10 @@ def assess(
         earliest = (state.waiting - depth + 1) / rate if rate else 0.0
         found = Breach("queue_depth", state.waiting, depth, earliest, counts=_counts(state))
         return Assessment(found)
+    slot = full_batch_slot(state, kv, prompt_tokens, margin_blocks)
+    deep = slot is not None and slot >= deep_slots_from(state.capacity)
+    if deep:
+        state = state.at_full_batch
     wait = predicted_wait(state, kv, prompt_tokens, margin_blocks)
     if wait is None:
         return Assessment(None)
@@ -260,17 +276,16 @@ def assess(
     deep_forecast_s = None
     if slo is not None and service_s is not None:
         latency = wait + service_s
-        slot = full_batch_slot(state, kv, prompt_tokens, margin_blocks)
-        if slot is not None and slot >= deep_slots_from(state.capacity):
+        if deep:
             deep_forecast_s = latency
-            latency *= deep_factor
+            pace_margin = state.pace_margin
+            latency *= max(deep_factor, pace_margin)
             if latency > slo:
-                found = _latency_breach(
-                    state, latency, slo, wait, service_s, slot, deep_factor, output_tokens
-                )
+                found = _latency_breach(state, latency, slo, wait, service_s, slot, output_tokens)
+                found = dataclasses.replace(found, deep_factor=deep_factor, pace_margin=pace_margin)
                 return Assessment(found, deep_forecast_s)
         elif latency > slo and not (slot is not None and slot_meets(state, slot, slo, own)):
-            found = _latency_breach(state, latency, slo, wait, service_s, slot, 1.0, output_tokens)
+            found = _latency_breach(state, latency, slo, wait, service_s, slot, output_tokens)
             return Assessment(found)
     limit = settings.max_queue_wait_s
     if limit is not None and wait > limit:
@@ -292,7 +307,6 @@ def _latency_breach(
     wait: float,
     service_s: float,
     slot: int | None,
-    deep_factor: float = 1.0,
     output_tokens: int | None = None,
 ) -> Breach:
     """The latency SLO broken, with the forecast's parts (``Breach.basis``); built only for a
@@ -302,7 +316,6 @@ def _latency_breach(
         latency,
         slo,
         latency - slo,
-        deep_factor,
         wait_s=wait,
         service_s=service_s,
         slot=slot,
@@ -326,24 +339,6 @@ def full_batch_slot(
     return math.ceil(requests_ahead(state, kv, prompt_tokens, margin_blocks))
 
 
-def deep_slots_from(capacity: int | None) -> int:
-    """The first of a full batch's deep slots (``JOINT_SLOTS_SHARE`` of them come before).
-
-    A request that takes one of the first slots is judged on its wait and its service time
-    together (``slot_meets``), where the sum of their 99th percentiles is over the SLO: it
-    only ever admits what that sum refused. Deeper slots keep the sum. A request there starts
-    as most of the batch turns over, with as many others starting beside it, and the recent
-    service times say less of its own: with the sum, 2.1% of the requests admitted behind 4
-    to 7 queued missed the SLO (run 25: 22 of 1,045, in bursts), against 0.26% behind 0 to 3
-    (2 of 781), and every miss of runs 27 and 28 was at slots 6-7; the joint percentile would
-    admit more of them, not fewer. What the sum misses there is measured instead, on the
-    requests admitted there (``DeepSlotCalibration``)."""
-    return max(1, int((capacity or 0) * JOINT_SLOTS_SHARE))
-
-
-# The share of a full batch's slots, the first ones to free, for which admission judges the
-# wait and the service time together (``slot_meets``); the rest are deep (``deep_slots_from``).
-JOINT_SLOTS_SHARE = 0.5
 # Deep-slot admissions the calibration learns from (about 8 batches' turnovers of 8), how
 # many before it applies, and its bounds. Never below 1: it only refuses what the summed
 # tails admitted. Let down to 0.9 (run 29), a light load's early finishes carried the floor
