@@ -68,10 +68,10 @@ statistics, in the API process; admission (warden/control/admission.py) decides 
   for its own length (``queued_limits``, ``queue_turnover``), where the running requests'
   ends are known. A request that deep (``deep_slots_from``) is forecast at the full batch,
   which the requests ahead of it keep full (``at_full_batch``).
-- pace margin: how much slower than now the engine ran in its slowest second at a full batch
-  over the last minute (``PaceRecord``, ``SaturationState.pace_margin``): admission scales a
-  deep slot's forecast by it, since a request admitted there cannot follow a slowdown that
-  comes after it was admitted.
+- pace margin: how much slower the engine's pace at a full batch has lately turned from one
+  couple of seconds to the next, at the 95th percentile over the last minute (``PaceRecord``,
+  ``SaturationState.pace_margin``): admission scales a deep slot's forecast by it, since a
+  request admitted there cannot follow a slowdown that comes after it was admitted.
   Preemptions are in it twice: preempted requests wait again in the queue, and recomputation
   lowers the drain rate. There is one prediction: admission (warden/control/saturation.py)
   judges with it, and ``warden_queue_wait_predicted_seconds`` exports it for a typical
@@ -329,16 +329,15 @@ class SaturationState:
 
     @property
     def pace_margin(self) -> float:
-        """How many times slower than its pace now the engine ran in its slowest second at a
-        full batch over the last minute (``PaceRecord.margin``; 1.0 unmeasured): a deep
-        slot's forecast is scaled by it. A request there is promised the SLO over a wait of
-        several turnovers and its own service, and the engine's pace moves by 20-60% for
-        seconds at a time on a loaded machine (a neighbour, the prefills of a burst): at a
-        load the forecast had right, the requests admitted as it slowed missed the SLO
-        together, 14-18 in two seconds (runs 52 and 53: misses 1.03-1.15x the SLO at the
-        median). The forecast follows a slowdown within about 20 steps (``slowdown``); the
-        requests admitted before it cannot, so a deep slot is judged at the slowest pace the
-        engine has lately shown, relative to now: where it is slow now, little more."""
+        """How much slower the engine's pace at a full batch has lately turned from one
+        couple of seconds to the next (``PaceRecord.margin``; 1.0 unmeasured): a deep slot's
+        forecast is scaled by it. A request there is promised the SLO over a wait of several
+        turnovers and its own service, and the engine's pace moves by 20-60% for seconds at
+        a time on a loaded machine (a neighbour, the prefills of a burst): at a load the
+        forecast had right, the requests admitted as it slowed missed the SLO together, 14-18
+        in two seconds (runs 52 and 53: misses 1.03-1.15x the SLO at the median). The
+        forecast follows a slowdown within about 20 steps (``slowdown``); the requests
+        admitted before it cannot."""
         record = self.pace_record
         if record is None:
             return 1.0
@@ -509,8 +508,9 @@ class SaturationState:
             # The mean batch over the last half service time: a request that joins a larger
             # one is forecast at most at this one's step time (``growing_batch``).
             "sustained_batch": self.sustained_batch,
-            # The engine's slowest second at a full batch over the last minute, over its pace
-            # now: a deep slot's forecast is scaled by it (1.0: not measured, or as fast).
+            # How much slower the engine's pace at a full batch has lately turned from two
+            # seconds to the next (95th percentile, last minute): a deep slot's forecast is
+            # scaled by it (1.0: not measured, or no slower).
             "pace_margin": _rounded(self.pace_margin),
             # Seconds per engine step by batch size, as the forecast reads them now.
             "step_s_by_batch": self.step_times.to_json() if self.step_times else {},
@@ -626,9 +626,10 @@ def deep_slots_from(capacity: int | None) -> int:
     to 7 queued missed the SLO (run 25: 22 of 1,045, in bursts), against 0.26% behind 0 to 3
     (2 of 781), and every miss of runs 27 and 28 was at slots 6-7; the joint percentile would
     admit more of them, not fewer. A deep slot is forecast at the full batch
-    (``SaturationState.at_full_batch``) and with the engine's slowest recent pace
-    (``pace_margin``); what the forecast still misses there is measured on the requests
-    admitted there (warden/control/saturation.py, ``DeepSlotCalibration``)."""
+    (``SaturationState.at_full_batch``) and with how much slower the engine's pace has
+    lately turned within seconds (``pace_margin``); what the forecast still misses there is
+    measured on the requests admitted there (warden/control/saturation.py,
+    ``DeepSlotCalibration``)."""
     return max(1, int((capacity or 0) * JOINT_SLOTS_SHARE))
 
 
@@ -922,12 +923,16 @@ CHECKPOINTS = 16384
 # The engine's pace at a full batch (``PaceRecord``): seconds of busy time per step, every
 # step counted, in buckets of this many seconds, kept this long; a bucket counts when the
 # batch was full (its mean within half a request of the capacity) for at least this share
-# of it. The pace now is that of the last ``PACE_RECENT_BUCKETS`` whole buckets, and the
-# margin a deep slot is forecast with at most ``PACE_MARGIN_MAX``.
+# of it. The pace is compared over windows of ``PACE_WINDOW_BUCKETS`` (about a deep
+# request's life: its wait and its service), the next window's over the last one's; the
+# margin is the ``PACE_QUANTILE`` of those changes, once ``PACE_MIN_CHANGES`` are known,
+# between 1.0 and ``PACE_MARGIN_MAX``.
 PACE_BUCKET_S = 1.0
 PACE_KEEP_S = 60.0
 PACE_MIN_BUSY_SHARE = 0.5
-PACE_RECENT_BUCKETS = 2
+PACE_WINDOW_BUCKETS = 2
+PACE_QUANTILE = 0.95
+PACE_MIN_CHANGES = 8
 PACE_MARGIN_MAX = 2.0
 
 
@@ -1052,7 +1057,7 @@ class BatchPeaks:
 
 class PaceRecord:
     """Seconds per engine step at a full batch, second by second over the last minute: how
-    much slower than now the engine has run lately (``margin``). Every step is counted, a
+    much slower the engine has lately turned within seconds (``margin``). Every step is counted, a
     prefill's too: a request decodes one token a step, so this is its pace, prefills and all.
     A ring of buckets of busy seconds, steps and slot-seconds, so a step records in constant
     time; which buckets held a full batch is decided when asked (the capacity is admission's).
@@ -1095,19 +1100,34 @@ class PaceRecord:
         return found
 
     def margin(self, now: float, capacity: int | None) -> float:
-        """How many times slower than its pace now (the last ``PACE_RECENT_BUCKETS`` whole
-        buckets) the engine's slowest second at a full batch was, over the last minute:
-        between 1.0 and ``PACE_MARGIN_MAX``; 1.0 where the batch was not full lately."""
+        """How much slower than over the window before it the engine has run over the next
+        one, at a full batch, in the last minute: the ``PACE_QUANTILE`` of the ratios of
+        each ``PACE_WINDOW_BUCKETS``-second window's pace to the previous window's, between
+        1.0 and ``PACE_MARGIN_MAX``; 1.0 until ``PACE_MIN_CHANGES`` such pairs of windows
+        were at a full batch.
+
+        A forecast takes the engine's recent pace to hold over the request's life (the
+        recent requests' service times, the step times of about 20 steps); this is how far
+        that has been wrong lately, the way it hurts (slower). Judged on the slowest second
+        over the pace now, single slow seconds (a burst's prefills, the API server's own
+        pauses) read 1.8-2.0 at 4x on this 2-core machine and refused most deep slots: the
+        engine was left at 0.78 of plain's tokens/s, where the deep slots' own calibration
+        said their requests ran at most 1.21x their forecasts (issue #28's quick check)."""
         if capacity is None or capacity <= 0:
             return 1.0
         paces = self.full_paces(now, capacity)
-        last = int(now // self.bucket_s)
-        recent = [
-            paces[bucket] for bucket in range(last - PACE_RECENT_BUCKETS, last) if bucket in paces
-        ]
-        if not recent or len(paces) <= len(recent):
+        window = PACE_WINDOW_BUCKETS
+        changes = []
+        for first in paces:
+            before = [paces.get(first + offset) for offset in range(window)]
+            after = [paces.get(first + window + offset) for offset in range(window)]
+            if all(pace is not None for pace in before + after):
+                then = statistics.fmean(pace for pace in before if pace is not None)
+                later = statistics.fmean(pace for pace in after if pace is not None)
+                changes.append(later / then)
+        if len(changes) < PACE_MIN_CHANGES:
             return 1.0
-        return min(PACE_MARGIN_MAX, max(1.0, max(paces.values()) / statistics.fmean(recent)))
+        return min(PACE_MARGIN_MAX, max(1.0, nearest_rank(changes, PACE_QUANTILE)))
 
 
 class SaturationMeter:

@@ -144,7 +144,7 @@ class Breach:
     limit: float
     earliest_s: float
     # A deep slot's scales, the larger of which the latency was scaled by (1.0: none): the
-    # deep-slot calibration and the engine's slowest recent pace over its pace now.
+    # deep-slot calibration and how much slower the engine's pace has lately turned.
     deep_factor: float = 1.0
     pace_margin: float = 1.0
     # What the value was made of (``basis``): the wait and service time forecast, the slot a
@@ -200,8 +200,8 @@ class Breach:
         text = what.format(value=self.value, limit=self.limit)
         if self.pace_margin > max(self.deep_factor, 1.0):
             text += (
-                f" (its forecast x{self.pace_margin:.2f}: the engine's slowest second at a full"
-                " batch in the last minute was that much slower than its pace now)"
+                f" (its forecast x{self.pace_margin:.2f}: the engine's pace at a full batch has"
+                " lately turned that much slower within seconds)"
             )
         elif self.deep_factor != 1.0:
             text += (
@@ -252,7 +252,7 @@ def assess(
     (``slot_meets``); for the deep slots, forecast at the full batch (``at_full_batch``),
     the sum times the larger of ``deep_factor``, how much later than that forecast recent
     requests at those slots ran (``DeepSlotCalibration``), and the engine's ``pace_margin``,
-    how much slower than now it ran in its slowest recent second at a full batch. The service
+    how much slower its pace at a full batch has lately turned within seconds. The service
     time is forecast for the request's own ``output_tokens`` (its ``max_tokens``; None:
     unknown, a typical request): ``SaturationState.service_times_for``."""
     if state.running <= 0 and state.waiting <= 0:
