@@ -5,54 +5,19 @@ longer runs (it waits for a step the scenario dropped, reads a metric that was r
 every figure it backs into a claim nobody can reproduce. Each case runs the command as a person
 would (``python -m benchmarks.NAME``), with parameters that make it short, and checks that it
 exits 0 and writes its result. The closed-loop benchmark plays the same scenario as
-tests/test_closed_loop_e2e.py, which also checks that its steps are the scenario's.
+tests/test_closed_loop_e2e.py, which also checks that its steps are the scenario's. The
+commands that start no engine are in tests/test_benchmarks_offline_smoke.py: they need no core
+of an engine worker's, and run beside the rest (tests/support/parallel.py).
 
 Figures from these runs mean nothing: too short, on a shared machine."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-def run_benchmark(name: str, *args: str, timeout_s: float = 900) -> subprocess.CompletedProcess:
-    done = subprocess.run(
-        [sys.executable, "-m", f"benchmarks.{name}", *args],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    assert done.returncode == 0, f"{name}: exit {done.returncode}\n{done.stdout}\n{done.stderr}"
-    return done
-
-
-def result(path: Path) -> dict:
-    data = json.loads(path.read_text())
-    assert isinstance(data, dict) and data, data
-    return data
-
-
-def test_retry_after(tmp_path: Path) -> None:
-    out = tmp_path / "retry.json"
-    run_benchmark("retry_after", "--clients", "8", "--duration", "20", "--out", str(out))
-    result(out)
-
-
-def test_middleware_overhead_in_process(tmp_path: Path) -> None:
-    out = tmp_path / "middleware.json"
-    run_benchmark(
-        "middleware_overhead", "--no-e2e", "--rounds", "2", "--block", "20", "--out", str(out)
-    )
-    result(out)
+from tests.support.benchmark_runs import result, run_benchmark
 
 
 @pytest.mark.engine
@@ -84,13 +49,3 @@ def test_saturation(tiny_model: Path, tmp_path: Path) -> None:
         *("--loads", "1", "--no-constant", "--workdir", str(tmp_path / "work"), "--out", str(out)),
     )
     result(out)
-
-
-def test_logits_copy(tmp_path: Path) -> None:
-    out = tmp_path / "logits_copy.json"
-    run_benchmark(
-        "logits_copy",
-        *("--device", "cpu", "--iterations", "1", "--rows", "2", "--vocab", "64"),
-        *("--json", str(out)),
-    )
-    assert result(out)["results"][0]["copy_mib"] >= 0
