@@ -1119,11 +1119,9 @@ class PaceRecord:
         window = PACE_WINDOW_BUCKETS
         changes = []
         for first in paces:
-            before = [paces.get(first + offset) for offset in range(window)]
-            after = [paces.get(first + window + offset) for offset in range(window)]
-            if all(pace is not None for pace in before + after):
-                then = statistics.fmean(pace for pace in before if pace is not None)
-                later = statistics.fmean(pace for pace in after if pace is not None)
+            if all(bucket in paces for bucket in range(first, first + 2 * window)):
+                then = statistics.fmean(paces[first + offset] for offset in range(window))
+                later = statistics.fmean(paces[first + window + offset] for offset in range(window))
                 changes.append(later / then)
         if len(changes) < PACE_MIN_CHANGES:
             return 1.0
