@@ -97,6 +97,9 @@ def test_a_burst_deep_in_a_full_batch_is_admitted_and_teaches_the_deep_slot_cali
     # the whole burst is in before anything ends, as here (10); fewer if some ended first.
     assert 1 <= deep["samples"] <= BURST - BATCH, (deep, after)
     assert DEEP_FACTOR_MIN <= deep["factor"] <= DEEP_FACTOR_MAX, deep
+    # The engine's pace at a full batch, as the deep slots are scaled by it (a burst of a few
+    # seconds leaves too few full seconds to compare: no margin yet).
+    assert after["measured"]["pace_margin"] == 1.0, after["measured"]
     assert admitted_within(engine) - within_before == WARM_UP + BURST
 
 
