@@ -65,9 +65,12 @@ log = logging.getLogger("warden.supervisor")
 EAGER_FLAG = "--enforce-eager"
 STOPPING = "stop"  # the drain before the supervisor stops (not a restart reason)
 # How long a server whose engine process vanished is given to exit by itself before the
-# vanishing is judged a crash under it (``classify_exit``): a self-inflicted exit takes
-# milliseconds after its children, vLLM's own shutdown after a dead engine core seconds.
-OWN_EXIT_GRACE_S = 1.0
+# vanishing is judged a crash under it (``classify_exit``). A self-inflicted exit takes
+# milliseconds after its children on an idle host, but a second and more on a loaded one
+# (a 1 s grace called a server's own exit 3 a crash under CI load); vLLM's own shutdown
+# after a dead engine core exits 0, a crash whenever it comes. Waiting longer only delays
+# the restart of a server that stays up without its engine core.
+OWN_EXIT_GRACE_S = 5.0
 
 
 EngineFactory = Callable[[LaunchSpec, Path | None], EngineProcess]
