@@ -30,7 +30,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from exporter import __version__, catalog, engine_errors, logits_select, vllm_compat
+from exporter import (
+    __version__,
+    catalog,
+    engine_errors,
+    fork_engine_core,
+    logits_select,
+    vllm_compat,
+)
 from exporter.adapters import NvmlDevices, TorchCudaAllocator, VllmCudaGraphs
 from exporter.collectors import Collector, CollectorRunner
 from exporter.device_collectors import (
@@ -81,6 +88,7 @@ def register() -> None:
     _guarded(metrics, (engine_errors.SOURCE,), lambda: engine_errors.install(metrics))
     _guarded(metrics, ("logits",), logits_select.install)
     _guarded(metrics, DEVICE_SOURCES, lambda: _patch_worker_init(config, metrics))
+    fork_engine_core.install(config.test_fork_engine_core)
     _state["pid"] = os.getpid()
     _state["registered"] = True
 

@@ -142,6 +142,9 @@ class WardenSettings(BaseSettings):
     test_memory_creep: bool = Field(
         False, description="the engine core grows its memory at the rate `warden chaos creep` sets"
     )
+    test_fork_engine_core: bool = Field(
+        False, description="a CPU host's API server forks the engine core, as on CUDA"
+    )
 
     @model_validator(mode="after")
     def _thresholds_ascend(self) -> WardenSettings:

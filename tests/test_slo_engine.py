@@ -159,8 +159,12 @@ def test_over_http_a_short_request_is_admitted_where_a_long_one_is_refused(
             assert time.monotonic() < deadline, "the background request never ran"
             assert not background.done(), background.result().text
             time.sleep(0.02)
-        short = complete(engine, served, "short", SHORT, ignore_eos=True)
+        # The long one first: judged after the short one, it was judged by a forecast that
+        # had learnt the short one's own service time, which a loaded host made longer than
+        # the SLO (then not even one token meets it, and a request is refused before its
+        # length is read: ``judge_saturation``).
         long = complete(engine, served, "long", 2 * TOKENS, ignore_eos=True)
+        short = complete(engine, served, "short", SHORT, ignore_eos=True)
         assert not background.done(), "the engine went idle before both were judged"
         assert background.result().status_code == 200
 

@@ -1,12 +1,17 @@
 """Engine starts shared across test modules (a pytest plugin, loaded by ``tests/conftest.py``).
 
 A vLLM CPU engine takes about a minute to start on two busy cores: three spawned processes,
-each importing vLLM. Two things here cut the starts' cost without changing what any test sees:
+each importing vLLM. Three things here cut the starts' cost without changing what any test sees:
 
 - ``shared_vllm_cache``: one ``VLLM_CACHE_ROOT`` for the whole session. warden gives each run
   directory its own cache (warden/engine/launch.py), so every test engine inspected the model
   class again in a subprocess that imports vLLM (about 15 s of CPU per start); shared, the
   first start writes vLLM's model-info cache and every later start reads it.
+- ``forked_engine_cores``: every engine's API server forks its engine core, as vLLM does on
+  CUDA, where vLLM's CPU build spawns it (``exporter/fork_engine_core.py``): a spawned engine
+  core imports vLLM again, about 9 s of CPU of an engine start's 30. The model worker is still
+  spawned and bound to its core as vLLM binds it. ``WARDEN_TEST_FORK_ENGINE_CORE=0`` in the
+  environment runs the suite with vLLM's own spawn.
 - ``plain_engine``: one engine for the modules that test warden exactly as ``warden serve``
   wires it (default settings, no test switch, no webhook token). Its tests measure deltas
   (before/after), so they do not depend on which module ran first. A session fixture would
@@ -42,6 +47,20 @@ def shared_vllm_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None
         return
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("VLLM_CACHE_ROOT", str(tmp_path_factory.mktemp("vllm-cache")))
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def forked_engine_cores() -> Iterator[None]:
+    """Every engine the tests start inherits ``WARDEN_TEST_FORK_ENGINE_CORE=1``, unless the
+    environment already says."""
+    from exporter.fork_engine_core import SWITCH
+
+    if SWITCH in os.environ:
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(SWITCH, "1")
         yield
 
 
