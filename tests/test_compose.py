@@ -433,7 +433,8 @@ def test_the_container_process_exits_at_once_on_a_refused_switch(tmp_path: Path)
     }
     result = subprocess.run(
         [sys.executable, "-m", "warden.stack.container"],
-        env={**os.environ, **env},
+        # The suite's own switches (tests/support/shared_engine.py) left out: only this one.
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("WARDEN_")}, **env},
         capture_output=True,
         text=True,
         timeout=120,
