@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter import import_hooks, logits_select, vllm_compat
+from exporter import fork_engine_core, import_hooks, logits_select, vllm_compat
 from exporter.adapters import VllmCudaGraphs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,6 +51,27 @@ def test_every_hook_point_exists_in_the_installed_vllm() -> None:
     assert vllm_compat.version_supported(vllm_compat.vllm_version())
     missing = {p.name: vllm_compat.missing_hook(p) for p in vllm_compat.HOOK_POINTS}
     assert missing == {p.name: None for p in vllm_compat.HOOK_POINTS}
+
+
+def test_the_fork_switch_forks_the_engine_core_and_leaves_the_worker_spawned(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``WARDEN_TEST_FORK_ENGINE_CORE`` (the suite's engines run with it) replaces the context
+    vLLM launches engine cores with, and not the executor's, which starts the model worker."""
+    import vllm.v1.engine.utils as launch
+    import vllm.v1.executor.multiproc_executor as executor
+
+    assert launch.__name__ == fork_engine_core.LAUNCH_MODULE
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # as vLLM's CPU platform sets
+    monkeypatch.setattr(launch, fork_engine_core.CONTEXT_FUNCTION, launch.get_mp_context)
+    assert launch.get_mp_context().get_start_method() == "spawn"
+    fork_engine_core._fork_engine_core(launch)
+    forking = launch.get_mp_context
+    fork_engine_core._fork_engine_core(launch)  # once only: no wrapper around the wrapper
+    assert launch.get_mp_context is forking
+    assert launch.get_mp_context().get_start_method() == "fork"
+    assert executor.get_mp_context().get_start_method() == "spawn"
+    assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
 
 
 def test_served_requests_are_read_on_the_engine_cores_clock_with_their_limits() -> None:
