@@ -48,6 +48,7 @@ from warden.control.policy import EffectivePolicy, combine
 from warden.control.reflex import Reflex
 from warden.control.retry import backoff_s, classify_failure
 from warden.control.saturation import (
+    DeepAdmission,
     DeepSlotCalibration,
     RetrySchedule,
     SaturationWatch,
@@ -699,11 +700,21 @@ def test_deep_slot_admissions_teach_admission_how_late_they_ran(
         with controller.serving():
             clock.now += 5.0
     for _ in range(DeepSlotCalibration().min_samples):
-        with controller.serving(deep_forecast_s=1.6):
+        with controller.serving(deep=DeepAdmission(1.6, pace_margin=1.1, slot=5)):
             clock.now += 1.9
     factor = controller._saturation().deep_factor
     assert factor == pytest.approx(1.9 / 1.6)
-    assert controller.saturation_json()["deep_slots"] == {"factor": round(factor, 3), "samples": 16}
+    shown = controller.saturation_json()["deep_slots"]
+    assert (shown["factor"], shown["samples"]) == (round(factor, 3), 16)
+    assert shown["recent"][0] == {
+        "ended_s_ago": 0.0,
+        "slot": 5,
+        "forecast_s": 1.6,
+        "deep_factor": 1.0,
+        "pace_margin": 1.1,
+        "allowed_s": 1.76,
+        "latency_s": 1.9,
+    }
 
 
 def test_a_client_that_honours_retry_after_is_not_overtaken_by_a_later_arrival(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -34,6 +35,8 @@ from warden.control.saturation import (
     DEEP_FACTOR_MAX,
     DEEP_FACTOR_MIN,
     DEEP_KEPT_FORECASTS,
+    DEEP_RECENT_SHOWN,
+    DeepAdmission,
     DeepSlotCalibration,
     assess,
     breach,
@@ -310,21 +313,53 @@ def test_a_latency_refusal_says_what_its_forecast_was_made_of() -> None:
 def test_the_deep_slot_calibration_learns_the_late_quantile_within_its_bounds() -> None:
     calibration = DeepSlotCalibration(window=32, min_samples=16)
     for _ in range(15):
-        calibration.observe(2.0, 3.0)
+        calibration.observe(DeepAdmission(2.0), 3.0)
     assert calibration.factor() == 1.0  # too few to say
-    calibration.observe(2.0, 3.0)
+    calibration.observe(DeepAdmission(2.0), 3.0)
     assert calibration.factor() == pytest.approx(1.5)
     # The window moves on: 32 requests that ran at 80-100% of their forecast.
     for index in range(32):
-        calibration.observe(1.0, 0.8 + 0.2 * index / 31)
+        calibration.observe(DeepAdmission(1.0), 0.8 + 0.2 * index / 31)
     assert calibration.factor() == pytest.approx(1.0)
     for _ in range(32):
-        calibration.observe(1.0, 0.5)
+        calibration.observe(DeepAdmission(1.0), 0.5)
     assert calibration.factor() == DEEP_FACTOR_MIN == 1.0  # early finishes admit no more
-    calibration.observe(1.0, 30.0)  # one stalled request
+    calibration.observe(DeepAdmission(1.0), 30.0)  # one stalled request
     assert calibration.factor() == DEEP_FACTOR_MAX
-    calibration.observe(0.0, 1.0)  # nothing to scale: ignored
-    assert calibration.to_json() == {"factor": DEEP_FACTOR_MAX, "samples": 32}
+    calibration.observe(DeepAdmission(0.0), 1.0)  # nothing to scale: ignored
+    assert _learned(calibration) == {"factor": DEEP_FACTOR_MAX, "samples": 32}
+
+
+def _learned(calibration: DeepSlotCalibration) -> dict[str, Any]:
+    shown = calibration.to_json()
+    return {"factor": shown["factor"], "samples": shown["samples"]}
+
+
+def test_the_last_deep_admissions_are_shown_with_what_they_allowed_for_and_took() -> None:
+    """``/warden/state`` shows each recent deep admission's forecast, the scales it was judged
+    with and its real latency, newest first, the last ``DEEP_RECENT_SHOWN``: a run sees what
+    admission allowed for before the engine turned slower."""
+    now = [100.0]
+    calibration = DeepSlotCalibration(clock=lambda: now[0])
+    assert calibration.to_json()["recent"] == []
+    for index in range(DEEP_RECENT_SHOWN + 4):
+        now[0] = 100.0 + index
+        calibration.observe(DeepAdmission(1.0 + index / 100, 1.1, 1.3, slot=index % 8), 1.2)
+    calibration.observe(DeepAdmission(0.0), 1.0)  # nothing to scale: not shown either
+    now[0] += 0.5
+    recent = calibration.to_json()["recent"]
+    assert len(recent) == DEEP_RECENT_SHOWN
+    newest = DEEP_RECENT_SHOWN + 3
+    assert recent[0] == {
+        "ended_s_ago": 0.5,
+        "slot": newest % 8,
+        "forecast_s": round(1.0 + newest / 100, 3),
+        "deep_factor": 1.1,
+        "pace_margin": 1.3,
+        "allowed_s": round((1.0 + newest / 100) * 1.3, 3),
+        "latency_s": 1.2,
+    }
+    assert [r["ended_s_ago"] for r in recent] == [0.5 + i for i in range(DEEP_RECENT_SHOWN)]
 
 
 def test_the_deep_slot_calibration_forgets_an_overload_once_it_is_over() -> None:
@@ -335,7 +370,7 @@ def test_the_deep_slot_calibration_forgets_an_overload_once_it_is_over() -> None
     calibration = DeepSlotCalibration(window=64, min_samples=16, clock=lambda: now[0])
     for index in range(20):  # an overload: deep admissions 1.4x later than their 0.7 s
         now[0] = index * 0.1
-        calibration.observe(0.7, 0.98)
+        calibration.observe(DeepAdmission(0.7), 0.98)
     assert calibration.factor() == pytest.approx(1.4)
     # While the overload's admissions are recent, the factor stands...
     now[0] = DEEP_KEPT_FORECASTS * 0.7 - 0.1
@@ -343,12 +378,12 @@ def test_the_deep_slot_calibration_forgets_an_overload_once_it_is_over() -> None
     # ...as the first of them are forgotten, fewer than 16 are left: unscaled, as at the start.
     now[0] = DEEP_KEPT_FORECASTS * 0.7 + 0.45
     assert calibration.factor() == 1.0
-    assert calibration.to_json() == {"factor": 1.0, "samples": 15}
+    assert _learned(calibration) == {"factor": 1.0, "samples": 15}
     now[0] += 60.0
-    assert calibration.to_json() == {"factor": 1.0, "samples": 0}
+    assert _learned(calibration) == {"factor": 1.0, "samples": 0}
     # A new overload teaches it again.
     for _ in range(16):
-        calibration.observe(0.7, 0.84)
+        calibration.observe(DeepAdmission(0.7), 0.84)
     assert calibration.factor() == pytest.approx(1.2)
 
 

@@ -20,8 +20,9 @@ import httpx
 import pytest
 
 from exporter import catalog
+from exporter.saturation import deep_slots_from
 from tests.support.engine import complete, running_engine, sample, scrape
-from warden.control.saturation import DEEP_FACTOR_MAX, DEEP_FACTOR_MIN
+from warden.control.saturation import DEEP_FACTOR_MAX, DEEP_FACTOR_MIN, DEEP_RECENT_SHOWN
 
 pytestmark = pytest.mark.engine
 
@@ -70,7 +71,7 @@ def test_a_burst_deep_in_a_full_batch_is_admitted_and_teaches_the_deep_slot_cali
     served = str(engine.spec.model)
     before = saturation(engine)
     assert before["limits"]["latency_slo_s"] == SLO_S
-    assert before["deep_slots"] == {"factor": 1.0, "samples": 0}
+    assert before["deep_slots"] == {"factor": 1.0, "samples": 0, "recent": []}
     within_before = admitted_within(engine)
     for index in range(WARM_UP):
         response = complete(engine, served, f"warm-up {index}", TOKENS, ignore_eos=True)
@@ -100,6 +101,15 @@ def test_a_burst_deep_in_a_full_batch_is_admitted_and_teaches_the_deep_slot_cali
     # The engine's pace at a full batch, as the deep slots are scaled by it (a burst of a few
     # seconds leaves too few full seconds to compare: no margin yet).
     assert after["measured"]["pace_margin"] == 1.0, after["measured"]
+    # Each deep admission is shown with what it was judged on and what it took: its forecast
+    # scaled by the larger of the calibration's factor and the pace margin, within the SLO.
+    recent = deep["recent"]
+    assert len(recent) == min(deep["samples"], DEEP_RECENT_SHOWN), deep
+    for admitted in recent:
+        assert admitted["slot"] >= deep_slots_from(BATCH), admitted
+        scale = max(admitted["deep_factor"], admitted["pace_margin"])
+        assert admitted["allowed_s"] == pytest.approx(admitted["forecast_s"] * scale, abs=2e-3)
+        assert admitted["allowed_s"] <= SLO_S and admitted["latency_s"] > 0, admitted
     assert admitted_within(engine) - within_before == WARM_UP + BURST
 
 

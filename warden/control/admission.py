@@ -24,7 +24,7 @@ from warden.control.actions.base import Refusal
 from warden.control.cause import NO_CAUSE, Cause
 from warden.control.config import AdmissionSettings
 from warden.control.policy import EffectivePolicy
-from warden.control.saturation import KvState, RetrySchedule, assess
+from warden.control.saturation import DeepAdmission, KvState, RetrySchedule, assess
 
 # Before its body is read a request is judged as the shortest it could be: one token.
 SHORTEST_OUTPUT = 1
@@ -65,9 +65,9 @@ class Decision:
     cap: int | None = None  # write this max_tokens into the request
     signal: str = ""  # what caused a refusal, and its value
     value: float | str | None = None
-    # An admission into a deep slot of a full batch: the latency forecast it was admitted on
-    # (the deep-slot calibration compares the request's real latency with it).
-    deep_forecast_s: float | None = None
+    # An admission into a deep slot of a full batch: what it was admitted on (the deep-slot
+    # calibration compares the request's real latency with its forecast).
+    deep: DeepAdmission | None = None
     # A saturation refusal: what its forecast was made of (``Breach.basis``), kept with it in
     # ``/warden/state``'s recent rejections; not sent to the client.
     basis: dict[str, float | int] | None = field(default=None, compare=False)
@@ -222,13 +222,13 @@ def limit(
                 signal="prompt_tokens",
                 value=prompt,
             )
-    deep_forecast_s = None
+    deep = None
     if saturation is not None:
         decision = _saturation(settings, saturation, kv, prompt, margin, max_tokens)
         if not decision.admit:
             return decision
-        deep_forecast_s = decision.deep_forecast_s
-    return Decision(True, cap=cap, deep_forecast_s=deep_forecast_s)
+        deep = decision.deep
+    return Decision(True, cap=cap, deep=deep)
 
 
 def judge_saturation(settings: AdmissionSettings, saturation: Saturation) -> Decision:
@@ -256,7 +256,7 @@ def _saturation(
     judged = assess(sat, state, kv, prompt, margin, saturation.deep_factor, output_tokens)
     found = judged.breach
     if found is None:
-        return Decision(True, deep_forecast_s=judged.deep_forecast_s)
+        return Decision(True, deep=judged.deep)
     if sat.retry_after == "computed" and saturation.schedule is not None:
         retry_s: float = saturation.schedule.book(
             saturation.now,

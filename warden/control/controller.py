@@ -48,6 +48,7 @@ from warden.control.leases import Lease, LeaseTable, Outcome
 from warden.control.policy import CIRCUIT_ORDER, EffectivePolicy, gauge_values
 from warden.control.saturation import (
     SATURATED,
+    DeepAdmission,
     DeepSlotCalibration,
     KvState,
     RetrySchedule,
@@ -388,11 +389,11 @@ class Controller:
 
     @contextlib.contextmanager
     def serving(
-        self, request_key: int | None = None, deep_forecast_s: float | None = None
+        self, request_key: int | None = None, deep: DeepAdmission | None = None
     ) -> Iterator[None]:
         """Counts an admitted request as in flight until it is answered (see live_saturation);
         a refused client's return takes the place held for it. A request admitted into a deep
-        slot on ``deep_forecast_s`` teaches the deep-slot calibration its real latency."""
+        slot (``deep``) teaches the deep-slot calibration its real latency."""
         admitted_at = self.clock()
         self.retry_schedule.claim(admitted_at, request_key)
         with self._lock:
@@ -406,8 +407,8 @@ class Controller:
             if slo is not None:
                 latency = self.clock() - admitted_at
                 (self._slo_within if latency <= slo else self._slo_missed).inc()
-                if deep_forecast_s is not None:
-                    self.deep_slots.observe(deep_forecast_s, latency)
+                if deep is not None:
+                    self.deep_slots.observe(deep, latency)
 
     def admit(
         self,

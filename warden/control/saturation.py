@@ -43,7 +43,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from exporter.catalog import SATURATION_STATES
 from exporter.saturation import (
@@ -225,13 +225,35 @@ def breach(
 
 
 @dataclass(frozen=True)
+class DeepAdmission:
+    """A request judged for a deep slot of a full batch: its latency forecast, unscaled (what
+    ``DeepSlotCalibration`` compares its real latency with), and what the forecast was scaled
+    by, the calibration's ``deep_factor`` and the engine's ``pace_margin``: kept with the
+    request's real latency, they show what a deep admission allowed for before a turn of the
+    engine's pace (``/warden/state``, ``deep_slots.recent``)."""
+
+    forecast_s: float
+    deep_factor: float = 1.0
+    pace_margin: float = 1.0
+    slot: int | None = None
+
+    @property
+    def allowed_s(self) -> float:
+        """The latency it was judged on: the forecast times the larger scale."""
+        return self.forecast_s * max(self.deep_factor, self.pace_margin)
+
+
+@dataclass(frozen=True)
 class Assessment:
     """A request judged at saturation: the limit it would break (None: admit), and, for one
-    that takes a deep slot of a full batch, the latency forecast it was judged on, unscaled:
-    what ``DeepSlotCalibration`` compares its real latency with."""
+    that takes a deep slot of a full batch, what it was judged on there (``DeepAdmission``)."""
 
     breach: Breach | None
-    deep_forecast_s: float | None = None
+    deep: DeepAdmission | None = None
+
+    @property
+    def deep_forecast_s(self) -> float | None:
+        return self.deep.forecast_s if self.deep is not None else None
 
 
 def assess(
@@ -273,17 +295,17 @@ def assess(
     slo = settings.latency_slo_s
     own = state.service_times_for(output_tokens, prompt_tokens) if slo is not None else ()
     service_s = state.service_quantile(own) if slo is not None else None
-    deep_forecast_s = None
+    judged_deep = None
     if slo is not None and service_s is not None:
         latency = wait + service_s
         if deep:
-            deep_forecast_s = latency
             pace_margin = state.pace_margin
-            latency *= max(deep_factor, pace_margin)
+            judged_deep = DeepAdmission(latency, deep_factor, pace_margin, slot)
+            latency = judged_deep.allowed_s
             if latency > slo:
                 found = _latency_breach(state, latency, slo, wait, service_s, slot, output_tokens)
                 found = dataclasses.replace(found, deep_factor=deep_factor, pace_margin=pace_margin)
-                return Assessment(found, deep_forecast_s)
+                return Assessment(found, judged_deep)
         elif latency > slo and not (slot is not None and slot_meets(state, slot, slo, own)):
             found = _latency_breach(state, latency, slo, wait, service_s, slot, output_tokens)
             return Assessment(found)
@@ -292,8 +314,8 @@ def assess(
         found = Breach(
             "queue_wait_s", wait, limit, wait - limit, wait_s=wait, counts=_counts(state)
         )
-        return Assessment(found, deep_forecast_s)
-    return Assessment(None, deep_forecast_s)
+        return Assessment(found, judged_deep)
+    return Assessment(None, judged_deep)
 
 
 def _counts(state: SaturationState) -> BatchCounts:
@@ -356,6 +378,9 @@ DEEP_FACTOR_MAX = 2.0
 # are rare (run 35: a pair's 0.5x began at 4x's 1.38 and refused 11, forecasts up to 1.31 s
 # against an SLO of 0.78 s). Under an overload the window refills within seconds.
 DEEP_KEPT_FORECASTS = 20
+# The last deep admissions shown in ``/warden/state`` with what they were judged on and took:
+# a benchmark reading the state at a phase's end sees what was allowed for before a turn.
+DEEP_RECENT_SHOWN = 16
 
 
 class DeepSlotCalibration:
@@ -379,17 +404,21 @@ class DeepSlotCalibration:
         self.clock = clock
         # (when it is forgotten, latency over forecast), in the order they ended.
         self._samples: deque[tuple[float, float]] = deque(maxlen=window)
+        # (when it ended, what it was judged on, its latency), newest last.
+        self._recent: deque[tuple[float, DeepAdmission, float]] = deque(maxlen=DEEP_RECENT_SHOWN)
         self._factor = 1.0
         self._next_expiry = math.inf
         self._lock = threading.Lock()
 
-    def observe(self, forecast_s: float, latency_s: float) -> None:
-        """A request admitted into a deep slot on ``forecast_s`` took ``latency_s``."""
+    def observe(self, admission: DeepAdmission, latency_s: float) -> None:
+        """A request admitted into a deep slot on ``admission`` took ``latency_s``."""
+        forecast_s = admission.forecast_s
         if forecast_s <= 0 or latency_s < 0:
             return
         now = self.clock()
         with self._lock:
             self._samples.append((now + DEEP_KEPT_FORECASTS * forecast_s, latency_s / forecast_s))
+            self._recent.append((now, admission, latency_s))
             self._update(now)
 
     def factor(self) -> float:
@@ -399,11 +428,29 @@ class DeepSlotCalibration:
                 self._update(now)
         return self._factor
 
-    def to_json(self) -> dict[str, float | int]:
+    def to_json(self) -> dict[str, Any]:
+        """The factor, the samples it is learned from, and the last deep admissions, newest
+        first: what each was forecast, the scales it was judged with, and what it took."""
         now = self.clock()
         with self._lock:
             self._update(now)
-            return {"factor": round(self._factor, 3), "samples": len(self._samples)}
+            recent = [
+                {
+                    "ended_s_ago": round(now - ended, 2),
+                    "slot": admission.slot,
+                    "forecast_s": round(admission.forecast_s, 3),
+                    "deep_factor": round(admission.deep_factor, 3),
+                    "pace_margin": round(admission.pace_margin, 3),
+                    "allowed_s": round(admission.allowed_s, 3),
+                    "latency_s": round(latency_s, 3),
+                }
+                for ended, admission, latency_s in reversed(self._recent)
+            ]
+            return {
+                "factor": round(self._factor, 3),
+                "samples": len(self._samples),
+                "recent": recent,
+            }
 
     def _update(self, now: float) -> None:
         """Forget what expired; the factor from what is left (caller holds the lock)."""

@@ -179,7 +179,7 @@ class BodyStage:
             await self.door.refuse(scope, receive, send, decision)
             return
         # Counted in flight until answered: admission judges the queue from it (live_saturation).
-        with control.serving(facts.request_key, decision.deep_forecast_s):
+        with control.serving(facts.request_key, decision.deep):
             changed = decision.cap is not None
             if decision.cap is not None:
                 control.capped.inc()
