@@ -34,7 +34,7 @@ from exporter import (
     __version__,
     catalog,
     engine_errors,
-    fork_engine_core,
+    fork_engine_processes,
     logits_select,
     vllm_compat,
 )
@@ -88,7 +88,7 @@ def register() -> None:
     _guarded(metrics, (engine_errors.SOURCE,), lambda: engine_errors.install(metrics))
     _guarded(metrics, ("logits",), logits_select.install)
     _guarded(metrics, DEVICE_SOURCES, lambda: _patch_worker_init(config, metrics))
-    fork_engine_core.install(config.test_fork_engine_core)
+    fork_engine_processes.install(config.test_fork_engine_processes)
     _state["pid"] = os.getpid()
     _state["registered"] = True
 

@@ -142,8 +142,8 @@ class WardenSettings(BaseSettings):
     test_memory_creep: bool = Field(
         False, description="the engine core grows its memory at the rate `warden chaos creep` sets"
     )
-    test_fork_engine_core: bool = Field(
-        False, description="a CPU host's API server forks the engine core, as on CUDA"
+    test_fork_engine_processes: bool = Field(
+        False, description="a CPU host's engine core and worker are forked, not spawned"
     )
 
     @model_validator(mode="after")

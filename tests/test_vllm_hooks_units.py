@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter import fork_engine_core, import_hooks, logits_select, vllm_compat
+from exporter import fork_engine_processes, import_hooks, logits_select, vllm_compat
 from exporter.adapters import VllmCudaGraphs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,25 +53,63 @@ def test_every_hook_point_exists_in_the_installed_vllm() -> None:
     assert missing == {p.name: None for p in vllm_compat.HOOK_POINTS}
 
 
-def test_the_fork_switch_forks_the_engine_core_and_leaves_the_worker_spawned(
+def test_the_fork_switch_forks_the_engine_core_and_the_worker(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """``WARDEN_TEST_FORK_ENGINE_CORE`` (the suite's engines run with it) replaces the context
-    vLLM launches engine cores with, and not the executor's, which starts the model worker."""
-    import vllm.v1.engine.utils as launch
-    import vllm.v1.executor.multiproc_executor as executor
+    """``WARDEN_TEST_FORK_ENGINE_PROCESSES`` (the suite's engines run with it) replaces the
+    start context of both places vLLM starts engine processes, once each, and leaves the
+    environment that says spawn as vLLM's CPU platform set it."""
+    import vllm.v1.engine.utils as core_launch
+    import vllm.v1.executor.multiproc_executor as worker_launch
 
-    assert launch.__name__ == fork_engine_core.LAUNCH_MODULE
+    modules = (core_launch, worker_launch)
+    assert tuple(m.__name__ for m in modules) == fork_engine_processes.LAUNCH_MODULES
     monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # as vLLM's CPU platform sets
-    monkeypatch.setattr(launch, fork_engine_core.CONTEXT_FUNCTION, launch.get_mp_context)
-    assert launch.get_mp_context().get_start_method() == "spawn"
-    fork_engine_core._fork_engine_core(launch)
-    forking = launch.get_mp_context
-    fork_engine_core._fork_engine_core(launch)  # once only: no wrapper around the wrapper
-    assert launch.get_mp_context is forking
-    assert launch.get_mp_context().get_start_method() == "fork"
-    assert executor.get_mp_context().get_start_method() == "spawn"
+    name = fork_engine_processes.CONTEXT_FUNCTION
+    for module in modules:
+        monkeypatch.setattr(module, name, getattr(module, name))  # restored after the test
+        assert getattr(module, name)().get_start_method() == "spawn"
+        fork_engine_processes._fork_from(module)
+        forking = getattr(module, name)
+        fork_engine_processes._fork_from(module)  # once only: no wrapper around the wrapper
+        assert getattr(module, name) is forking
+        assert getattr(module, name)().get_start_method() == "fork"
     assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+
+
+def test_a_forked_worker_binds_itself_as_a_spawned_one_is_bound(tmp_path: Path) -> None:
+    """vLLM sets a worker's OpenMP binding in the environment around its start; a forked
+    worker, its torch already loaded, takes that core and thread count right after the fork
+    (the parent here has all cores and two threads)."""
+    out = run_script(
+        """
+        import multiprocessing, os, torch
+        from exporter import fork_engine_processes
+        torch.set_num_threads(2)
+        core = max(os.sched_getaffinity(0))
+        fork_engine_processes.install(True)
+        def report(queue):
+            queue.put((sorted(os.sched_getaffinity(0)), torch.get_num_threads()))
+        context = multiprocessing.get_context("fork")
+        queue = context.Queue()
+        os.environ["GOMP_CPU_AFFINITY"], os.environ["OMP_NUM_THREADS"] = str(core), "1"
+        child = context.Process(target=report, args=(queue,))
+        child.start()
+        print("WORKER", queue.get(timeout=60), "CORE", core)
+        child.join(60)
+        del os.environ["GOMP_CPU_AFFINITY"], os.environ["OMP_NUM_THREADS"]
+        other = context.Process(target=report, args=(queue,))  # not a worker vLLM binds
+        other.start()
+        print("OTHER", queue.get(timeout=60), "PARENT", sorted(os.sched_getaffinity(0)))
+        other.join(60)
+        """,
+        tmp_path,
+    )
+    worker = out.split("WORKER ")[1].splitlines()[0]
+    core = worker.split(" CORE ")[1]
+    assert worker.startswith(f"([{core}], 1)"), out
+    other, parent = out.split("OTHER ")[1].splitlines()[0].split(" PARENT ")
+    assert other == f"({parent}, 2)", out
 
 
 def test_served_requests_are_read_on_the_engine_cores_clock_with_their_limits() -> None:

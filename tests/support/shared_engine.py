@@ -7,11 +7,11 @@ each importing vLLM. Three things here cut the starts' cost without changing wha
   directory its own cache (warden/engine/launch.py), so every test engine inspected the model
   class again in a subprocess that imports vLLM (about 15 s of CPU per start); shared, the
   first start writes vLLM's model-info cache and every later start reads it.
-- ``forked_engine_cores``: every engine's API server forks its engine core, as vLLM does on
-  CUDA, where vLLM's CPU build spawns it (``exporter/fork_engine_core.py``): a spawned engine
-  core imports vLLM again, about 9 s of CPU of an engine start's 30. The model worker is still
-  spawned and bound to its core as vLLM binds it. ``WARDEN_TEST_FORK_ENGINE_CORE=0`` in the
-  environment runs the suite with vLLM's own spawn.
+- ``forked_engine_processes``: every engine's engine core and model worker are forked, where
+  vLLM's CPU build spawns them (``exporter/fork_engine_processes.py``): each spawned one imports
+  vLLM and torch again, and an engine start took about 30 s of CPU, 15 forked. The forked
+  worker binds itself to the cores and thread count vLLM chose for it, as spawned.
+  ``WARDEN_TEST_FORK_ENGINE_PROCESSES=0`` in the environment runs the suite with vLLM's spawn.
 - ``plain_engine``: one engine for the modules that test warden exactly as ``warden serve``
   wires it (default settings, no test switch, no webhook token). Its tests measure deltas
   (before/after), so they do not depend on which module ran first. A session fixture would
@@ -51,10 +51,10 @@ def shared_vllm_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None
 
 
 @pytest.fixture(scope="session", autouse=True)
-def forked_engine_cores() -> Iterator[None]:
-    """Every engine the tests start inherits ``WARDEN_TEST_FORK_ENGINE_CORE=1``, unless the
-    environment already says."""
-    from exporter.fork_engine_core import SWITCH
+def forked_engine_processes() -> Iterator[None]:
+    """Every engine the tests start inherits ``WARDEN_TEST_FORK_ENGINE_PROCESSES=1``, unless
+    the environment already says."""
+    from exporter.fork_engine_processes import SWITCH
 
     if SWITCH in os.environ:
         yield
