@@ -153,6 +153,45 @@ def test_engine_core_is_found_below_the_process_on_the_port() -> None:
         assert chaos.engine_core_for(url, server_pid=server.pid).pid == core.pid
 
 
+FORKING_SERVER = """
+import os, socket, sys, time
+listening = socket.socket()
+listening.bind(("127.0.0.1", 0))
+listening.listen()
+if os.fork() == 0:  # the engine core, forked as vLLM forks it on CUDA: it holds the socket too
+    if os.fork() == 0:  # and its worker
+        time.sleep(120)
+        os._exit(0)
+    time.sleep(120)
+    os._exit(0)
+print(listening.getsockname()[1], flush=True)
+time.sleep(120)
+"""
+
+
+def test_the_server_is_found_where_its_forked_children_hold_its_socket_too() -> None:
+    """psutil names the youngest holder of a shared socket: here the grandchild."""
+    server = subprocess.Popen(
+        [sys.executable, "-c", FORKING_SERVER], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        holders = wait_until(
+            lambda: len(psutil.Process(server.pid).children(recursive=True)) == 2 or None,
+            10,
+            0.05,
+            "the forked children",
+        )
+        assert holders
+        assert chaos.listening_process(port).pid == server.pid
+    finally:
+        for child in psutil.Process(server.pid).children(recursive=True):
+            child.kill()
+        server.kill()
+        server.wait(10)
+
+
 def test_a_server_without_engine_core_is_reported() -> None:
     with fake_engine() as (url, server, core):
         core.kill()

@@ -99,7 +99,12 @@ def engine_port(url: str) -> int:
 
 # --- Process discovery ------------------------------------------------------------------------
 def listening_process(port: int) -> psutil.Process:
-    """The process listening on ``port``; the outermost one if several share the socket."""
+    """The process listening on ``port``; the outermost one if several share the socket.
+
+    A forked child inherits its parent's listening socket: vLLM's engine core, forked from
+    the API server on CUDA, holds the server's port, and so does a worker forked from it.
+    psutil names one holder of a shared socket, the youngest: climbing from it to the
+    outermost ancestor that holds the port finds the server."""
     pids = {
         conn.pid
         for conn in psutil.net_connections(kind="inet")
@@ -107,12 +112,25 @@ def listening_process(port: int) -> psutil.Process:
     }
     if not pids:
         raise ChaosError(f"no process of yours listens on port {port}: is the engine running?")
-    processes = [psutil.Process(pid) for pid in pids]
-    for process in processes:
-        with contextlib.suppress(psutil.Error):
-            if not any(parent.pid in pids for parent in process.parents()):
-                return process
-    return processes[0]
+    process = psutil.Process(min(pids))
+    while (parent := _parent(process)) is not None and _listens_on(parent, port):
+        process = parent
+    return process
+
+
+def _parent(process: psutil.Process) -> psutil.Process | None:
+    with contextlib.suppress(psutil.Error):
+        return process.parent()
+    return None
+
+
+def _listens_on(process: psutil.Process, port: int) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return any(
+            conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port
+            for conn in process.net_connections(kind="inet")
+        )
+    return False
 
 
 def _title(process: psutil.Process) -> str:
