@@ -24,8 +24,10 @@ counts as ``UNLISTED_VLLM_UNIT_S``; the short modules fill in at the end, in col
 
 Why each worker's engines run on a core of their own: vLLM's CPU build binds an engine's model
 worker to the first core (``VLLM_CPU_OMP_THREADS_BIND=auto`` picks core 0 on any machine this
-size, through ``GOMP_CPU_AFFINITY``, from the worker's ``import torch`` on). Two workers' engines
-then step, and start, on core 0 while core 1 serves only API servers and tests: an engine started
+size, through ``GOMP_CPU_AFFINITY``, from the worker's ``import torch`` on; the suite's forked
+worker takes the same binding right after its fork, exporter/fork_engine_processes.py). Two
+workers' engines then step, and start, on core 0 while core 1 serves only API servers and
+tests: an engine started
 beside a busy one took 105-124 s where it takes 45 s alone. Each worker's engines are bound to
 core ``N mod cores`` instead (``gwN``); the API servers and engine cores stay unbound.
 
