@@ -44,13 +44,24 @@ THREADS_VARIABLE = "OMP_NUM_THREADS"
 
 
 def install(enabled: bool) -> None:
-    """When the switch is on: the engine processes this process starts are forked, and a
-    forked worker binds itself as spawn would have bound it."""
+    """When the switch is on, on a CPU host: the engine processes this process starts are
+    forked, and a forked worker binds itself as spawn would have bound it. On CUDA vLLM chooses
+    itself (it forks the engine core, and spawns a worker once CUDA is initialised, which a
+    forked one could not use): the switch is ignored there, and says so."""
     if not enabled:
+        return
+    if not _cpu_host():
+        log.warning("warden: %s is on, but only a CPU host's engine is forked: ignored", SWITCH)
         return
     for name in LAUNCH_MODULES:
         import_hooks.when_imported(name, _fork_from)
     multiprocessing.util.register_after_fork(_bind_like_spawn, _call)
+
+
+def _cpu_host() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
 
 
 def _call(function: Any) -> None:

@@ -250,25 +250,24 @@ def test_a_deep_slot_is_judged_on_its_forecast_scaled_by_how_late_recent_ones_ra
     summed = predicted_wait(deep) + state.forecast_service_s
     settings = SaturationSettings(latency_slo_s=summed * 1.1)
     admitted = assess(settings, deep)
-    assert admitted.breach is None and admitted.deep_forecast_s == pytest.approx(summed)
+    assert admitted.breach is None and admitted.deep is not None
+    assert admitted.deep.forecast_s == pytest.approx(summed)
     # Recent deep admissions ran 20% over their forecast: the same request is refused, and
     # the refusal says why.
     late = assess(settings, deep, deep_factor=1.2)
     assert late.breach is not None and late.breach.value == pytest.approx(summed * 1.2)
-    assert "x1.20" in late.breach.message() and late.deep_forecast_s == pytest.approx(summed)
+    assert "x1.20" in late.breach.message() and late.deep is not None
+    assert late.deep.forecast_s == pytest.approx(summed) and late.deep.deep_factor == 1.2
     # Ahead of the deep slots (3 of 8 ahead) the factor changes nothing: those are judged on
     # their joint percentile, and no miss came from them.
     shallow = dataclasses.replace(state, waiting=3)
     shallow_settings = SaturationSettings(latency_slo_s=_latency_p99_by_simulation(state, 3) + 0.1)
     for factor in (1.0, DEEP_FACTOR_MAX):
         judged = assess(shallow_settings, shallow, deep_factor=factor)
-        assert judged.breach is None and judged.deep_forecast_s is None
+        assert judged.breach is None and judged.deep is None
     # A batch with room: no slot to wait for, nothing deep.
     room = dataclasses.replace(state, running=5, waiting=0)
-    assert (
-        assess(SaturationSettings(latency_slo_s=10.0), room, deep_factor=2.0).deep_forecast_s
-        is None
-    )
+    assert assess(SaturationSettings(latency_slo_s=10.0), room, deep_factor=2.0).deep is None
 
 
 def test_a_latency_refusal_says_what_its_forecast_was_made_of() -> None:
@@ -969,8 +968,9 @@ def test_a_deep_slot_at_an_overloads_onset_is_forecast_at_the_full_batch() -> No
     assert predicted_wait(deep) == predicted_wait(full)
     assert deep.queue_wait_s == predicted_wait(full)
     # Deep, the request is judged on the full batch's forecast; its refusal says so.
-    judged = assess(SaturationSettings(latency_slo_s=100.0), deep)
-    assert judged.deep_forecast_s == pytest.approx(predicted_wait(full) + full.forecast_service_s)
+    judged = assess(SaturationSettings(latency_slo_s=100.0), deep).deep
+    assert judged is not None
+    assert judged.forecast_s == pytest.approx(predicted_wait(full) + full.forecast_service_s)
     # The first slots keep the batch held: a light load's moment of queue is not refused
     # for a full batch it will not be served in (run 21).
     assert shallow.at_full_batch.growing_batch == 8
@@ -1041,8 +1041,9 @@ def test_a_deep_slot_allows_for_the_engine_turning_slower() -> None:
     assert paced.pace_margin == pytest.approx(1.5, rel=0.02)
     assert paced.to_json()["pace_margin"] == pytest.approx(1.5, rel=0.02)
     deep = dataclasses.replace(paced, waiting=6)
-    forecast = assess(SaturationSettings(latency_slo_s=100.0), deep).deep_forecast_s
-    assert forecast is not None
+    judged = assess(SaturationSettings(latency_slo_s=100.0), deep).deep
+    assert judged is not None and judged.pace_margin == paced.pace_margin
+    forecast = judged.forecast_s
     settings = SaturationSettings(latency_slo_s=forecast * 1.3)
     assert assess(settings, dataclasses.replace(state, waiting=6)).breach is None
     found = assess(settings, deep).breach

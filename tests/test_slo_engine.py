@@ -104,7 +104,8 @@ def test_a_burst_deep_in_a_full_batch_is_admitted_and_teaches_the_deep_slot_cali
     # Each deep admission is shown with what it was judged on and what it took: its forecast
     # scaled by the larger of the calibration's factor and the pace margin, within the SLO.
     recent = deep["recent"]
-    assert len(recent) == min(deep["samples"], DEEP_RECENT_SHOWN), deep
+    # (Each sample is forgotten a while after it ended; the list of recent ones is not.)
+    assert min(deep["samples"], DEEP_RECENT_SHOWN) <= len(recent) <= DEEP_RECENT_SHOWN, deep
     for admitted in recent:
         assert admitted["slot"] >= deep_slots_from(BATCH), admitted
         scale = max(admitted["deep_factor"], admitted["pace_margin"])

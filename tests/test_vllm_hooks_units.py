@@ -9,6 +9,8 @@ One fake: ``FakeRunner`` stands in for vLLM's GPU model runner (CUDA graphs need
 from __future__ import annotations
 
 import importlib
+import logging
+import multiprocessing.util
 import os
 import subprocess
 import sys
@@ -75,6 +77,23 @@ def test_the_fork_switch_forks_the_engine_core_and_the_worker(
         assert getattr(module, name) is forking
         assert getattr(module, name)().get_start_method() == "fork"
     assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+
+
+def test_the_fork_switch_is_ignored_off_a_cpu_host(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On CUDA vLLM chooses how to start its processes itself: nothing is patched."""
+    installed: list[str] = []
+    monkeypatch.setattr(fork_engine_processes, "_cpu_host", lambda: False)
+    monkeypatch.setattr(import_hooks, "when_imported", lambda name, hook: installed.append(name))
+    with caplog.at_level(logging.WARNING, logger="warden.exporter"):
+        fork_engine_processes.install(True)
+    assert installed == []
+    assert "only a CPU host's engine is forked: ignored" in caplog.text
+    monkeypatch.setattr(fork_engine_processes, "_cpu_host", lambda: True)
+    monkeypatch.setattr(multiprocessing.util, "register_after_fork", lambda obj, func: None)
+    fork_engine_processes.install(True)
+    assert installed == list(fork_engine_processes.LAUNCH_MODULES)
 
 
 def test_a_forked_worker_binds_itself_as_a_spawned_one_is_bound(tmp_path: Path) -> None:

@@ -251,10 +251,6 @@ class Assessment:
     breach: Breach | None
     deep: DeepAdmission | None = None
 
-    @property
-    def deep_forecast_s(self) -> float | None:
-        return self.deep.forecast_s if self.deep is not None else None
-
 
 def assess(
     settings: SaturationSettings,
