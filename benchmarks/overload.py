@@ -78,6 +78,7 @@ from benchmarks.common import (
     log,
     machine,
     make_engine,
+    quantile,
     sample,
     scrape,
     table,
@@ -162,8 +163,10 @@ def measure(
     began_at = time.time()
     before, cpu_before = scrape(engine.base_url), cpu.read()
     tokens = TokenSampler(engine.base_url, sample(before, catalog.VLLM_GENERATION_TOKENS.name))
+    limits = warden_saturation(engine.base_url).get("limits") or {}
+    deep = DeepAdmissionLog(engine.base_url) if limits.get("latency_slo_s") else None
     started = time.monotonic()
-    with tokens, timeline:
+    with tokens, timeline, deep or contextlib.nullcontext():
         result = client()
     elapsed = time.monotonic() - started
     after, cpu_after = scrape(engine.base_url), cpu.read()
@@ -229,6 +232,12 @@ def measure(
     if isinstance(saturation, dict) and "deep_slots" in saturation:
         # Warden with an SLO: the deep slots' calibration after the run.
         point["deep_slots"] = saturation["deep_slots"]
+    if deep is not None:
+        point["deep_admissions"] = {
+            "began_at": began_at,
+            "reads": deep.reads,
+            "seen": deep.admissions(),
+        }
     if refused:
         point["refusal_causes"] = refusal_causes(state, began_at)
     return point
@@ -467,6 +476,63 @@ class TokenSampler:
 
     def rise(self, window: Window) -> float:
         return value_at(self.samples, window.end) - value_at(self.samples, window.start)
+
+
+# How often warden's deep admissions are read while a client runs (warden with an SLO only):
+# /warden/state keeps the last DEEP_RECENT_SHOWN, and at 4x about 10 end a second.
+DEEP_POLL_EVERY_S = 1.0
+# Two reads of one admission place its end this close (the state's rounding and the read's
+# own time on a loaded server).
+SAME_END_S = 0.5
+
+
+class DeepAdmissionLog:
+    """Collects the deep admissions ``/warden/state`` lists (``saturation.deep_slots.recent``)
+    while a client runs (``with``): each one's forecast, the scales it was judged with, what
+    it was allowed and what it took. Read only at a phase's end, the late ones (ended early
+    in the phase) were gone (quick check 56); read every second, a late request is seen with
+    the pace margin and calibration it was admitted on. Only where the SLO is set: the
+    default config admits no request on a forecast."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url
+        # (slot, forecast, latency, allowed): the admissions read with them, each once.
+        self.entries: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+        self.reads = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="deep-admissions", daemon=True)
+
+    def read(self) -> None:
+        saturation = warden_saturation(self.base_url)
+        read_at = time.time()
+        self.reads += 1
+        for entry in (saturation.get("deep_slots") or {}).get("recent") or []:
+            ended_at = read_at - float(entry["ended_s_ago"])
+            key = (entry["slot"], entry["forecast_s"], entry["latency_s"], entry["allowed_s"])
+            seen = self.entries.setdefault(key, [])
+            # Read again a second later, the same admission ends at about the same time.
+            if all(abs(ended_at - other["ended_at"]) > SAME_END_S for other in seen):
+                seen.append({**entry, "ended_at": round(ended_at, 2)})
+
+    def _run(self) -> None:
+        while not self._stop.wait(DEEP_POLL_EVERY_S):
+            with contextlib.suppress(Exception):
+                self.read()
+
+    def __enter__(self) -> DeepAdmissionLog:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        with contextlib.suppress(Exception):
+            self.read()
+
+    def admissions(self) -> list[dict[str, Any]]:
+        """Every deep admission seen, in the order they ended (``ended_at``: wall clock)."""
+        found = [entry for seen in self.entries.values() for entry in seen]
+        return sorted(found, key=lambda entry: entry["ended_at"])
 
 
 def value_at(samples: Sequence[tuple[float, float]], when: float) -> float:
@@ -895,6 +961,7 @@ def report_config(results: dict[str, Any], name: str) -> str:
     text = head + "\n" + table(headers, rows) + light_load_refusals(results, side)
     if name == "slo":
         text += short_goodput_pairs(results, side) + late_requests_text(results, side)
+        text += deep_admissions_text(results, side)
     return text
 
 
@@ -982,6 +1049,52 @@ def late_requests_text(results: dict[str, Any], side: str) -> str:
         head = "CPU while admitted requests ran late and on time (median per request, cores):"
         text += "\n\n" + head + "\n" + "\n".join(lines)
     return text
+
+
+def deep_admissions_text(results: dict[str, Any], side: str) -> str:
+    """A line per overload pair with deep admissions (``DeepAdmissionLog``) that took longer
+    than the SLO: when they were admitted, the pace margin and calibration factor they were
+    judged with, what they were allowed as a share of the SLO, and what they took over what
+    they were allowed; beside the same for all deep admissions of the pair. A late request
+    admitted with a margin near 1.0 says the engine turned slower than the last minute's
+    turns; one admitted with a large margin, that it turned slower still."""
+    slo_s = results["slo_s"]
+    lines = []
+    for index, point in enumerate(results["points"]):
+        for number, sides in enumerate(results["pairs"], start=1):
+            run = sides[side][index]
+            deep = run.get("deep_admissions")
+            if not deep or not deep["seen"]:
+                continue
+            seen = deep["seen"]
+            late = [entry for entry in seen if entry["latency_s"] > slo_s]
+            if not late:
+                continue
+            took = [e["latency_s"] / e["allowed_s"] for e in seen if e["allowed_s"] > 0]
+            admitted = [e["ended_at"] - e["latency_s"] - deep["began_at"] for e in late]
+            parts = [
+                f"{len(seen)} seen of {run['completed']} completed",
+                f"late {len(late)}: admitted {_value_span(admitted, '.1f')} s into the point",
+                f"pace margin {_value_span([e['pace_margin'] for e in late], '.2f')}",
+                f"factor {_value_span([e['deep_factor'] for e in late], '.2f')}",
+                f"allowed {_value_span([e['allowed_s'] / slo_s for e in late], '.2f')} of the SLO",
+                "took "
+                + _value_span([e["latency_s"] / e["allowed_s"] for e in late], ".2f")
+                + "x that",
+                f"all: took {statistics.median(took):.2f}x (median), "
+                f"{quantile(took, 0.99):.2f}x (99th) what they were allowed",
+            ]
+            lines.append(f"- {point:g}x pair {number}: " + ", ".join(parts))
+    if not lines:
+        return ""
+    head = "deep admissions (behind half a batch or more) that ran past the SLO, read every second:"
+    return "\n\n" + head + "\n" + "\n".join(lines)
+
+
+def _value_span(values: list[float], spec: str) -> str:
+    low, high = min(values), max(values)
+    shown = format(low, spec), format(high, spec)
+    return shown[0] if shown[0] == shown[1] else f"{shown[0]}-{shown[1]}"
 
 
 def goodput_share(point: dict[str, Any], capacity: float) -> float:

@@ -8,12 +8,17 @@ on results whose answers are known.
 
 from __future__ import annotations
 
+import http.server
+import json
+import threading
+import time
 from typing import Any
 
 import pytest
 
 from benchmarks.overload import (
     CpuSplit,
+    DeepAdmissionLog,
     Window,
     completed_per_s,
     cpu_split,
@@ -356,3 +361,73 @@ def test_a_late_requests_time_is_split_into_first_token_and_decode_with_the_toke
         "on time 2: first token 0.30 s, decode 0.55 s, 50 tokens, 0.75x the tokens ahead"
     )
     assert late_time({"start_times": [], "latencies": []}, 1.5) == {}
+
+
+def _deep(ended_s_ago: float, latency_s: float, margin: float = 1.0) -> dict[str, Any]:
+    return {
+        "ended_s_ago": ended_s_ago,
+        "slot": 6,
+        "forecast_s": round(latency_s * 0.9, 3),
+        "deep_factor": 1.0,
+        "pace_margin": margin,
+        "allowed_s": 0.9,
+        "latency_s": latency_s,
+    }
+
+
+class _StateServer:
+    """A real HTTP server whose ``/warden/state`` lists the deep admissions it is given."""
+
+    def __init__(self) -> None:
+        self.recent: list[dict[str, Any]] = []
+        states = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = json.dumps(
+                    {
+                        "saturation": {
+                            "limits": {"latency_slo_s": 1.0},
+                            "deep_slots": {"recent": states.recent},
+                        }
+                    }
+                ).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_deep_admissions_read_every_second_are_each_kept_once_and_the_late_ones_named() -> None:
+    """``/warden/state`` keeps only the last deep admissions: read again a second later, an
+    admission still listed is the same one (kept once), a new one is added, and the report
+    names the late ones (over the 1 s SLO) with the pace margin they were judged with."""
+    served = _StateServer()
+    try:
+        log = DeepAdmissionLog(served.base_url)
+        served.recent = [_deep(0.2, 0.5), _deep(0.1, 1.2, margin=1.05)]
+        log.read()
+        time.sleep(0.3)
+        served.recent = [_deep(0.0, 0.6), _deep(0.5, 0.5), _deep(0.4, 1.2, margin=1.05)]
+        log.read()
+    finally:
+        served.server.shutdown()
+    seen = log.admissions()
+    assert [entry["latency_s"] for entry in seen] == [0.5, 1.2, 0.6]
+    assert log.reads == 2
+    run = {**_point(5.0, 6.0), "completed": 40, "deep_admissions": {"began_at": 0.0, "seen": seen}}
+    text = report(_slo_run([2.0], [_point(5.0, 6.0)], [run]))
+    line = text.split("read every second:\n")[1]
+    assert line.startswith("- 2x pair 1: 3 seen of 40 completed, late 1: admitted ")
+    assert "pace margin 1.05, factor 1.00, allowed 0.90 of the SLO, took 1.33x that" in line
+    # One pair without a late deep admission is not listed.
+    on_time = {**run, "deep_admissions": {"began_at": 0.0, "seen": seen[:1]}}
+    assert "read every second" not in report(_slo_run([2.0], [_point(5.0, 6.0)], [on_time]))

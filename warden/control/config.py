@@ -107,7 +107,12 @@ class SaturationSettings(_Strict):
         "computed", description="computed from drain rate and queue, or admission.retry_after_s"
     )
     retry_after_min_s: float = Field(0.5, ge=0, le=3600)
-    retry_after_max_s: float = Field(30.0, gt=0, le=3600)
+    # What the OpenAI Python SDK honours in every version (1.x: 60 s; the one vLLM installs
+    # now: 120 s); beyond it that client backs off on its own. A bound below the return a
+    # refusal is booked for tells its client a time that cannot be right: at 4x for 20 s,
+    # bounded at 30 s, the bookings past 30 s came back together and 0.42 of the returns
+    # were admitted (benchmarks/README.md, issue #28, run 54).
+    retry_after_max_s: float = Field(60.0, gt=0, le=3600)
 
     @property
     def enabled(self) -> bool:

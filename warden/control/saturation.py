@@ -503,8 +503,9 @@ class SaturationJudge:
 # refusal's way back and the return's way in take time on a loaded server (with 1 s, a client
 # that honoured retry-after-ms to the millisecond lost its place in the engine tests).
 CLAIM_GRACE_S = 2.0
-# Places held at most: a flood of refusals (30 s apart at most, each booked) keeps the list,
-# and the work of each booking, bounded; past it a refusal is told when, and holds no place.
+# Places held at most: a flood of refusals (each booked, retry_after_max_s ahead at most)
+# keeps the list, and the work of each booking, bounded; past it a refusal is told when, and
+# holds no place.
 MAX_PLACES_HELD = 10_000
 # How many recent bookings the return share is measured over.
 RETURN_WINDOW = 32
