@@ -38,6 +38,9 @@ class RequestRecord:
     waited_s: float = 0.0
     outcome: str = "pending"  # completed, gave_up, no_retry_after, failed, lost
     latency_s: float | None = None  # the admitted attempt's, sent to answered
+    # Seconds into the run it first came back, and whether that return was refused again.
+    first_return_s: float | None = None
+    refused_on_first_return: bool = False
     output_tokens: int = 0
     detail: str = ""
 
@@ -82,10 +85,14 @@ async def send_until_admitted(
     body: dict[str, Any],
     record: RequestRecord,
     max_returns: int,
+    started: float = 0.0,
 ) -> None:
-    """Sends the request; each refusal's Retry-After is waited, then it is sent again."""
+    """Sends the request; each refusal's Retry-After is waited, then it is sent again
+    (``started``: the run's start on ``time.perf_counter``)."""
     for attempt in range(max_returns + 1):
         sent = time.perf_counter()
+        if attempt == 1:
+            record.first_return_s = sent - started
         try:
             async with session.post(url, json=body) as response:
                 payload = await response.json(content_type=None)
@@ -98,6 +105,7 @@ async def send_until_admitted(
             return
         if status in REFUSAL_STATUSES:
             record.refusals += 1
+            record.refused_on_first_return = record.refused_on_first_return or attempt == 1
             wait = retry_after_s(header)
             if wait is None:
                 record.outcome, record.detail = "no_retry_after", f"{status} without Retry-After"
@@ -143,7 +151,9 @@ async def _run(
                 "ignore_eos": True,
             }
             tasks.append(
-                asyncio.create_task(send_until_admitted(session, url, body, record, max_returns))
+                asyncio.create_task(
+                    send_until_admitted(session, url, body, record, max_returns, started)
+                )
             )
             await asyncio.sleep(arrivals.expovariate(rate))
         await asyncio.gather(*tasks)
@@ -197,4 +207,26 @@ def summarize(records: Sequence[RequestRecord], duration_s: float, slo_s: float)
         "other_failures": sum(1 for r in records if r.outcome == "failed"),
         "median_retry_after_s": statistics.median(waits) if waits else None,
         "failure_examples": sorted({r.detail for r in failures if r.detail})[:5],
+        "first_returns_by_time": first_returns_by_time(returned),
     }
+
+
+# The width of the bins the first returns are counted in, seconds into the run.
+RETURN_BIN_S = 10.0
+
+
+def first_returns_by_time(returned: Sequence[RequestRecord]) -> list[list[int]]:
+    """Per ``RETURN_BIN_S`` of the run, by when they came back: the first returns and how
+    many of them were refused again. Refused while new arrivals still come, the returns lost
+    their slots to them; refused in one bin late in the run, they came back together (a
+    Retry-After at its bound); refused at the start, the server did not yet expect them."""
+    bins: list[list[int]] = []
+    for record in returned:
+        if record.first_return_s is None:
+            continue
+        index = int(record.first_return_s // RETURN_BIN_S)
+        while len(bins) <= index:
+            bins.append([0, 0])
+        bins[index][0] += 1
+        bins[index][1] += int(record.refused_on_first_return)
+    return bins

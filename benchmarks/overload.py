@@ -86,7 +86,7 @@ from benchmarks.common import (
     workdir,
 )
 from benchmarks.cpu_timeline import CpuTimeline, cpu_text, cpu_while_running
-from benchmarks.honouring_client import run_honouring
+from benchmarks.honouring_client import RETURN_BIN_S, run_honouring
 from exporter import catalog
 
 # The engine both sides run: the demo's (a batch of 8 whose KV cache holds it).
@@ -1212,7 +1212,33 @@ def report_honouring(results: dict[str, Any]) -> str:
         "lost",
     ]
     head = "warden serving clients that honour Retry-After (summed over the pairs)"
-    return head + "\n" + table(headers, rows)
+    return head + "\n" + table(headers, rows) + returns_by_time_text(results)
+
+
+def returns_by_time_text(results: dict[str, Any]) -> str:
+    """Under the honouring table: per point, the first returns by when they came, summed
+    over the pairs, each bin as refused again / returns (``first_returns_by_time``)."""
+    lines = []
+    for index, point in enumerate(results["honour_points"]):
+        summed: list[list[int]] = []
+        for sides in results["pairs"]:
+            found = sides[WARDEN_SIDES["slo"] + "_honouring"][index]["honouring"]
+            for at, (returns, refused) in enumerate(found.get("first_returns_by_time") or []):
+                while len(summed) <= at:
+                    summed.append([0, 0])
+                summed[at][0] += returns
+                summed[at][1] += refused
+        bins = [
+            f"{at * RETURN_BIN_S:g}-{(at + 1) * RETURN_BIN_S:g} s: {refused}/{returns}"
+            for at, (returns, refused) in enumerate(summed)
+            if returns
+        ]
+        if bins:
+            lines.append(f"- {point:g}x: " + ", ".join(bins))
+    if not lines:
+        return ""
+    head = "first returns refused again / first returns, by when they came (s into the run):"
+    return "\n\n" + head + "\n" + "\n".join(lines)
 
 
 SIDE_COLOURS = (

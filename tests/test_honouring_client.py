@@ -60,6 +60,8 @@ def test_refused_requests_wait_the_retry_after_and_are_counted_by_how_they_retur
     assert summary["lost"] == 0 and summary["gave_up"] == 0
     assert summary["failed"] == 1
     assert summary["median_retry_after_s"] == WAIT_S
+    # All seven came back about 1 s into the run; "twice 0" was refused again then.
+    assert summary["first_returns_by_time"] == [[7, 1]]
     for prompt in ("once 0", "twice 0"):
         gaps = [b - a for a, b in zip(sent_at[prompt], sent_at[prompt][1:], strict=False)]
         assert gaps and all(gap >= WAIT_S - 0.05 for gap in gaps), (prompt, gaps)

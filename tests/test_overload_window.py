@@ -431,3 +431,31 @@ def test_deep_admissions_read_every_second_are_each_kept_once_and_the_late_ones_
     # One pair without a late deep admission is not listed.
     on_time = {**run, "deep_admissions": {"began_at": 0.0, "seen": seen[:1]}}
     assert "read every second" not in report(_slo_run([2.0], [_point(5.0, 6.0)], [on_time]))
+
+
+def test_the_first_returns_are_counted_by_when_they_came_over_the_pairs() -> None:
+    """Under the honouring table: each bin of the run, the first returns refused again over
+    the first returns, summed over the pairs; bins without a return are left out."""
+    honouring = {
+        "refused_requests": 0,
+        "returned": 0,
+        "admitted_on_first_return": 0,
+        "gave_up": 0,
+        "no_retry_after": 0,
+        "median_retry_after_s": None,
+    }
+    runs = [
+        {"honouring": {**honouring, "first_returns_by_time": bins}, "within_slo_share": 1.0}
+        for bins in ([[10, 1], [0, 0], [5, 5]], [[4, 0]])
+    ]
+    for run in runs:
+        run.update(lost=0, engine_tokens_per_s_run=1.0)
+    plain = {**_point(5.0, 6.0), "engine_tokens_per_s_run": 1.0}
+    results = {**_slo_run([4.0], [plain], [_point(5.0, 6.0)]), "honour_points": [4.0]}
+    results["pairs"] = [{**results["pairs"][0], "warden_slo_honouring": [runs[0]]}]
+    results["pairs"].append({**results["pairs"][0], "warden_slo_honouring": [runs[1]]})
+    text = report(results)
+    assert text.endswith(
+        "first returns refused again / first returns, by when they came (s into the run):"
+        "\n- 4x: 0-10 s: 1/14, 20-30 s: 5/5"
+    )
