@@ -289,16 +289,22 @@ def refusal_causes(state: dict[str, Any], since: float) -> dict[str, dict[str, A
 
 def basis_text(basis: dict[str, Any]) -> str:
     """One refusal's forecast in a few words: "wait 0.41 + service 0.38 s for 96 tokens
-    (scaled 0.33, measured 0.30), slot 2, 5 running / 3 waiting of 8" (the request's
-    max_tokens the service was forecast for; measured: the recent service times' quantile
-    before the forecast scaled it; scaled: after the scaling, before the request's length;
-    slot "-": the batch had room; parts not given are left out)."""
+    (scaled 0.33, measured 0.30, at a batch of 8, steps x1.00), slot 2, 5 running / 3 waiting
+    of 8" (the request's max_tokens the service was forecast for; measured: the recent
+    service times' quantile before the forecast scaled it; scaled: after the scaling, before
+    the request's length; the batch it was forecast to be served in and how much slower the
+    steps were than when the recent requests finished; slot "-": the batch had room; parts
+    not given are left out)."""
     parts = []
     wait, service = basis.get("wait_s"), basis.get("service_s")
     if wait is not None and service is not None:
         measured, scaled = basis.get("measured_service_s"), basis.get("scaled_service_s")
         sources = [f"scaled {scaled:.2f}"] if scaled is not None else []
         sources += [f"measured {measured:.2f}"] if measured is not None else []
+        if basis.get("serving_batch") is not None:
+            sources.append(f"at a batch of {basis['serving_batch']}")
+        if basis.get("slowdown") is not None:
+            sources.append(f"steps x{basis['slowdown']:.2f}")
         scaled_from = f" ({', '.join(sources)})" if sources else ""
         tokens = basis.get("output_tokens")
         asked = f" for {tokens} tokens" if tokens is not None else ""

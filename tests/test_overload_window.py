@@ -218,6 +218,8 @@ def test_refusals_at_a_light_load_are_named_under_the_table() -> None:
                     "service_s": 1.57,
                     "measured_service_s": 1.02,
                     "scaled_service_s": 1.05,
+                    "serving_batch": 8,
+                    "slowdown": 1.54,
                     "output_tokens": 141,
                     "running": 4,
                     "waiting": 0,
@@ -242,8 +244,8 @@ def test_refusals_at_a_light_load_are_named_under_the_table() -> None:
         "\n- pair 1: wait 0.41 + service 0.60 s (measured 0.31), slot -, 5 running / 3 waiting"
         " of 8"
         "\n- pair 1: wait 0.50 + service 0.62 s, slot 2, 8 running / 2 waiting"
-        "\n- pair 1: wait 0.00 + service 1.57 s for 141 tokens (scaled 1.05, measured 1.02),"
-        " slot -, 4 running / 0 waiting of 8\n"
+        "\n- pair 1: wait 0.00 + service 1.57 s for 141 tokens (scaled 1.05, measured 1.02,"
+        " at a batch of 8, steps x1.54), slot -, 4 running / 0 waiting of 8\n"
     ) in text
     assert "refused at 2x" not in text
 

@@ -285,6 +285,8 @@ def test_a_latency_refusal_says_what_its_forecast_was_made_of() -> None:
         "wait_s": round(wait, 3),
         "service_s": round(service, 3),
         "measured_service_s": round(state.service_s, 3),
+        "serving_batch": 8,
+        "slowdown": 1.0,
         "slot": 6,
         "running": 8,
         "waiting": 6,
@@ -299,10 +301,14 @@ def test_a_latency_refusal_says_what_its_forecast_was_made_of() -> None:
         "wait_s": 0.0,
         "service_s": round(service, 3),
         "measured_service_s": round(state.service_s, 3),
+        # Forecast at the batch it joins, the steps as fast as when the recent ones finished.
+        "serving_batch": 6,
+        "slowdown": 1.0,
         "running": 5,
         "waiting": 0,
         "capacity": 8,
     }
+
     # A queue-depth refusal names the batch and the queue only.
     depth = assess(SaturationSettings(max_queue_depth=4), deep).breach
     assert depth is not None

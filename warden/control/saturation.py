@@ -163,6 +163,13 @@ class Breach:
     # cut or lengthened them (``forecast_service_s``; given with ``output_tokens``): a service
     # time far from it was made by the length, one near it by the scaling or the requests.
     scaled_service_s: float | None = None
+    # What the scaling was: the batch the request was forecast to be served in (it joins, or
+    # the largest of the last service time: ``SaturationState.serving_batch``) and how much
+    # slower the engine's steps are now than when the recent requests finished (``slowdown``).
+    # A light load's refusal scaled by a full batch it no longer runs, or by a turn of pace,
+    # says which here (run 54: 2 refused at 0.5x, their service times scaled 1.54x).
+    serving_batch: int | None = None
+    slowdown: float | None = None
 
     def basis(self) -> dict[str, float | int]:
         """The parts of the forecast this refusal was decided on, for ``/warden/state``: a
@@ -174,6 +181,8 @@ class Breach:
             "service_s": self.service_s,
             "measured_service_s": self.measured_service_s,
             "scaled_service_s": self.scaled_service_s,
+            "serving_batch": self.serving_batch,
+            "slowdown": self.slowdown,
             "output_tokens": self.output_tokens,
             "slot": self.slot,
             "running": counts.running,
@@ -341,6 +350,8 @@ def _latency_breach(
         measured_service_s=state.service_s,
         output_tokens=output_tokens,
         scaled_service_s=state.forecast_service_s if output_tokens is not None else None,
+        serving_batch=state.serving_batch,
+        slowdown=state.slowdown,
     )
 
 
