@@ -237,6 +237,7 @@ def measure(
             "began_at": began_at,
             "reads": deep.reads,
             "seen": deep.admissions(),
+            "in_flight": deep.in_flight,
         }
     if refused:
         point["refusal_causes"] = refusal_causes(state, began_at)
@@ -505,6 +506,11 @@ class DeepAdmissionLog:
         # (slot, forecast, latency, allowed): the admissions read with them, each once.
         self.entries: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
         self.reads = 0
+        # (seconds since the log began, admitted in flight, the engine's unfinished, started,
+        # queued), each read: admission counts a request in flight until its last byte is
+        # sent, the engine until it finished.
+        self.in_flight: list[tuple[float, int, int, int, int]] = []
+        self._began = time.time()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="deep-admissions", daemon=True)
 
@@ -512,6 +518,17 @@ class DeepAdmissionLog:
         saturation = warden_saturation(self.base_url)
         read_at = time.time()
         self.reads += 1
+        counts = saturation.get("in_flight") or {}
+        if counts.get("engine") is not None:
+            self.in_flight.append(
+                (
+                    round(read_at - self._began, 2),
+                    int(counts.get("admitted") or 0),
+                    int(counts["engine"]),
+                    len(counts.get("served_s") or ()),
+                    len(counts.get("queued_max_tokens") or ()),
+                )
+            )
         for entry in (saturation.get("deep_slots") or {}).get("recent") or []:
             ended_at = read_at - float(entry["ended_s_ago"])
             key = (entry["slot"], entry["forecast_s"], entry["latency_s"], entry["allowed_s"])
@@ -1090,6 +1107,12 @@ def deep_admissions_text(results: dict[str, Any], side: str) -> str:
                 f"all: took {statistics.median(took):.2f}x (median), "
                 f"{quantile(took, 0.99):.2f}x (99th) what they were allowed",
             ]
+            over = [admitted - engine for _t, admitted, engine, *_ in deep.get("in_flight", [])]
+            if over:
+                parts.append(
+                    "admitted in flight over the engine's unfinished, per read: "
+                    f"median {statistics.median(over):g}, max {max(over)}"
+                )
             lines.append(f"- {point:g}x pair {number}: " + ", ".join(parts))
     if not lines:
         return ""

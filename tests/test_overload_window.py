@@ -430,6 +430,12 @@ def test_deep_admissions_read_every_second_are_each_kept_once_and_the_late_ones_
     line = text.split("read every second:\n")[1]
     assert line.startswith("- 2x pair 1: 3 seen of 40 completed, late 1: admitted ")
     assert "pace margin 1.05, factor 1.00, allowed 0.90 of the SLO, took 1.33x that" in line
+    assert not log.in_flight  # the state named no in-flight counts
+    counted = {**run["deep_admissions"], "in_flight": [(1.0, 30, 10, 8, 2), (2.0, 12, 12, 8, 4)]}
+    text = report(_slo_run([2.0], [_point(5.0, 6.0)], [{**run, "deep_admissions": counted}]))
+    assert text.endswith(
+        "admitted in flight over the engine's unfinished, per read: median 10, max 20"
+    )
     # One pair without a late deep admission is not listed.
     on_time = {**run, "deep_admissions": {"began_at": 0.0, "seen": seen[:1]}}
     assert "read every second" not in report(_slo_run([2.0], [_point(5.0, 6.0)], [on_time]))
