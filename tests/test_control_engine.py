@@ -283,11 +283,8 @@ def test_manual_overrides_need_the_token(engine: EngineProcess) -> None:
 # The slow engine's queue limit: this many waiting and admission refuses the next request.
 # Above 2, so the forecast test's three requests (at most two of them waiting) never meet it.
 SLOW_QUEUE_DEPTH = 3
-# Retry-After at most this on the slow engine: above any place its flood books (the queue's
-# few seconds, about 0.4 s more a refusal), so the client sent again at once in the return
-# check is a return; a client whose place lies beyond its bound is not yet one, until its
-# place (test_control_units).
-RETURN_CHECK_MAX_RETRY_S = 20
+# Retry-After at most this on the slow engine, so a client in the reflex test can wait it out.
+RETURN_CHECK_MAX_RETRY_S = 4
 # Each step of the slow engine sleeps this long: a request of FLOOD_TOKENS lasts >= 2.7 s,
 # whatever the machine's speed, so a flood's requests overlap and queue.
 SLOW_STEP_DELAY_S = 0.03

@@ -582,30 +582,6 @@ def test_retry_schedule_holds_each_place_until_its_client_is_due_back() -> None:
     assert bounded.held(0.0) == 3 and retries == [1.0, 1.125, 1.25, 1.375, 1.5]
 
 
-def test_a_place_beyond_the_bound_is_kept_for_the_client_told_the_bound() -> None:
-    """The engine finishes one request a second and Retry-After is bounded at 2 s: the third
-    and fourth refused are told 2 s, their places lie at 3 and 4 s. Held at the bound, both
-    fell due at 2 s together with the second (the herd of issue #28's quick check 58). Back
-    at 2 s, before its place, the third is not yet a return (the second's place is ahead of
-    it), keeps its place and is told the rest; at 3 s it is a return. A request without a
-    key cannot be known again: it is held at the bound it was told."""
-    schedule = RetrySchedule(grace_s=0.5)
-    told = [schedule.book(0.0, 1.0, 1.0, 0.5, 2.0, request_key=k) for k in (1, 2, 3, 4)]
-    assert told == [1.0, 2.0, 2.0, 2.0]
-    assert schedule.is_return(2.0, 2) and not schedule.is_return(2.0, 3)
-    assert schedule.claim(2.0, 2)
-    # The third, back at 2 s and refused again: told the second left to its place, kept.
-    assert schedule.book(2.0, 1.0, 1.0, 0.5, 2.0, request_key=3) == 1.0
-    assert schedule.held(2.0) == 2  # 3 and 4 (1 never came): nothing booked twice
-    assert schedule.is_return(3.0, 3) and schedule.claim(3.0, 3)
-    # The fourth never came at 2 s: its place at 4 s lapses only after the grace.
-    assert schedule.is_return(4.0, 4) and schedule.held(4.4) == 1 and schedule.held(4.6) == 0
-    # Without a key: told the bound and held there. The places after the fourth's are at 5
-    # and 6 s; both are held at 5 s, and lapse together.
-    assert [schedule.book(3.0, 1.0, 1.0, 0.5, 2.0) for _ in range(2)] == [2.0, 2.0]
-    assert schedule.held(5.4) == 2 and schedule.held(5.6) == 0
-
-
 def test_a_booked_request_is_known_by_its_key_and_places_of_clients_who_never_return_lapse() -> (
     None
 ):

@@ -30,8 +30,7 @@ Pure decisions on the measurements of exporter/saturation.py (clock values passe
   than one told a constant (benchmarks/retry_after.py). Only the share of places whose
   clients are seen to come back counts: places booked for clients that never return (vLLM's
   own benchmark client, scripts that give up) held the batch from filling and pushed every
-  Retry-After to its bound (benchmarks/README.md, issue #28). A place beyond the bound
-  (``retry_after_max_s``) is held where it lies; its client is told the bound, then the rest.
+  Retry-After to its bound (benchmarks/README.md, issue #28).
 """
 
 from __future__ import annotations
@@ -550,8 +549,6 @@ class RetrySchedule:
         self._next = 0.0
         self._due: list[tuple[float, int | None]] = []  # (return time, request_key), sorted
         self._booked: dict[int, float] = {}  # request_key -> its return time
-        # Keys whose place lies beyond the bound they were told (``book``).
-        self._beyond_bound: set[int] = set()
         self._outcomes: deque[bool] = deque(maxlen=window)  # True: its client came back
         self.returned = 0  # bookings ended by their request coming back, since start
         self.lapsed = 0  # bookings whose request never came back, since start
@@ -566,39 +563,21 @@ class RetrySchedule:
         high_s: float,
         request_key: int | None = None,
     ) -> float:
-        """Books a place for a refused request and returns the Retry-After to tell it: the
-        wait until its place, between ``low_s`` and ``high_s``.
-
-        A place beyond ``high_s`` (more refused ahead of it than the engine serves within
-        the bound) is held where it lies, and its client, told the bound, is told the rest
-        of the wait when it comes back before it, keeping its place. Held at the bound, the
-        places of a whole overload's later refusals fell due together: at 4x for 20 s,
-        202 of the 244 clients back 70-80 s into the run were refused again (issue #28's
-        quick check 58), each then booked behind everyone. A request without a key cannot
-        be known again, and is held at the bound it was told."""
         with self._lock:
             self._expire(now)
-            place = self._booked.get(request_key) if request_key is not None else None
-            if place is not None and request_key in self._beyond_bound and place > now:
-                # Back when told, before its place: it keeps it.
-                if place - now <= high_s:
-                    self._beyond_bound.discard(request_key)
-                return min(high_s, max(low_s, place - now))
             # A client back and refused again gives up its old place and is booked anew.
             self._take(now, request_key)
-            wait = max(low_s, max(now + max(earliest_s, 0.0), self._next) - now)
-            retry = min(high_s, wait)
+            slot = max(now + max(earliest_s, 0.0), self._next)
+            retry = min(high_s, max(low_s, slot - now))
             # Only the clients that come back take a slot: a booking pushes the next one back
             # by its share of an expected completion.
             spacing = self._share() / drain_rate if drain_rate else 0.0
-            self._next = max(self._next, now + wait + spacing)
+            self._next = max(self._next, now + retry + spacing)
             if len(self._due) < self.max_held:
-                due = now + (wait if request_key is not None else retry)
+                due = now + retry
                 bisect.insort(self._due, (due, request_key), key=lambda booking: booking[0])
                 if request_key is not None:
                     self._booked[request_key] = due
-                    if wait > retry:
-                        self._beyond_bound.add(request_key)
             return retry
 
     def held(self, now: float) -> int:
@@ -622,14 +601,10 @@ class RetrySchedule:
 
     def is_return(self, now: float, request_key: int | None) -> bool:
         """Whether the request arriving now is a refused client's return: its key is booked,
-        or, without a key, a booking is due (nothing tells them apart). A client told the
-        bound and back before its place lies beyond it is not yet: the places due before its
-        own are ahead of it."""
+        or, without a key, a booking is due (nothing tells them apart)."""
         with self._lock:
             self._expire(now)
             if request_key is not None:
-                if request_key in self._beyond_bound and self._booked[request_key] > now:
-                    return False
                 return request_key in self._booked
             return bool(self._due) and self._due[0][0] <= now
 
@@ -652,7 +627,6 @@ class RetrySchedule:
             due = self._booked.pop(request_key, None)
             if due is None:
                 return False
-            self._beyond_bound.discard(request_key)
             at = bisect.bisect_left(self._due, due, key=lambda booking: booking[0])
             while self._due[at][1] != request_key:
                 at += 1
@@ -662,7 +636,6 @@ class RetrySchedule:
             _due, taken_key = self._due.pop(0)
             if taken_key is not None:
                 del self._booked[taken_key]
-                self._beyond_bound.discard(taken_key)
         else:
             return False
         self._outcomes.append(True)
@@ -680,7 +653,6 @@ class RetrySchedule:
         for _due, request_key in self._due[:lapsed]:
             if request_key is not None:
                 self._booked.pop(request_key, None)
-                self._beyond_bound.discard(request_key)
             self._outcomes.append(False)
             self.lapsed += 1
         del self._due[:lapsed]
