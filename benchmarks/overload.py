@@ -454,32 +454,50 @@ def within_slo_share(result: dict[str, Any], slo_s: float) -> float | None:
     return sum(1 for latency in latencies if latency <= slo_s) / len(latencies)
 
 
-class TokenSampler:
-    """Reads the engine's generated-tokens counter every ``TOKEN_SAMPLE_EVERY_S`` while a
-    client runs (``with``), so the rise over the window can be read between two reads."""
+class PeriodicReader:
+    """Calls ``read`` every ``every_s`` on a thread of its own while a client runs (``with``);
+    a failed read is skipped (the server is busy, not gone)."""
 
-    def __init__(self, base_url: str, first: float | None) -> None:
-        self.base_url = base_url
-        self.samples: list[tuple[float, float]] = []
+    every_s = 1.0
+
+    def __init__(self) -> None:
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="token-sampler", daemon=True)
-        self.add(first)
+        self._thread = threading.Thread(target=self._run, name=type(self).__name__, daemon=True)
 
-    def add(self, value: float | None) -> None:
-        self.samples.append((time.perf_counter(), value or 0.0))
+    def read(self) -> None:
+        raise NotImplementedError
 
     def _run(self) -> None:
-        while not self._stop.wait(TOKEN_SAMPLE_EVERY_S):
+        while not self._stop.wait(self.every_s):
             with contextlib.suppress(Exception):
-                self.add(sample(scrape(self.base_url), catalog.VLLM_GENERATION_TOKENS.name))
+                self.read()
 
-    def __enter__(self) -> TokenSampler:
+    def __enter__(self) -> PeriodicReader:
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+
+
+class TokenSampler(PeriodicReader):
+    """Reads the engine's generated-tokens counter every ``TOKEN_SAMPLE_EVERY_S`` while a
+    client runs (``with``), so the rise over the window can be read between two reads."""
+
+    every_s = TOKEN_SAMPLE_EVERY_S
+
+    def __init__(self, base_url: str, first: float | None) -> None:
+        super().__init__()
+        self.base_url = base_url
+        self.samples: list[tuple[float, float]] = []
+        self.add(first)
+
+    def add(self, value: float | None) -> None:
+        self.samples.append((time.perf_counter(), value or 0.0))
+
+    def read(self) -> None:
+        self.add(sample(scrape(self.base_url), catalog.VLLM_GENERATION_TOKENS.name))
 
     def rise(self, window: Window) -> float:
         return value_at(self.samples, window.end) - value_at(self.samples, window.start)
@@ -493,7 +511,7 @@ DEEP_POLL_EVERY_S = 1.0
 SAME_END_S = 0.5
 
 
-class DeepAdmissionLog:
+class DeepAdmissionLog(PeriodicReader):
     """Collects the deep admissions ``/warden/state`` lists (``saturation.deep_slots.recent``)
     while a client runs (``with``): each one's forecast, the scales it was judged with, what
     it was allowed and what it took. Read only at a phase's end, the late ones (ended early
@@ -501,7 +519,10 @@ class DeepAdmissionLog:
     the pace margin and calibration it was admitted on. Only where the SLO is set: the
     default config admits no request on a forecast."""
 
+    every_s = DEEP_POLL_EVERY_S
+
     def __init__(self, base_url: str) -> None:
+        super().__init__()
         self.base_url = base_url
         # (slot, forecast, latency, allowed): the admissions read with them, each once.
         self.entries: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
@@ -511,8 +532,6 @@ class DeepAdmissionLog:
         # sent, the engine until it finished.
         self.in_flight: list[tuple[float, int, int, int, int]] = []
         self._began = time.time()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="deep-admissions", daemon=True)
 
     def read(self) -> None:
         saturation = warden_saturation(self.base_url)
@@ -537,20 +556,10 @@ class DeepAdmissionLog:
             if all(abs(ended_at - other["ended_at"]) > SAME_END_S for other in seen):
                 seen.append({**entry, "ended_at": round(ended_at, 2)})
 
-    def _run(self) -> None:
-        while not self._stop.wait(DEEP_POLL_EVERY_S):
-            with contextlib.suppress(Exception):
-                self.read()
-
-    def __enter__(self) -> DeepAdmissionLog:
-        self._thread.start()
-        return self
-
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+        super().__exit__(*exc)
         with contextlib.suppress(Exception):
-            self.read()
+            self.read()  # the admissions that ended since the last read
 
     def admissions(self) -> list[dict[str, Any]]:
         """Every deep admission seen, in the order they ended (``ended_at``: wall clock)."""

@@ -8,13 +8,14 @@ on results whose answers are known.
 
 from __future__ import annotations
 
-import http.server
-import json
-import threading
 import time
 from typing import Any
 
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 from benchmarks.overload import (
     CpuSplit,
@@ -34,6 +35,7 @@ from benchmarks.overload import (
     value_at,
     within_slo_share,
 )
+from tests.support.asgi import serving
 
 # Five requests sent at 0..4 s (the window is 4 s long): a refused one (error), one answered
 # late (3 s, over a 2 s SLO), one answered in time but after the window's end, two in time.
@@ -377,51 +379,28 @@ def _deep(ended_s_ago: float, latency_s: float, margin: float = 1.0) -> dict[str
     }
 
 
-class _StateServer:
-    """A real HTTP server whose ``/warden/state`` lists the deep admissions it is given."""
+def _state_app(recent: list[dict[str, Any]]) -> Starlette:
+    """A real HTTP app whose ``/warden/state`` lists the deep admissions in ``recent`` now."""
 
-    def __init__(self) -> None:
-        self.recent: list[dict[str, Any]] = []
-        states = self
+    async def state(_request: Request) -> JSONResponse:
+        limits = {"latency_slo_s": 1.0}
+        return JSONResponse({"saturation": {"limits": limits, "deep_slots": {"recent": recent}}})
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                body = json.dumps(
-                    {
-                        "saturation": {
-                            "limits": {"latency_slo_s": 1.0},
-                            "deep_slots": {"recent": states.recent},
-                        }
-                    }
-                ).encode()
-                self.send_response(200)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+    return Starlette(routes=[Route("/warden/state", state)])
 
 
 def test_deep_admissions_read_every_second_are_each_kept_once_and_the_late_ones_named() -> None:
     """``/warden/state`` keeps only the last deep admissions: read again a second later, an
     admission still listed is the same one (kept once), a new one is added, and the report
     names the late ones (over the 1 s SLO) with the pace margin they were judged with."""
-    served = _StateServer()
-    try:
-        log = DeepAdmissionLog(served.base_url)
-        served.recent = [_deep(0.2, 0.5), _deep(0.1, 1.2, margin=1.05)]
+    recent: list[dict[str, Any]] = []
+    with serving(_state_app(recent)) as url:
+        log = DeepAdmissionLog(url)
+        recent[:] = [_deep(0.2, 0.5), _deep(0.1, 1.2, margin=1.05)]
         log.read()
         time.sleep(0.3)
-        served.recent = [_deep(0.0, 0.6), _deep(0.5, 0.5), _deep(0.4, 1.2, margin=1.05)]
+        recent[:] = [_deep(0.0, 0.6), _deep(0.5, 0.5), _deep(0.4, 1.2, margin=1.05)]
         log.read()
-    finally:
-        served.server.shutdown()
     seen = log.admissions()
     assert [entry["latency_s"] for entry in seen] == [0.5, 1.2, 0.6]
     assert log.reads == 2
