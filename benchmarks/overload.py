@@ -550,6 +550,8 @@ class DeepAdmissionLog(PeriodicReader):
             )
         for entry in (saturation.get("deep_slots") or {}).get("recent") or []:
             ended_at = read_at - float(entry["ended_s_ago"])
+            if ended_at < self._began:
+                continue  # an earlier phase's, still listed at the first read
             key = (entry["slot"], entry["forecast_s"], entry["latency_s"], entry["allowed_s"])
             seen = self.entries.setdefault(key, [])
             # Read again a second later, the same admission ends at about the same time.
@@ -1096,9 +1098,10 @@ def deep_admissions_text(results: dict[str, Any], side: str) -> str:
         for number, sides in enumerate(results["pairs"], start=1):
             run = sides[side][index]
             deep = run.get("deep_admissions")
-            if not deep or not deep["seen"]:
+            # Results saved before the log left out an earlier phase's admissions: left out here.
+            seen = [e for e in (deep or {}).get("seen", []) if e["ended_at"] >= deep["began_at"]]
+            if not seen:
                 continue
-            seen = deep["seen"]
             late = [entry for entry in seen if entry["latency_s"] > slo_s]
             if not late:
                 continue
