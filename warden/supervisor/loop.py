@@ -437,6 +437,9 @@ class Supervisor:
                 # A server shutting itself down takes its engine processes down first: its
                 # exit code, a moment later, says whether the failure was its own.
                 returncode = engine.returncode_within(OWN_EXIT_GRACE_S)
+                # Named as they are after the wait: an engine core that failed takes its
+                # worker down before it exits itself, and the first look saw only the worker.
+                vanished = engine.vanished_children() or vanished
             if returncode is not None or vanished:
                 detail = f"vLLM server {describe_returncode(returncode)}"
                 if vanished and returncode is None:
