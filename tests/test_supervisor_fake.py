@@ -30,10 +30,10 @@ import pytest
 # --- the stand-in server (runs as a script) -------------------------------------------------
 
 
-def _engine_core_child() -> None:
+def _engine_child(title: str) -> None:
     import setproctitle
 
-    setproctitle.setproctitle("VLLM::EngineCore")
+    setproctitle.setproctitle(title)
     while True:
         time.sleep(1)
 
@@ -51,6 +51,12 @@ def _serve(port: int, args: list[str]) -> None:
         sys.stdout.flush()
         raise SystemExit(int((control / "fail_start").read_text() or 1))
     child = subprocess.Popen([sys.executable, __file__, "--child"])
+    # A model worker beside the engine core, as vLLM's multiprocessing executor starts one.
+    worker = (
+        subprocess.Popen([sys.executable, __file__, "--worker"])
+        if (control / "with_worker").exists()
+        else None
+    )
     (control / f"argv-{os.getpid()}.json").write_text(json.dumps(args))
 
     def flag(name: str) -> str | None:
@@ -130,6 +136,8 @@ def _serve(port: int, args: list[str]) -> None:
 
     def on_term(*_: object) -> None:
         child.kill()
+        if worker is not None:
+            worker.kill()
         os._exit(0)
 
     signal.signal(signal.SIGTERM, on_term)
@@ -148,7 +156,9 @@ def _serve(port: int, args: list[str]) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--child"]:
-        _engine_core_child()
+        _engine_child("VLLM::EngineCore")
+    elif sys.argv[1:] == ["--worker"]:
+        _engine_child("VLLM::Worker")
     else:
         _serve(int(sys.argv[2]), sys.argv[3:])
 
@@ -163,7 +173,7 @@ from warden.common.waiting import wait_until  # noqa: E402
 from warden.engine.launch import LaunchSpec  # noqa: E402
 from warden.supervisor import first_start  # noqa: E402
 from warden.supervisor.config import SupervisorConfig  # noqa: E402
-from warden.supervisor.engine import EngineProcess, engine_children  # noqa: E402
+from warden.supervisor.engine import EngineProcess, engine_children, is_gone  # noqa: E402
 from warden.supervisor.loop import Supervisor  # noqa: E402
 
 TOKEN = "test-token"
@@ -305,6 +315,30 @@ def test_killed_engine_core_is_restarted_and_counted_as_crash(
     assert status["engine_ready"] and status["restart_totals"]["crash"] == 1
     metrics = httpx.get(f"{h.control_url}/metrics", timeout=5).text
     assert value(metrics, catalog.ENGINE_RESTARTS.name, reason="crash") == 1
+
+
+def test_engine_core_failing_after_its_worker_is_named_with_it(
+    supervised: Callable[..., Harness],
+) -> None:
+    """A failed engine core takes its worker down before it exits itself: the supervisor's
+    first look sees only the worker gone, and the restart must still name both."""
+    h = supervised()
+    (h.control / "with_worker").touch()
+    h.wait_running(1)
+    engine = h.supervisor.engine
+    assert engine is not None
+    h.wait("the worker known", lambda: "Worker" in engine.children.values())
+    core = h.engine_core_pid()
+    worker = next(pid for pid, role in engine.children.items() if role == "Worker")
+    os.kill(worker, signal.SIGKILL)
+    h.wait("the worker seen gone", lambda: is_gone(worker))
+    time.sleep(0.5)  # several of the supervisor's looks (every 0.05 s) see only the worker gone
+    os.kill(core, signal.SIGKILL)  # the server exits 0.5 s after its engine core
+    h.wait_running(2)
+    event = h.state().restarts[-1]
+    assert event.reason == "crash"
+    assert f"Worker (pid {worker})" in event.detail, event.detail
+    assert f"EngineCore (pid {core})" in event.detail, event.detail
 
 
 def test_exit_codes_restart_with_growing_backoff(supervised: Callable[..., Harness]) -> None:
