@@ -88,6 +88,7 @@ from benchmarks.common import (
 from benchmarks.cpu_timeline import CpuTimeline, cpu_text, cpu_while_running
 from benchmarks.honouring_client import RETURN_BIN_S, run_honouring
 from exporter import catalog
+from exporter.saturation import PACE_MIN_CHANGES
 
 # The engine both sides run: the demo's (a batch of 8 whose KV cache holds it).
 ENGINE_ARGS = ("--max-model-len", "256", "--max-num-seqs", "8", "--num-gpu-blocks-override", "48")
@@ -238,6 +239,7 @@ def measure(
             "reads": deep.reads,
             "seen": deep.admissions(),
             "in_flight": deep.in_flight,
+            "pace": deep.pace,
         }
     if refused:
         point["refusal_causes"] = refusal_causes(state, began_at)
@@ -531,6 +533,9 @@ class DeepAdmissionLog(PeriodicReader):
         # queued), each read: admission counts a request in flight until its last byte is
         # sent, the engine until it finished.
         self.in_flight: list[tuple[float, int, int, int, int]] = []
+        # (seconds since the log began, the pace margin, the window changes it had to go on),
+        # each read: a margin of 1.0 on too few changes was not measured.
+        self.pace: list[tuple[float, float, int]] = []
         self._began = time.time()
 
     def read(self) -> None:
@@ -546,6 +551,15 @@ class DeepAdmissionLog(PeriodicReader):
                     int(counts["engine"]),
                     len(counts.get("served_s") or ()),
                     len(counts.get("queued_max_tokens") or ()),
+                )
+            )
+        measured = saturation.get("measured") or {}
+        if "pace_changes" in measured:
+            self.pace.append(
+                (
+                    round(read_at - self._began, 2),
+                    float(measured.get("pace_margin") or 1.0),
+                    int(measured["pace_changes"]),
                 )
             )
         for entry in (saturation.get("deep_slots") or {}).get("recent") or []:
@@ -1125,6 +1139,13 @@ def deep_admissions_text(results: dict[str, Any], side: str) -> str:
                     "admitted in flight over the engine's unfinished, per read: "
                     f"median {statistics.median(over):g}, max {max(over)}"
                 )
+            pace = deep.get("pace") or []
+            if pace:
+                measured = [margin for _t, margin, changes in pace if changes >= PACE_MIN_CHANGES]
+                text = f"pace margin measured at {len(measured)} of {len(pace)} reads"
+                if measured:
+                    text += f" ({_value_span(measured, '.2f')})"
+                parts.append(text)
             lines.append(f"- {point:g}x pair {number}: " + ", ".join(parts))
     if not lines:
         return ""

@@ -384,7 +384,9 @@ def _state_app(recent: list[dict[str, Any]]) -> Starlette:
 
     async def state(_request: Request) -> JSONResponse:
         limits = {"latency_slo_s": 1.0}
-        return JSONResponse({"saturation": {"limits": limits, "deep_slots": {"recent": recent}}})
+        measured = {"pace_margin": 1.05, "pace_changes": 9}
+        saturation = {"limits": limits, "measured": measured, "deep_slots": {"recent": recent}}
+        return JSONResponse({"saturation": saturation})
 
     return Starlette(routes=[Route("/warden/state", state)])
 
@@ -412,6 +414,10 @@ def test_deep_admissions_read_every_second_are_each_kept_once_and_the_late_ones_
     assert line.startswith("- 2x pair 1: 3 seen of 40 completed, late 1: admitted ")
     assert "pace margin 1.05, factor 1.00, allowed 0.90 of the SLO, took 1.33x that" in line
     assert not log.in_flight  # the state named no in-flight counts
+    assert [(margin, changes) for _t, margin, changes in log.pace] == [(1.05, 9)] * 2
+    paced = {**run["deep_admissions"], "pace": [(1.0, 1.0, 3), (2.0, 1.05, 9), (3.0, 1.2, 12)]}
+    text = report(_slo_run([2.0], [_point(5.0, 6.0)], [{**run, "deep_admissions": paced}]))
+    assert text.endswith("pace margin measured at 2 of 3 reads (1.05-1.20)")
     counted = {**run["deep_admissions"], "in_flight": [(1.0, 30, 10, 8, 2), (2.0, 12, 12, 8, 4)]}
     text = report(_slo_run([2.0], [_point(5.0, 6.0)], [{**run, "deep_admissions": counted}]))
     assert text.endswith(

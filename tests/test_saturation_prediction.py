@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 from exporter import catalog
 from exporter.metrics import WardenMetrics
 from exporter.saturation import (
+    PACE_MIN_CHANGES,
     KvState,
     RecentOutput,
     SaturationMeter,
@@ -1022,9 +1023,14 @@ def test_the_pace_margin_is_how_much_slower_the_pace_has_turned_within_seconds()
     assert once.pace.margin(at + 0.5, 8) == pytest.approx(1.2, rel=0.02)
     faster, at = _paced_meter([15.0] * 30 + [10.0] * 30)
     assert faster.pace.margin(at + 0.5, 8) == 1.0
-    # Seconds at a part-full batch say nothing of a full one's pace.
+    # Seconds at a part-full batch say nothing of a full one's pace; a batch one short of
+    # full (a freed slot waiting a step for the next request) is full.
     part, at = _paced_meter(turns, running=5)
     assert part.pace.margin(at + 0.5, 8) == 1.0
+    one_short, at = _paced_meter(turns, running=7)
+    assert one_short.pace.margin(at + 0.5, 8) == pytest.approx(1.5, rel=0.02)
+    assert len(one_short.pace.changes(at + 0.5, 8)) >= PACE_MIN_CHANGES
+    assert part.pace.changes(at + 0.5, 8) == []
     assert part.pace.margin(at + 0.5, 5) == pytest.approx(1.5, rel=0.02)
     stalled, at = _paced_meter(([10.0] * 8 + [100.0, 100.0]) * 3)
     assert stalled.pace.margin(at + 0.5, 8) == 2.0  # PACE_MARGIN_MAX
