@@ -521,7 +521,8 @@ class SaturationState:
             # scaled by it (1.0: not measured, or no slower).
             "pace_margin": _rounded(self.pace_margin),
             # How many such changes the last minute held (fewer than ``PACE_MIN_CHANGES``: the
-            # margin is not measured, and reads 1.0).
+            # margin is not measured, and reads 1.0). Both need the batch's size limit, which
+            # admission knows (``with_live_queue``): the meter's own state reads 1.0 and 0.
             "pace_changes": self.pace_changes,
             # Seconds per engine step by batch size, as the forecast reads them now.
             "step_s_by_batch": self.step_times.to_json() if self.step_times else {},

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from benchmarks.retry_after import SimulatedEngineClient
 from exporter import catalog
 from exporter.metrics import WardenMetrics
-from exporter.saturation import SaturationMeter, SaturationState
+from exporter.saturation import PACE_MIN_CHANGES, SaturationMeter, SaturationState
 from exporter.settings import WardenSettings
 from exporter.signals import SignalBoard
 from exporter.step_monitor import StepMonitor, StepSnapshot
@@ -715,6 +715,39 @@ def test_deep_slot_admissions_teach_admission_how_late_they_ran(
         "allowed_s": 1.76,
         "latency_s": 1.9,
     }
+
+
+def test_the_state_shows_the_pace_margin_admission_judges_deep_slots_with(
+    registry: CollectorRegistry, clock: Clock
+) -> None:
+    """The meter does not know the batch's size limit, admission does: ``/warden/state``
+    shows the pace margin at it, with the window changes it went on (at none, it read 1.0
+    and 0 whatever the engine did: run 56's deep admissions could not be told apart)."""
+    controller = Controller(
+        ControlConfig(admission=saturation_config(latency_slo_s=2.0)),
+        WardenMetrics(registry),
+        clock=clock,
+    )
+    meter = SaturationMeter()
+    now = 100.0
+    meter.observe(now, 8, 4, [])
+    for pace_ms in ([10.0] * 8 + [15.0, 15.0]) * 3:  # a second of steps at each pace
+        end = now + 1.0
+        while now + pace_ms / 1000 <= end + 1e-9:
+            now += pace_ms / 1000
+            meter.observe(now, 8, 4, [])
+        now = end
+    controller.saturation = SaturationState(
+        running=8, waiting=4, pace_record=meter.pace, measured_at=now + 0.5
+    )
+    assert controller.saturation.capacity is None
+    unknown = controller.saturation_json()["measured"]
+    assert (unknown["pace_margin"], unknown["pace_changes"]) == (1.0, 0)
+    controller.engine_client = SimulatedEngineClient(8)
+    measured = controller.saturation_json()["measured"]
+    assert measured["capacity"] == 8
+    assert measured["pace_changes"] >= PACE_MIN_CHANGES
+    assert measured["pace_margin"] == pytest.approx(1.5, rel=0.02)
 
 
 def test_a_client_that_honours_retry_after_is_not_overtaken_by_a_later_arrival(

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from exporter import catalog
-from exporter.saturation import deep_slots_from
+from exporter.saturation import PACE_MIN_CHANGES, deep_slots_from
 from tests.support.engine import complete, running_engine, sample, scrape
 from warden.control.saturation import DEEP_FACTOR_MAX, DEEP_FACTOR_MIN, DEEP_RECENT_SHOWN
 
@@ -101,6 +101,8 @@ def test_a_burst_deep_in_a_full_batch_is_admitted_and_teaches_the_deep_slot_cali
     # The engine's pace at a full batch, as the deep slots are scaled by it (a burst of a few
     # seconds leaves too few full seconds to compare: no margin yet).
     assert after["measured"]["pace_margin"] == 1.0, after["measured"]
+    assert after["measured"]["capacity"] == BATCH, after["measured"]  # as admission sees it
+    assert after["measured"]["pace_changes"] < PACE_MIN_CHANGES, after["measured"]
     # Each deep admission is shown with what it was judged on and what it took: its forecast
     # scaled by the larger of the calibration's factor and the pace margin, within the SLO.
     recent = deep["recent"]

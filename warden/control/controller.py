@@ -482,6 +482,14 @@ class Controller:
 
     # --- state --------------------------------------------------------------------------
 
+    def _measured(self, capacity: int | None) -> SaturationState:
+        """The last step's measurements with the batch's size limit, which the meter does
+        not know and admission does (``with_live_queue``)."""
+        state = self.saturation
+        if capacity is None or state.capacity is not None:
+            return state
+        return dataclasses.replace(state, capacity=capacity)
+
     def saturation_json(self) -> dict[str, Any]:
         judge = self.saturation_judge
         limits = self.config.admission.saturation
@@ -501,7 +509,8 @@ class Controller:
                 "max_queue_wait_s": limits.max_queue_wait_s,
                 "max_queue_depth": limits.max_queue_depth,
             },
-            "measured": self.saturation.to_json(),
+            # As admission sees it: with the batch's size limit (the pace margin needs it).
+            "measured": self._measured(capacity).to_json(),
             # How much later than forecast the requests admitted into deep slots (behind half
             # a batch or more) ran: their forecast is scaled by the factor (assess).
             "deep_slots": self.deep_slots.to_json(),
