@@ -1037,6 +1037,11 @@ def test_the_pace_margin_is_how_much_slower_the_pace_has_turned_within_seconds()
     # Too few full seconds to tell, a minute later, or no capacity: no margin.
     short, at = _paced_meter([10.0, 10.0, 15.0, 15.0])
     assert short.pace.margin(at + 0.5, 8) == 1.0
+    # Six full seconds are enough (an overload's onset is scaled within seconds): their
+    # changes are 1.5, 1.2 and 1.0, and the largest of so few stands for the 95th percentile.
+    onset, at = _paced_meter([10.0, 10.0, 15.0, 15.0, 15.0, 15.0])
+    assert len(onset.pace.changes(at + 0.5, 8)) == 3
+    assert onset.pace.margin(at + 0.5, 8) == pytest.approx(1.5, rel=0.02)
     assert meter.pace.margin(now + 61.0, 8) == 1.0
     assert meter.pace.margin(now + 0.5, None) == 1.0
 
