@@ -35,6 +35,7 @@ from benchmarks.overload import (
     value_at,
     within_slo_share,
 )
+from exporter.saturation import PACE_MIN_CHANGES
 from tests.support.asgi import serving
 
 # Five requests sent at 0..4 s (the window is 4 s long): a refused one (error), one answered
@@ -415,7 +416,8 @@ def test_deep_admissions_read_every_second_are_each_kept_once_and_the_late_ones_
     assert "pace margin 1.05, factor 1.00, allowed 0.90 of the SLO, took 1.33x that" in line
     assert not log.in_flight  # the state named no in-flight counts
     assert [(margin, changes) for _t, margin, changes in log.pace] == [(1.05, 9)] * 2
-    paced = {**run["deep_admissions"], "pace": [(1.0, 1.0, 3), (2.0, 1.05, 9), (3.0, 1.2, 12)]}
+    unmeasured = (1.0, 1.0, PACE_MIN_CHANGES - 1)  # too few changes: the margin reads 1.0
+    paced = {**run["deep_admissions"], "pace": [unmeasured, (2.0, 1.05, 9), (3.0, 1.2, 12)]}
     text = report(_slo_run([2.0], [_point(5.0, 6.0)], [{**run, "deep_admissions": paced}]))
     assert text.endswith("pace margin measured at 2 of 3 reads (1.05-1.20)")
     counted = {**run["deep_admissions"], "in_flight": [(1.0, 30, 10, 8, 2), (2.0, 12, 12, 8, 4)]}
