@@ -344,12 +344,14 @@ class SaturationState:
         return record.margin(self.measured_at, self.capacity)
 
     @property
-    def pace_changes(self) -> int:
-        """How many window-to-window changes ``pace_margin`` had to go on (``PaceRecord``)."""
+    def pace_reading(self) -> tuple[float, int]:
+        """``pace_margin`` and how many window-to-window changes it went on, worked out once
+        (``/warden/state`` shows both)."""
         record = self.pace_record
         if record is None:
-            return 0
-        return len(record.changes(self.measured_at, self.capacity))
+            return 1.0, 0
+        changes = record.changes(self.measured_at, self.capacity)
+        return margin_of(changes), len(changes)
 
     @property
     def growing_batch(self) -> int:
@@ -495,6 +497,7 @@ class SaturationState:
         return predicted_wait(self)
 
     def to_json(self) -> dict[str, object]:
+        margin, changes = self.pace_reading
         return {
             "running": self.running,
             "waiting": self.waiting,
@@ -519,11 +522,11 @@ class SaturationState:
             # How much slower the engine's pace at a full batch has lately turned from two
             # seconds to the next (95th percentile, last minute): a deep slot's forecast is
             # scaled by it (1.0: not measured, or no slower).
-            "pace_margin": _rounded(self.pace_margin),
+            "pace_margin": _rounded(margin),
             # How many such changes the last minute held (fewer than ``PACE_MIN_CHANGES``: the
             # margin is not measured, and reads 1.0). Both need the batch's size limit, which
             # admission knows (``with_live_queue``): the meter's own state reads 1.0 and 0.
-            "pace_changes": self.pace_changes,
+            "pace_changes": changes,
             # Seconds per engine step by batch size, as the forecast reads them now.
             "step_s_by_batch": self.step_times.to_json() if self.step_times else {},
             # Prompts prefilled since start, whose steps were left out of the step times.
@@ -944,16 +947,17 @@ PACE_KEEP_S = 60.0
 PACE_MIN_BUSY_SHARE = 0.5
 # A bucket's batch is full when its mean is within half a request of the capacity or at least
 # this share of it: under admission with an SLO the queue is kept short, so a finished
-# request's slot can wait a step or more for the next one. Held to half a request, run 56's
-# record had too few full seconds to measure a margin at 3x (212 of 213 deep admissions were
-# judged with none), and the late deep admissions there ran 1.02-1.52x what they were allowed.
+# request's slot can wait a step or more for the next one. Held to half a request, run 56
+# judged 212 of 213 deep admissions at 3x with no margin (whether for want of full seconds
+# was not shown then), and the late deep admissions there ran 1.02-1.52x their allowance.
 PACE_FULL_SHARE = 0.875
 PACE_WINDOW_BUCKETS = 2
 PACE_QUANTILE = 0.95
 # Two changes are about 6 s of a full batch. At eight (about 11 s), the late deep admissions
-# of run 56 came in the load's first 13 s, judged with no margin, and quick check 62 measured
-# its first margin 12 s into a 3x load, after the late ones: an overload's onset went
-# unscaled. With fewer changes than 20 the 95th percentile is the largest of them.
+# of run 56 came in their points' first 23 s (the load starts 9-11 s in), judged with no
+# margin, and in quick check 62 the eighth change came about 11 s into a 3x load, after the
+# late ones: an overload's onset went unscaled. With fewer changes than 20 the 95th
+# percentile is the largest of them.
 PACE_MIN_CHANGES = 2
 PACE_MARGIN_MAX = 2.0
 
@@ -1136,10 +1140,7 @@ class PaceRecord:
         pauses) read 1.8-2.0 at 4x on this 2-core machine and refused most deep slots: the
         engine was left at 0.78 of plain's tokens/s, where the deep slots' own calibration
         said their requests ran at most 1.21x their forecasts (issue #28's quick check)."""
-        changes = self.changes(now, capacity)
-        if len(changes) < PACE_MIN_CHANGES:
-            return 1.0
-        return min(PACE_MARGIN_MAX, max(1.0, nearest_rank(changes, PACE_QUANTILE)))
+        return margin_of(self.changes(now, capacity))
 
     def changes(self, now: float, capacity: int | None) -> list[float]:
         """Each ``PACE_WINDOW_BUCKETS``-second window's pace over the previous window's, where
@@ -1155,6 +1156,15 @@ class PaceRecord:
                 later = statistics.fmean(paces[first + window + offset] for offset in range(window))
                 changes.append(later / then)
         return changes
+
+
+def margin_of(changes: Sequence[float]) -> float:
+    """The pace margin from the window changes (``PaceRecord.changes``): their
+    ``PACE_QUANTILE`` between 1.0 and ``PACE_MARGIN_MAX``; 1.0 with fewer than
+    ``PACE_MIN_CHANGES``."""
+    if len(changes) < PACE_MIN_CHANGES:
+        return 1.0
+    return min(PACE_MARGIN_MAX, max(1.0, nearest_rank(changes, PACE_QUANTILE)))
 
 
 class SaturationMeter:
