@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from exporter import catalog
-from exporter.saturation import PACE_MIN_CHANGES, deep_slots_from
+from exporter.saturation import PACE_MARGIN_MAX, PACE_MIN_CHANGES, deep_slots_from
 from tests.support.engine import complete, running_engine, sample, scrape
 from warden.control.saturation import DEEP_FACTOR_MAX, DEEP_FACTOR_MIN, DEEP_RECENT_SHOWN
 
@@ -98,11 +98,15 @@ def test_a_burst_deep_in_a_full_batch_is_admitted_and_teaches_the_deep_slot_cali
     # the whole burst is in before anything ends, as here (10); fewer if some ended first.
     assert 1 <= deep["samples"] <= BURST - BATCH, (deep, after)
     assert DEEP_FACTOR_MIN <= deep["factor"] <= DEEP_FACTOR_MAX, deep
-    # The engine's pace at a full batch, as the deep slots are scaled by it (a burst of a few
-    # seconds leaves too few full seconds to compare: no margin yet).
-    assert after["measured"]["pace_margin"] == 1.0, after["measured"]
-    assert after["measured"]["capacity"] == BATCH, after["measured"]  # as admission sees it
-    assert after["measured"]["pace_changes"] < PACE_MIN_CHANGES, after["measured"]
+    # The engine's pace at a full batch, as the deep slots are scaled by it, shown as admission
+    # sees it (with the batch's limit). The burst holds the batch full for 4-8 s, as fast as
+    # the machine is: two window changes or not, and a margin only on two or more.
+    measured = after["measured"]
+    assert measured["capacity"] == BATCH, measured
+    if measured["pace_changes"] < PACE_MIN_CHANGES:
+        assert measured["pace_margin"] == 1.0, measured
+    else:
+        assert 1.0 <= measured["pace_margin"] <= PACE_MARGIN_MAX, measured
     # Each deep admission is shown with what it was judged on and what it took: its forecast
     # scaled by the larger of the calibration's factor and the pace margin, within the SLO.
     recent = deep["recent"]
