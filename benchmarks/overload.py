@@ -523,9 +523,10 @@ class DeepAdmissionLog(PeriodicReader):
 
     every_s = DEEP_POLL_EVERY_S
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, clock: Callable[[], float] = time.time) -> None:
         super().__init__()
         self.base_url = base_url
+        self.clock = clock  # when each read's answer came (``ended_s_ago`` counts from it)
         # (slot, forecast, latency, allowed): the admissions read with them, each once.
         self.entries: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
         self.reads = 0
@@ -536,11 +537,11 @@ class DeepAdmissionLog(PeriodicReader):
         # (seconds since the log began, the pace margin, the window changes it had to go on),
         # each read: a margin of 1.0 on too few changes was not measured.
         self.pace: list[tuple[float, float, int]] = []
-        self._began = time.time()
+        self._began = clock()
 
     def read(self) -> None:
         saturation = warden_saturation(self.base_url)
-        read_at = time.time()
+        read_at = self.clock()
         self.reads += 1
         counts = saturation.get("in_flight") or {}
         if counts.get("engine") is not None:
