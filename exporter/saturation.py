@@ -49,7 +49,10 @@ statistics, in the API process; admission (warden/control/admission.py) decides 
 - slowdown: when the engine's steps take measurably longer now than when the recent
   requests finished (``SaturationState.slowdown``), the service forecast is that many times
   longer and the drain rate that many times lower, from the step times, within about 20
-  steps: the completions alone follow a slower engine only a batch later (run 18). A recent
+  steps: the completions alone follow a slower engine only a batch later (run 18). For a
+  request that takes a free slot with nothing waiting (``starts_at_once``), only a slowdown
+  that has lasted about 100 steps counts: it delays no one, and the last 20 steps of a
+  shared machine read 1.3-1.5x slower for a moment (run 58: 25 refused at 0.5x). A recent
   request served at a batch size the engine has not stepped since (a light load after an
   overload) is scaled once, by the serving batch's step now over its own then or by the
   slowdown, whichever is larger (``_unstepped_scale``), not by both.
@@ -287,7 +290,7 @@ class SaturationState:
             return ()
         slowdown = self.slowdown
         growing = self.growing_batch
-        target = times.at(growing)
+        target = times.at(growing, self.starts_at_once)
         finish = self.finish_step_s
         factors: dict[int, float] = {}
         scaled = []
@@ -397,10 +400,20 @@ class SaturationState:
             return 1.0
         return _beyond_noise(statistics.median(known))
 
+    @property
+    def starts_at_once(self) -> bool:
+        """A request arriving now takes a free slot with nothing waiting: it delays no one's
+        start, and refused, it would be refused for its own latency alone. Its forecast is
+        made slower only by a slowdown that has lasted (``StepTimes.now_at``'s ``lasting``);
+        a request that would queue is judged on the last 20 steps, since its wait follows
+        the engine's speed too."""
+        return self.waiting <= 0 and (self.capacity is None or self.running < self.capacity)
+
     @functools.cached_property
     def step_ratios(self) -> tuple[float | None, ...]:
         """For each recent request, the step time now at the batch it was served in over the
-        same when it finished; None where either is unknown: not timed then, or that batch not
+        same when it finished (now: a slowdown that has lasted, where a request arriving now
+        ``starts_at_once``); None where either is unknown: not timed then, or that batch not
         stepped within the last service time. A request's own ratio scales its own service
         time (``forecast_service_times``): one served in a burst of prefills already took the
         burst's slow steps and is not slowed again, while those served before it are. Run 33:
@@ -412,10 +425,11 @@ class SaturationState:
             return (None,) * len(self.recent_service)
         since = self.measured_at - self.service_s
         finish = self.finish_step_s
+        lasting = self.starts_at_once
         ratios: list[float | None] = []
         for index, (_served, batch) in enumerate(self.recent_service):
             then = finish[index] if index < len(finish) else None
-            now = times.now_at(batch, since) if then else None
+            now = times.now_at(batch, since, lasting) if then else None
             ratios.append(now / then if now is not None and then else None)
         return tuple(ratios)
 
@@ -512,8 +526,11 @@ class SaturationState:
             "slot_rate_per_s": _rounded(self.slot_rate),
             "kv_usage": _rounded(self.kv_usage),
             # Steps this many times slower than when the recent requests finished (1.0: not
-            # measurably): the forecast and the drain rate above are scaled by it.
+            # measurably): the forecast and the drain rate above are scaled by it. Where a
+            # request arriving now takes a free slot with nothing waiting, only a slowdown
+            # that has lasted about 100 steps counts (``starts_at_once``, shown).
             "slowdown": _rounded(self.slowdown),
+            "starts_at_once": self.starts_at_once,
             # vLLM passed over its queue at the last step: none of it starts at the next one.
             "queue_held_over": self.queue_held_over,
             # The mean batch over the last half service time: a request that joins a larger
@@ -529,6 +546,10 @@ class SaturationState:
             "pace_changes": changes,
             # Seconds per engine step by batch size, as the forecast reads them now.
             "step_s_by_batch": self.step_times.to_json() if self.step_times else {},
+            # The same over about the last 100 steps: a slowdown that has lasted.
+            "lasting_step_s_by_batch": (
+                self.step_times.to_json(lasting=True) if self.step_times else {}
+            ),
             # Prompts prefilled since start, whose steps were left out of the step times.
             "prefills_untimed": self.step_times.prefills_untimed if self.step_times else 0,
             # The recent requests' median output and share of service spent decoding: a
@@ -925,6 +946,10 @@ SUSTAINED_SHARE = 0.5
 SLOWDOWN_NOISE = 0.2
 # Each step's duration moves its batch size's average by this share: about the last 20 steps.
 STEP_WEIGHT = 0.05
+# The same steps' lasting average moves by this share: about the last 100 steps. A request
+# that starts at once (a free slot, nothing waiting) is forecast slower only by a slowdown
+# both averages show (``StepTimes.now_at``): one that has lasted, not a blip of 20 steps.
+LASTING_STEP_WEIGHT = 0.01
 # Batch sizes up to this are timed one by one; above it in quarter octaves (about 19% apart),
 # so an engine with hundreds of slots keeps a few dozen averages, each seeing steps often.
 EXACT_BATCHES = 16
@@ -987,8 +1012,11 @@ class StepTimes:
     # the time of its last steps, which may have been a burst's prefills (``now_at``).
     stepped_at: dict[int, float] = field(default_factory=dict)
 
-    # Steps timed at each size, up to ``1 / STEP_WEIGHT``: the first ones are averaged evenly.
+    # Steps timed at each size, up to ``1 / LASTING_STEP_WEIGHT``: the first ones are
+    # averaged evenly.
     counts: dict[int, int] = field(default_factory=dict)
+    # The same sizes' lasting averages (about the last 100 steps, ``LASTING_STEP_WEIGHT``).
+    lasting: dict[int, float] = field(default_factory=dict)
     # Prompts whose prefill's step was left out, since start (shown in /warden/state).
     prefills_untimed: int = 0
 
@@ -999,22 +1027,28 @@ class StepTimes:
         read 5.6-6.0 ms against 2.2-2.5 ms once stepped again), and seeded with them, an
         average kept 60% of the first step after ten more."""
         bucket = batch_bucket(batch)
-        last = self.seconds.get(bucket)
         steps = max(steps, 1)
         seen = self.counts.get(bucket, 0)
-        if last is None:
-            self.seconds[bucket] = step_s
-        else:
-            weight = max(1.0 - (1.0 - STEP_WEIGHT) ** steps, steps / (seen + steps))
-            self.seconds[bucket] = last + weight * (step_s - last)
-        self.counts[bucket] = min(seen + steps, round(1 / STEP_WEIGHT))
+        for averages, share in ((self.seconds, STEP_WEIGHT), (self.lasting, LASTING_STEP_WEIGHT)):
+            last = averages.get(bucket)
+            if last is None:
+                averages[bucket] = step_s
+            else:
+                weight = max(1.0 - (1.0 - share) ** steps, steps / (seen + steps))
+                averages[bucket] = last + weight * (step_s - last)
+        self.counts[bucket] = min(seen + steps, round(1 / LASTING_STEP_WEIGHT))
         self.stepped_at[bucket] = now
 
-    def at(self, batch: int) -> float | None:
+    def at(self, batch: int, lasting: bool = False) -> float | None:
         """Seconds per step at ``batch``; unmeasured, the nearest smaller batch's (the first
-        steps at the new size teach the rest), else the nearest larger one's."""
+        steps at the new size teach the rest), else the nearest larger one's. ``lasting``:
+        the smaller of that and its lasting average (``now_at``)."""
         bucket = self._measured_bucket(batch)
-        return None if bucket is None else self.seconds[bucket]
+        if bucket is None:
+            return None
+        if lasting:
+            return min(self.seconds[bucket], self.lasting.get(bucket, self.seconds[bucket]))
+        return self.seconds[bucket]
 
     def exact(self, batch: int) -> float | None:
         """Seconds per step at ``batch``'s own size, None where that size was never timed:
@@ -1022,13 +1056,19 @@ class StepTimes:
         (``SaturationState.step_ratios``), never with a neighbour's it borrowed then."""
         return self.seconds.get(batch_bucket(batch))
 
-    def now_at(self, batch: int, since: float) -> float | None:
+    def now_at(self, batch: int, since: float, lasting: bool = False) -> float | None:
         """``at(batch)``, or None when the size it reads was not stepped at or after ``since``:
-        its average is then the speed of steps the engine no longer makes, not its speed now."""
+        its average is then the speed of steps the engine no longer makes, not its speed now.
+        ``lasting``: the smaller of that and the size's lasting average (about 100 steps), so
+        that only a slowdown that has lasted reads slower: on a shared machine the last 20
+        steps read 1.3-1.5x slower for a moment (another process's time slice, a burst of
+        tokenizing), and a light load's requests were refused for it (run 58: 25 at 0.5x,
+        with 1-4 running and nothing waiting, where the admitted took at most 0.95 s against
+        an SLO of 1.14 s)."""
         bucket = self._measured_bucket(batch)
         if bucket is None or self.stepped_at.get(bucket, -math.inf) < since:
             return None
-        return self.seconds[bucket]
+        return self.at(batch, lasting)
 
     def _measured_bucket(self, batch: int) -> int | None:
         bucket = batch_bucket(batch)
@@ -1040,8 +1080,9 @@ class StepTimes:
         larger = [size for size in self.seconds if size > bucket]
         return min(larger) if larger else None
 
-    def to_json(self) -> dict[str, float]:
-        return {str(size): round(self.seconds[size], 5) for size in sorted(self.seconds)}
+    def to_json(self, lasting: bool = False) -> dict[str, float]:
+        averages = self.lasting if lasting else self.seconds
+        return {str(size): round(averages[size], 5) for size in sorted(averages)}
 
 
 def nearest_rank(values: Sequence[float], q: float) -> float:

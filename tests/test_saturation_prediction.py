@@ -597,6 +597,43 @@ def test_step_times_that_only_jitter_are_no_slowdown() -> None:
     assert state.forecast_service_s == 2.0
 
 
+def test_a_request_that_starts_at_once_is_forecast_slower_only_for_a_lasting_slowdown() -> None:
+    """On a shared machine the last 20 steps read 1.3-1.5x slower for a moment; a light
+    load's request taking a free slot, with nothing waiting, was forecast that much slower
+    and refused at an SLO its neighbours met (run 58: 25 at 0.5x). It delays no one's start:
+    it is forecast slower only once the slowdown has lasted (about 100 steps). A request that
+    would queue still follows the last 20 steps, and a slowdown that lasts reaches both."""
+    meter = SaturationMeter(keep=32, min_finished=3)
+    now = 0.0
+    meter.observe(now, 3, 0, [])
+    for index in range(2000):  # a light load: a batch of 3, 2.2 ms steps, 0.3 s served
+        now += 0.0022
+        meter.observe(now, 3, 0, [(96, 0.0, 0.3)] if index % 15 == 0 else [])
+    for _ in range(25):  # a blip: 25 steps 1.5x slower, nothing finishes
+        now += 0.0033
+        state = meter.observe(now, 3, 0, [])
+    settings = SaturationSettings(latency_slo_s=0.4)
+    at_once = with_live_queue(state, in_flight=3, capacity=8)
+    assert at_once.starts_at_once
+    assert at_once.slowdown == 1.0
+    assert at_once.forecast_service_s == pytest.approx(0.3)
+    assert breach(settings, at_once) is None
+    # The same moment judged for a request that would queue: the blip counts.
+    queued = with_live_queue(state, in_flight=9, capacity=8)
+    assert not queued.starts_at_once
+    assert queued.slowdown > 1.3
+    # The slowdown lasts: 300 steps (about 1 s), and a free slot's request is forecast it.
+    for _ in range(300):
+        now += 0.0033
+        state = meter.observe(now, 3, 0, [])
+    lasting = with_live_queue(state, in_flight=3, capacity=8)
+    assert lasting.slowdown > 1.4
+    assert lasting.forecast_service_s == pytest.approx(0.3 * lasting.slowdown, rel=0.01)
+    found = breach(settings, lasting)
+    assert found is not None and found.signal == "latency_s"
+    assert found.slowdown == lasting.slowdown  # the refusal names the slowdown it was made on
+
+
 def test_a_burst_of_prefills_is_not_counted_twice_nor_kept_once_the_engine_empties() -> None:
     """A burst's prefills slow the steps at the batch a light load runs; the requests served
     in it took those steps already, and once the engine empties, the sizes it no longer steps
