@@ -1044,11 +1044,7 @@ class StepTimes:
         steps at the new size teach the rest), else the nearest larger one's. ``lasting``:
         the smaller of that and its lasting average (``now_at``)."""
         bucket = self._measured_bucket(batch)
-        if bucket is None:
-            return None
-        if lasting:
-            return min(self.seconds[bucket], self.lasting.get(bucket, self.seconds[bucket]))
-        return self.seconds[bucket]
+        return None if bucket is None else self._read(bucket, lasting)
 
     def exact(self, batch: int) -> float | None:
         """Seconds per step at ``batch``'s own size, None where that size was never timed:
@@ -1068,7 +1064,12 @@ class StepTimes:
         bucket = self._measured_bucket(batch)
         if bucket is None or self.stepped_at.get(bucket, -math.inf) < since:
             return None
-        return self.at(batch, lasting)
+        return self._read(bucket, lasting)
+
+    def _read(self, bucket: int, lasting: bool) -> float:
+        """A measured bucket's average; ``lasting``: the smaller of it and the lasting one."""
+        recent = self.seconds[bucket]
+        return min(recent, self.lasting.get(bucket, recent)) if lasting else recent
 
     def _measured_bucket(self, batch: int) -> int | None:
         bucket = batch_bucket(batch)

@@ -618,10 +618,18 @@ def test_a_request_that_starts_at_once_is_forecast_slower_only_for_a_lasting_slo
     assert at_once.slowdown == 1.0
     assert at_once.forecast_service_s == pytest.approx(0.3)
     assert breach(settings, at_once) is None
+    # /warden/state shows which reading a request arriving now is judged on, and both.
+    shown = at_once.to_json()
+    assert shown["starts_at_once"] is True and shown["slowdown"] == 1.0
+    lasting_3, recent_3 = shown["lasting_step_s_by_batch"]["3"], shown["step_s_by_batch"]["3"]
+    # 25 steps move the 20-step average 72% of the way to 3.3 ms, the lasting one 22%.
+    assert recent_3 == pytest.approx(0.0022 + 0.0011 * (1 - 0.95**25), rel=0.01)
+    assert lasting_3 == pytest.approx(0.0022 + 0.0011 * (1 - 0.99**25), rel=0.01)
     # The same moment judged for a request that would queue: the blip counts.
     queued = with_live_queue(state, in_flight=9, capacity=8)
     assert not queued.starts_at_once
     assert queued.slowdown > 1.3
+    assert queued.to_json()["starts_at_once"] is False
     # The slowdown lasts: 300 steps (about 1 s), and a free slot's request is forecast it.
     for _ in range(300):
         now += 0.0033
