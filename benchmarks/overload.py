@@ -240,6 +240,8 @@ def measure(
             "seen": deep.admissions(),
             "in_flight": deep.in_flight,
             "pace": deep.pace,
+            "full_pace_ms": deep.full_pace_ms,
+            "overload": deep.overload,
         }
     if refused:
         point["refusal_causes"] = refusal_causes(state, began_at)
@@ -537,6 +539,11 @@ class DeepAdmissionLog(PeriodicReader):
         # (seconds since the log began, the pace margin, the window changes it had to go on),
         # each read: a margin of 1.0 on too few changes was not measured.
         self.pace: list[tuple[float, float, int]] = []
+        # Milliseconds per step of each full-batch second (wall clock), as last read.
+        self.full_pace_ms: dict[str, float] = {}
+        # (seconds since the log began, overloaded, the remembered margin where it was the
+        # floor, else None), each read: whether an overload's onset drew on earlier turns.
+        self.overload: list[tuple[float, bool, float | None]] = []
         self._began = clock()
 
     def read(self) -> None:
@@ -561,6 +568,16 @@ class DeepAdmissionLog(PeriodicReader):
                     round(read_at - self._began, 2),
                     float(measured.get("pace_margin") or 1.0),
                     int(measured["pace_changes"]),
+                )
+            )
+        self.full_pace_ms.update(measured.get("full_pace_ms") or {})
+        if "overloaded" in measured:
+            remembered = measured.get("pace_margin_remembered")
+            self.overload.append(
+                (
+                    round(read_at - self._began, 2),
+                    bool(measured["overloaded"]),
+                    None if remembered is None else float(remembered),
                 )
             )
         for entry in (saturation.get("deep_slots") or {}).get("recent") or []:
@@ -1146,6 +1163,16 @@ def deep_admissions_text(results: dict[str, Any], side: str) -> str:
                 text = f"pace margin measured at {len(measured)} of {len(pace)} reads"
                 if measured:
                     text += f" ({_value_span(measured, '.2f')})"
+                parts.append(text)
+            overload = deep.get("overload") or []
+            if overload:
+                floors = [floor for _t, _over, floor in overload if floor is not None]
+                text = (
+                    f"overloaded at {sum(over for _t, over, _f in overload)} of "
+                    f"{len(overload)} reads, the remembered margin the floor at {len(floors)}"
+                )
+                if floors:
+                    text += f" ({_value_span(floors, '.2f')})"
                 parts.append(text)
             lines.append(f"- {point:g}x pair {number}: " + ", ".join(parts))
     if not lines:

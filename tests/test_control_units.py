@@ -44,6 +44,7 @@ from warden.control.config import (
 )
 from warden.control.controller import Controller
 from warden.control.leases import LeaseTable
+from warden.control.offered_load import OFFERED_WINDOW_S
 from warden.control.policy import EffectivePolicy, combine
 from warden.control.reflex import Reflex
 from warden.control.retry import backoff_s, classify_failure
@@ -748,6 +749,40 @@ def test_the_state_shows_the_pace_margin_admission_judges_deep_slots_with(
     assert measured["capacity"] == 8
     assert measured["pace_changes"] >= PACE_MIN_CHANGES
     assert measured["pace_margin"] == pytest.approx(1.5, rel=0.02)
+
+
+def test_requests_offered_faster_than_the_engine_drains_them_are_an_overload(
+    registry: CollectorRegistry, clock: Clock
+) -> None:
+    """Every request admission judges is offered load, refused ones too: set against what
+    the engine drains at a full batch (8 a second here), 20 offered in two seconds is a
+    light load, 80 an overload, which ``/warden/state`` shows as admission sees it (it
+    floors a deep slot's pace margin at an overload's onset). Without a saturation limit
+    nothing is counted."""
+    controller = saturated_controller(registry, clock)
+    assert controller.live_saturation().offered_per_s == 0.0
+    clock.now = 1000.0
+    for _ in range(20):
+        controller.decide(RequestFacts())
+        clock.now += 2.0 / 20
+    light = controller.live_saturation()
+    assert light.offered_per_s == pytest.approx(10.0, rel=0.05) and not light.overloaded
+    for _ in range(80):
+        controller.decide(RequestFacts())
+        clock.now += 1.0 / 40
+    overload = controller.live_saturation()
+    assert overload.offered_per_s == pytest.approx(40.0, rel=0.05) and overload.overloaded
+    shown = controller.saturation_json()["measured"]
+    assert shown["overloaded"] is True
+    assert shown["offered_per_s"] == pytest.approx(40.0, rel=0.05)
+    # Two quiet seconds later the window holds none of them.
+    clock.now += OFFERED_WINDOW_S + 0.1
+    assert controller.live_saturation().offered_per_s == 0.0
+    unlimited = Controller(ControlConfig(), WardenMetrics(CollectorRegistry()), clock=clock)
+    unlimited.engine_client = SimulatedEngineClient(8, unfinished=16)
+    unlimited.decide(RequestFacts())
+    assert unlimited.live_saturation().offered_per_s is None
+    assert unlimited.offered.rate(clock.now) == 0.0
 
 
 def test_a_client_that_honours_retry_after_is_not_overtaken_by_a_later_arrival(

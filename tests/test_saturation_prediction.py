@@ -15,6 +15,8 @@ from exporter import catalog
 from exporter.metrics import WardenMetrics
 from exporter.saturation import (
     PACE_MIN_CHANGES,
+    PACE_REMEMBER_S,
+    PACE_SETTLED_CHANGES,
     KvState,
     RecentOutput,
     SaturationMeter,
@@ -1034,7 +1036,14 @@ def _paced_meter(paces_ms: list[float], running: int = 8) -> tuple[SaturationMet
     """A meter that saw one second of steps at each of ``paces_ms`` (ms per step) at a batch
     of ``running``, one observation per step, starting on a whole second."""
     meter = SaturationMeter()
-    now = 100.0
+    return meter, _step_at_paces(meter, 100.0, paces_ms, running)
+
+
+def _step_at_paces(
+    meter: SaturationMeter, now: float, paces_ms: list[float], running: int = 8
+) -> float:
+    """``meter`` sees one second of steps at each of ``paces_ms`` from ``now`` (a whole
+    second, idle before it); returns the time at the end."""
     meter.observe(now, running, 4, [])
     for pace_ms in paces_ms:
         end = now + 1.0
@@ -1042,7 +1051,7 @@ def _paced_meter(paces_ms: list[float], running: int = 8) -> tuple[SaturationMet
             now += pace_ms / 1000
             meter.observe(now, running, 4, [])
         now = end
-    return meter, now
+    return now
 
 
 def test_the_pace_margin_is_how_much_slower_the_pace_has_turned_within_seconds() -> None:
@@ -1120,6 +1129,55 @@ def test_a_deep_slot_allows_for_the_engine_turning_slower() -> None:
     shallow = dataclasses.replace(paced, waiting=3)
     slo = SaturationSettings(latency_slo_s=_latency_p99_by_simulation(state, 3) + 0.1)
     assert assess(slo, shallow).breach is None
+
+
+def test_an_overloads_onset_allows_for_the_turns_of_earlier_overloads() -> None:
+    """Run 60: at 4x the deep admissions of an overload's first seconds were judged with a
+    pace margin of 1.00, since the last minute held too few changes to tell, and took
+    1.05-1.27x their allowance; later in the point the margin read 1.27-1.56. While requests
+    are offered faster than the engine drains them, until the last minute has measured the
+    margin, the margin of the last ten minutes is its floor. A light load's burst, which
+    does not offer more than the engine drains, is not scaled by an earlier overload (run
+    35), and neither is an overload once its own minute has measured a steadier pace."""
+    meter, now = _paced_meter(([10.0] * 8 + [15.0, 15.0]) * 3)  # an overload: margin 1.5
+    earlier = meter.pace.margin(now + 0.5, 8)
+    assert earlier == pytest.approx(1.5, rel=0.02)
+    # Two idle minutes, then three seconds of a full batch: no change in the last minute.
+    now = _step_at_paces(meter, now + 120.0, [10.0] * 3)
+    at = now + 0.5
+    assert meter.pace.reading(at, 8) == (1.0, 0, None)
+    onset = meter.pace.reading(at, 8, overloaded=True)
+    assert onset.margin == onset.remembered == pytest.approx(earlier)
+    assert onset.changes == 0
+    # Judged as admission does: a deep slot refused at the onset of an overload, admitted
+    # in a light load's burst with the same batch and queue.
+    state = _measured_full_batch(SPREAD, STAGGERED)
+    burst = dataclasses.replace(
+        state, waiting=6, pace_record=meter.pace, measured_at=at, offered_per_s=5.0
+    )
+    overload = dataclasses.replace(burst, offered_per_s=12.0)  # 3x the drain (4 a second)
+    assert (burst.overloaded, overload.overloaded) == (False, True)
+    assert dataclasses.replace(burst, offered_per_s=6.0).overloaded  # OVERLOAD_RATIO x 4
+    judged = assess(SaturationSettings(latency_slo_s=100.0), burst).deep
+    assert judged is not None and judged.pace_margin == 1.0
+    settings = SaturationSettings(latency_slo_s=judged.forecast_s * 1.3)
+    assert assess(settings, burst).breach is None
+    found = assess(settings, overload).breach
+    assert found is not None and found.pace_margin == pytest.approx(earlier)
+    assert "turned that much slower" in found.message()
+    shown = overload.to_json()
+    assert shown["overloaded"] is True and shown["offered_per_s"] == 12.0
+    assert shown["pace_margin"] == shown["pace_margin_remembered"] == round(earlier, 4)
+    assert burst.to_json()["pace_margin_remembered"] is None
+    # The overload's own minute, once it holds enough changes, stands for itself: a steady
+    # pace is not scaled by an earlier turn.
+    settled_at = _step_at_paces(meter, now, [10.0] * 12) + 0.5
+    steady = meter.pace.reading(settled_at, 8, overloaded=True)
+    assert steady.changes >= PACE_SETTLED_CHANGES and steady.remembered is None
+    assert steady.margin == pytest.approx(1.0, abs=0.01)
+    # An overload ten minutes on remembers nothing of this one.
+    later = _step_at_paces(meter, settled_at + PACE_REMEMBER_S, [10.0] * 3) + 0.5
+    assert meter.pace.reading(later, 8, overloaded=True) == (1.0, 0, 1.0)
 
 
 def test_a_light_loads_moment_of_queue_is_not_forecast_at_the_full_batch() -> None:

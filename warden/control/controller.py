@@ -45,6 +45,7 @@ from warden.control.core import (
 )
 from warden.control.identity import EngineIdentity
 from warden.control.leases import Lease, LeaseTable, Outcome
+from warden.control.offered_load import OfferedLoad
 from warden.control.policy import CIRCUIT_ORDER, EffectivePolicy, gauge_values
 from warden.control.saturation import (
     SATURATED,
@@ -90,6 +91,8 @@ class Controller:
         self.retry_schedule = RetrySchedule()
         # How late requests admitted into a full batch's deep slots ran against their forecast.
         self.deep_slots = DeepSlotCalibration(clock=clock)
+        # Requests offered per second where a saturation limit is set: an overload's onset.
+        self.offered = OfferedLoad()
         self.saturation = SaturationState()
         self.admitted_in_flight = 0  # admitted by the middleware, not yet answered
         self.saturation_judge: SaturationJudge | None = None
@@ -385,7 +388,15 @@ class Controller:
             found.served_ages,
             found.served_limits,
             found.queued_limits,
+            self._offered_rate(),
         )
+
+    def _offered_rate(self) -> float | None:
+        """Requests offered per second now (``OfferedLoad``); None where no saturation limit
+        is set, and none is counted."""
+        if not self.config.admission.saturation.enabled:
+            return None
+        return self.offered.rate(self.clock())
 
     @contextlib.contextmanager
     def serving(
@@ -420,7 +431,10 @@ class Controller:
         """Before the body: the policy's refusals (each naming its cause) and saturation for a
         typical request, unless ``saturation_with_body``: a route whose body warden reads is
         judged on saturation once its body is known, so a refused client's return is told
-        from a new arrival (``limit``)."""
+        from a new arrival (``limit``). Each request judged here is offered load
+        (``OfferedLoad``) where a saturation limit is set."""
+        if self.config.admission.saturation.enabled:
+            self.offered.note(self.clock())
         saturation = None if saturation_with_body else self._saturation()
         return admission.admit(facts, policy, gate or self.gate, self.config.admission, saturation)
 
@@ -483,12 +497,13 @@ class Controller:
     # --- state --------------------------------------------------------------------------
 
     def _measured(self, capacity: int | None) -> SaturationState:
-        """The last step's measurements with the batch's size limit, which the meter does
-        not know and admission does (``with_live_queue``)."""
+        """The last step's measurements with what the meter does not know and admission
+        does (``with_live_queue``): the batch's size limit and the requests offered now."""
         state = self.saturation
+        offered = self._offered_rate()
         if capacity is None or state.capacity is not None:
-            return state
-        return dataclasses.replace(state, capacity=capacity)
+            return dataclasses.replace(state, offered_per_s=offered)
+        return dataclasses.replace(state, capacity=capacity, offered_per_s=offered)
 
     def saturation_json(self) -> dict[str, Any]:
         judge = self.saturation_judge

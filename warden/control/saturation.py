@@ -95,13 +95,16 @@ def with_live_queue(
     served_ages: tuple[float, ...] = (),
     served_limits: tuple[int | None, ...] = (),
     queued_limits: tuple[int | None, ...] = (),
+    offered_per_s: float | None = None,
 ) -> SaturationState:
     """``state`` with the batch and queue this instant: ``in_flight`` requests unfinished now
     (this request not among them), at most ``capacity`` (max_num_seqs) of them running, and
     the seconds each started one has been served (``served_ages``, oldest first) and the
     tokens each may generate (``served_limits``, the same order): when the batch frees its
     next slots; and the tokens each queued request may generate, in the order they arrived
-    (``queued_limits``): how long each holds the slot it takes.
+    (``queued_limits``): how long each holds the slot it takes; and the requests offered to
+    admission per second (``offered_per_s``, warden/control/offered_load.py): whether the
+    engine is overloaded (``SaturationState.overloaded``).
 
     The requests vLLM reported waiting are still waiting, unless it starts them at its next
     step (``startable_now``, from ``kv_blocks``: the cache's blocks and tokens per block),
@@ -121,6 +124,7 @@ def with_live_queue(
         served_ages=served_ages,
         served_limits=served_limits,
         queued_limits=queued_limits,
+        offered_per_s=offered_per_s,
     )
 
 
