@@ -148,9 +148,10 @@ class SaturationState:
     # (read with ``served_ages``; empty: unknown, each a typical recent request): how long
     # each holds the slot it takes (``queue_turnover``).
     queued_limits: tuple[int | None, ...] = ()
-    # Requests offered to admission per second over its last couple of seconds, admitted or
-    # refused (admission's, ``with_live_queue``; None: not counted): whether the engine is
-    # offered more than it drains (``overloaded``).
+    # Requests offered to admission per second, admitted or refused: the larger of its last
+    # second's and two seconds' rates (admission's, ``with_live_queue``, from
+    # warden/control/offered_load.py; None: not counted): whether the engine is offered more
+    # than it drains (``overloaded``).
     offered_per_s: float | None = None
 
     @property

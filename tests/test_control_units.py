@@ -785,6 +785,28 @@ def test_requests_offered_faster_than_the_engine_drains_them_are_an_overload(
     assert unlimited.offered.rate(clock.now) == 0.0
 
 
+def test_an_overload_shows_within_its_first_second_and_a_burst_at_once_does_not(
+    registry: CollectorRegistry, clock: Clock
+) -> None:
+    """After a quiet spell, requests offered at 20 a second where a full batch drains 8 read
+    as an overload 0.8 s in (the last second's rate): read over two seconds alone they were
+    8.9 a second, a light load, until 1.5 s in, and the deep slots admitted in the overload's
+    first second went unfloored (issue #28, run 61). A full batch's worth offered at once
+    reads as at most its size over three quarters of a second: not an overload."""
+    controller = saturated_controller(registry, clock)
+    clock.now = 2000.0
+    for _ in range(16):
+        controller.decide(RequestFacts())
+        clock.now += 1.0 / 20
+    onset = controller.live_saturation()
+    assert onset.offered_per_s == pytest.approx(20.0, rel=0.05) and onset.overloaded
+    clock.now = 3000.1
+    for _ in range(8):
+        controller.decide(RequestFacts())
+    burst = controller.live_saturation()
+    assert burst.offered_per_s == pytest.approx(8 / 0.85, rel=0.05) and not burst.overloaded
+
+
 def test_a_client_that_honours_retry_after_is_not_overtaken_by_a_later_arrival(
     registry: CollectorRegistry, clock: Clock
 ) -> None:

@@ -10,6 +10,7 @@ same but for an SLO under those steps' floor, tells a short request from a long 
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -20,8 +21,14 @@ import httpx
 import pytest
 
 from exporter import catalog
-from exporter.saturation import PACE_MARGIN_MAX, PACE_MIN_CHANGES, deep_slots_from
+from exporter.saturation import (
+    PACE_MARGIN_MAX,
+    PACE_MIN_CHANGES,
+    PACE_SETTLED_CHANGES,
+    deep_slots_from,
+)
 from tests.support.engine import complete, running_engine, sample, scrape
+from warden.control.offered_load import OFFERED_WINDOW_S
 from warden.control.saturation import DEEP_FACTOR_MAX, DEEP_FACTOR_MIN, DEEP_RECENT_SHOWN
 
 pytestmark = pytest.mark.engine
@@ -79,7 +86,7 @@ def test_a_burst_deep_in_a_full_batch_is_admitted_and_teaches_the_deep_slot_cali
     measured = saturation(engine)["measured"]
     assert measured["drain_rate_per_s"] and measured["service_s"], measured
 
-    with ThreadPoolExecutor(BURST) as pool:
+    with StateReader(engine) as during, ThreadPoolExecutor(BURST) as pool:
         burst = list(
             pool.map(
                 lambda index: complete(engine, served, f"burst {index}", TOKENS, ignore_eos=True),
@@ -118,6 +125,54 @@ def test_a_burst_deep_in_a_full_batch_is_admitted_and_teaches_the_deep_slot_cali
         assert admitted["allowed_s"] == pytest.approx(admitted["forecast_s"] * scale, abs=2e-3)
         assert admitted["allowed_s"] <= SLO_S and admitted["latency_s"] > 0, admitted
     assert admitted_within(engine) - within_before == WARM_UP + BURST
+
+    # Offered load, as admission counts it: the burst, 16 at once where a full batch drains
+    # about 4 a second, is an overload while it is within the last seconds (every read in
+    # them shows it), and under it, with the last minute holding fewer than
+    # ``PACE_SETTLED_CHANGES`` window changes, the last ten minutes' margin is the floor.
+    offered = max(reading["offered_per_s"] or 0.0 for reading in during.readings)
+    assert offered >= BURST / OFFERED_WINDOW_S, during.readings
+    overloaded = [reading for reading in during.readings if reading["overloaded"]]
+    assert overloaded, during.readings
+    for reading in overloaded:
+        assert reading["pace_changes"] < PACE_SETTLED_CHANGES, reading
+        remembered = reading["pace_margin_remembered"]
+        assert remembered is not None and 1.0 <= remembered <= PACE_MARGIN_MAX, reading
+        assert reading["pace_margin"] >= remembered, reading
+    # The burst ended seconds ago: nothing offered since, no overload, no floor.
+    assert measured["offered_per_s"] == 0.0 and measured["overloaded"] is False, measured
+    assert measured["pace_margin_remembered"] is None, measured
+    # The full batch's seconds, each at the pace of steps slowed to at least STEP_DELAY_S.
+    paces = measured["full_pace_ms"]
+    assert paces, measured
+    assert all(pace >= STEP_DELAY_S * 1000 for pace in paces.values()), paces
+    assert all(abs(int(second) - time.time()) <= 60 for second in paces), paces
+
+
+class StateReader:
+    """``/warden/state``'s ``saturation.measured``, read every ``PERIOD_S`` on a thread while
+    the block runs: what admission saw while a burst was arriving."""
+
+    PERIOD_S = 0.05
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.readings: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.readings.append(saturation(self.engine)["measured"])
+            self._stop.wait(self.PERIOD_S)
+
+    def __enter__(self) -> StateReader:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def test_the_forecast_knows_what_recent_requests_generated_and_how_long_they_decoded(
