@@ -33,6 +33,7 @@ from warden.control.admission import (
 )
 from warden.control.alertmanager import PayloadError, parse_payload
 from warden.control.config import (
+    RETRY_AFTER_MAX_S,
     AdmissionSettings,
     ControlConfig,
     ControlConfigError,
@@ -510,10 +511,14 @@ def test_retry_after_comes_from_the_drain_rate_and_spreads_the_herd() -> None:
     assert retries == [1.0, 1.25, 1.5, 1.75, 2.0, 2.25]
     # Later refusals book after those already told to come back.
     assert refuse(100.5, state, schedule).retry_after_s == 2.0
-    # Bounded: a queue hours deep is told at most retry_after_max_s (60 s).
+    # Bounded: a queue hours deep is told at most retry_after_max_s (120 s by default: what
+    # the OpenAI SDK vLLM installs honours).
     deep = refuse(0.0, busy(waiting=100_000, drain=1.0), RetrySchedule())
-    assert deep.retry_after_s == 60.0
-    assert deep.retry_after_headers() == [(b"retry-after", b"60"), (b"retry-after-ms", b"60000")]
+    assert deep.retry_after_s == RETRY_AFTER_MAX_S == 120.0
+    assert deep.retry_after_headers() == [
+        (b"retry-after", b"120"),
+        (b"retry-after-ms", b"120000"),
+    ]
     constant = saturation_config(max_queue_wait_s=3.0, retry_after="constant")
     fixed = decide(
         RequestFacts(), EffectivePolicy(), constant, HalfOpenGate(), None, Saturation(state)

@@ -34,6 +34,8 @@ from warden.control.actions.circuit_breaker import ADMIT_FRACTION
 from warden.control.actions.shed_low_priority import PRIORITY_THRESHOLD
 
 CONFIG_ENV = env_name("config")
+# The longest Retry-After a saturation refusal tells by default (``retry_after_max_s``).
+RETRY_AFTER_MAX_S = 120.0
 
 
 class ControlConfigError(ConfigFileError):
@@ -107,12 +109,13 @@ class SaturationSettings(_Strict):
         "computed", description="computed from drain rate and queue, or admission.retry_after_s"
     )
     retry_after_min_s: float = Field(0.5, ge=0, le=3600)
-    # What the OpenAI Python SDK honours in every version (1.x: 60 s; the one vLLM installs
-    # now: 120 s); beyond it that client backs off on its own. A bound below the return a
-    # refusal is booked for tells its client a time that cannot be right: at 4x for 20 s,
-    # bounded at 30 s, the bookings past 30 s came back together and 0.42 of the returns
-    # were admitted (benchmarks/README.md, issue #28, run 54).
-    retry_after_max_s: float = Field(60.0, gt=0, le=3600)
+    # What the OpenAI Python SDK that vLLM installs honours (vLLM requires openai>=2.25, whose
+    # bound is 120 s; 1.x's was 60 s, and beyond its bound a client backs off on its own). A
+    # bound below the return a refusal is booked for tells its client a time that cannot be
+    # right: at 4x for 20 s the refused requests take 60-80 s to serve, and bounded at 30 s
+    # and then 60 s the bookings past the bound came back together: 0.42 and 0.45-0.63 of the
+    # returns were admitted (benchmarks/README.md, issue #28, runs 54-62).
+    retry_after_max_s: float = Field(RETRY_AFTER_MAX_S, gt=0, le=3600)
 
     @property
     def enabled(self) -> bool:
