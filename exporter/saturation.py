@@ -52,7 +52,9 @@ statistics, in the API process; admission (warden/control/admission.py) decides 
   steps: the completions alone follow a slower engine only a batch later (run 18). For a
   request that takes a free slot with nothing waiting (``starts_at_once``), only a slowdown
   that has lasted about 100 steps counts: it delays no one, and the last 20 steps of a
-  shared machine read 1.3-1.5x slower for a moment (run 58: 25 refused at 0.5x). A recent
+  shared machine read 1.3-1.5x slower for a moment (run 58: 25 refused at 0.5x). While the
+  engine keeps up with what it is offered (``keeps_up``), admission does not refuse such a
+  request at all (warden/control/saturation.py, ``assess``). A recent
   request served at a batch size the engine has not stepped since (a light load after an
   overload) is scaled once, by the serving batch's step now over its own then or by the
   slowdown, whichever is larger (``_unstepped_scale``), not by both.
@@ -350,6 +352,18 @@ class SaturationState:
         return drained is not None and drained > 0 and offered >= OVERLOAD_RATIO * drained
 
     @property
+    def keeps_up(self) -> bool:
+        """Requests are offered at under what the engine drains at a full batch (both known):
+        a batch a request joins now empties behind it instead of filling again. Unknown either
+        way: False (as under an overload). Under an overload a slot freed a moment ago, with
+        nothing waiting, is the next arrival's, and the batch fills behind it (run 5)."""
+        offered, capacity = self.offered_per_s, self.capacity
+        if offered is None or not capacity:
+            return False
+        drained = batch_drain_rate(self, capacity)
+        return drained is not None and drained > 0 and offered < drained
+
+    @property
     def pace_margin(self) -> float:
         """How much slower the engine's pace at a full batch has lately turned from one
         couple of seconds to the next (``PaceRecord.margin``; 1.0 unmeasured): a deep slot's
@@ -581,6 +595,7 @@ class SaturationState:
             # whether that is an overload: more than the engine drains at a full batch.
             "offered_per_s": _rounded(self.offered_per_s),
             "overloaded": self.overloaded,
+            "keeps_up": self.keeps_up,
             # Milliseconds per step in each of the last ``PACE_SHOWN_S`` seconds whose batch
             # was full, by the second (wall clock, whole seconds): what the margin is read from.
             "full_pace_ms": self.recent_full_paces(),

@@ -644,6 +644,41 @@ def test_a_request_that_starts_at_once_is_forecast_slower_only_for_a_lasting_slo
     assert found.slowdown == lasting.slowdown  # the refusal names the slowdown it was made on
 
 
+def test_a_request_that_starts_at_once_on_an_engine_that_keeps_up_is_admitted() -> None:
+    """A free slot, nothing waiting, room in the cache, and fewer requests offered than the
+    engine drains: refused, the request would be refused for its own length alone (run 63: 9
+    refused at 0.5x with 1-5 running, forecast 1.69-1.96 s against an SLO of 1.63 s). It is
+    admitted whatever its forecast. Offered as much as the engine drains, or unknown, the
+    batch fills again behind it and its forecast is judged (run 5); so it is with a request
+    waiting, or no room in the cache for its prompt."""
+    recent = tuple((2.0, 4) for _ in range(16))
+    state = SaturationState(
+        running=4, waiting=0, drain_rate=2.0, service_s=2.0, capacity=8,
+        recent_service=recent, tokens_per_request=64.0, offered_per_s=1.0,
+    )  # fmt: skip
+    settings = SaturationSettings(latency_slo_s=1.0)
+    drained = batch_drain_rate(state, 8)
+    assert drained is not None and drained > 1.0
+    assert state.starts_at_once and state.keeps_up and state.to_json()["keeps_up"] is True
+    assert assess(settings, state).breach is None
+    # Offered what the engine drains at a full batch, or not counted: judged on the forecast.
+    for offered in (drained, None):
+        outpaced = dataclasses.replace(state, offered_per_s=offered)
+        assert not outpaced.keeps_up
+        found = assess(settings, outpaced).breach
+        assert found is not None and found.signal == "latency_s"
+    # One waiting: it queues, and is judged.
+    queued = dataclasses.replace(state, waiting=1)
+    assert not queued.starts_at_once
+    found = assess(settings, queued).breach
+    assert found is not None and found.signal == "latency_s"
+    # A free slot, but no room in the cache for the prompt: it waits for blocks, and is judged.
+    kv = KvState(total_blocks=12, block_size=16, usage=0.95)
+    found = assess(settings, state, kv, prompt_tokens=64).breach
+    assert found is not None and found.signal == "latency_s"
+    assert found.wait_s is not None and found.wait_s > 0
+
+
 def test_a_burst_of_prefills_is_not_counted_twice_nor_kept_once_the_engine_empties() -> None:
     """A burst's prefills slow the steps at the batch a light load runs; the requests served
     in it took those steps already, and once the engine empties, the sizes it no longer steps
