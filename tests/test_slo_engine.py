@@ -6,7 +6,8 @@ the path they make together in the API server: vLLM's per-step statistics -> the
 of 4 and steps slowed to at least ``STEP_DELAY_S`` (a test switch), so a request lasts at least
 ``TOKENS`` steps however fast the machine is, and a burst queues several batches deep. Its SLO
 is generous: nothing there may be refused, whatever the machine's speed. A second engine, the
-same but for an SLO under those steps' floor, tells a short request from a long one. No fakes."""
+same but for an SLO under those steps' floor, admits a long request at a free slot and refuses
+it behind a full batch. No fakes."""
 
 from __future__ import annotations
 
@@ -192,27 +193,26 @@ def test_the_forecast_knows_what_recent_requests_generated_and_how_long_they_dec
     assert 0.5 < measured["recent_decode_share"] < 1.0, measured
 
 
-LENGTH_SLO_S = 0.8  # under a TOKENS request's steps alone (>= 0.94 s), far over a 4-token one's
-SHORT = 4  # tokens: its service is the prefill and 3 steps of at least STEP_DELAY_S
-BACKGROUND = 8 * TOKENS  # a request that keeps the engine busy while the two are judged
+LENGTH_SLO_S = 0.8  # under a TOKENS request's steps alone (>= 0.94 s)
+BACKGROUND = 8 * TOKENS  # a request that keeps the engine busy while others are judged
 
 
 @pytest.fixture(scope="module")
 def tight_engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """The same engine with an SLO that a request of ``TOKENS`` cannot meet and a short one
-    meets on any machine (the steps' floor sets the first; the second has 0.6 s to spare)."""
+    """The same engine with an SLO that a request of ``TOKENS`` cannot meet on any machine
+    (the steps' floor sets it)."""
     yield from _engine_with_slo(tiny_model, tmp_path_factory, "slo-length-engine", LENGTH_SLO_S)
 
 
-def test_over_http_a_short_request_is_admitted_where_a_long_one_is_refused(
+def test_over_http_a_long_request_is_admitted_at_a_free_slot_and_refused_behind_a_full_batch(
     tight_engine: Any,
 ) -> None:
-    """On a busy engine whose recent requests each took ``TOKENS`` steps (over the SLO), a
-    request asking for ``SHORT`` tokens is admitted and served; one asking for more than the
-    recent ones generated is refused with 503 and Retry-After, its basis in
-    ``/warden/state`` naming the latency forecast and the length it was forecast for (at
-    most the longest recent one's). Both arrive to a batch with free slots and no queue, so
-    nothing but their length tells them apart (``SaturationState.service_times_for``)."""
+    """On an engine whose recent requests each took ``TOKENS`` steps (over the SLO), a request
+    asking for twice that arrives to a free slot, nothing waiting, on an engine offered less
+    than it drains: it is admitted and served, since refusing it shortens no one's wait, its
+    own included (run 63: 9 refused at 0.5x so). The same request behind a full batch is
+    refused with 503 and Retry-After, its basis in ``/warden/state`` naming the latency
+    forecast and the length it was forecast for (``SaturationState.service_times_for``)."""
     engine = tight_engine
     served = str(engine.spec.model)
     for index in range(WARM_UP):  # sequential: an idle engine admits whatever the forecast
@@ -222,34 +222,42 @@ def test_over_http_a_short_request_is_admitted_where_a_long_one_is_refused(
     assert measured["recent_output_tokens"] == TOKENS, measured
     assert measured["service_s"] > LENGTH_SLO_S, measured
 
-    with ThreadPoolExecutor(1) as pool:
-        background = pool.submit(
-            complete, engine, served, "background", BACKGROUND, ignore_eos=True
-        )
+    def running_at_least(count: int, busy: list[Any]) -> dict[str, Any]:
         deadline = time.monotonic() + 60
-        while saturation(engine)["measured"]["running"] < 1:
-            assert time.monotonic() < deadline, "the background request never ran"
-            assert not background.done(), background.result().text
+        while (found := saturation(engine)["measured"])["running"] < count:
+            assert time.monotonic() < deadline, f"never {count} running: {found}"
+            for request in busy:
+                assert not request.done(), request.result().text
             time.sleep(0.02)
-        # The long one first: judged after the short one, it was judged by a forecast that
-        # had learnt the short one's own service time, which a loaded host made longer than
-        # the SLO (then not even one token meets it, and a request is refused before its
-        # length is read: ``judge_saturation``).
-        long = complete(engine, served, "long", 2 * TOKENS, ignore_eos=True)
-        short = complete(engine, served, "short", SHORT, ignore_eos=True)
-        assert not background.done(), "the engine went idle before both were judged"
-        assert background.result().status_code == 200
+        return found
 
-    assert short.status_code == 200, short.text
-    assert short.json()["usage"]["completion_tokens"] == SHORT
-    assert long.status_code == 503, long.text
-    assert long.headers.get("retry-after"), long.headers
-    assert long.json()["error"]["warden_signal"] == "latency_s", long.text
+    with ThreadPoolExecutor(BATCH) as pool:
+        busy = [pool.submit(complete, engine, served, "background", BACKGROUND, ignore_eos=True)]
+        running_at_least(1, busy)
+        time.sleep(OFFERED_WINDOW_S)  # the requests offered so far leave the offered rate
+        measured = saturation(engine)["measured"]
+        assert measured["starts_at_once"] and measured["keeps_up"], measured
+        long = complete(engine, served, "long", 2 * TOKENS, ignore_eos=True)
+        assert long.status_code == 200, long.text
+        assert long.json()["usage"]["completion_tokens"] == 2 * TOKENS
+        # The batch full of long requests: the same request would queue behind them.
+        busy += [
+            pool.submit(complete, engine, served, f"background {n}", BACKGROUND, ignore_eos=True)
+            for n in range(1, BATCH)
+        ]
+        running_at_least(BATCH, busy)
+        again = complete(engine, served, "long again", 2 * TOKENS, ignore_eos=True)
+        assert all(not request.done() for request in busy), "a slot freed before it was judged"
+        assert all(request.result().status_code == 200 for request in busy)
+
+    assert again.status_code == 503, again.text
+    assert again.headers.get("retry-after"), again.headers
+    assert again.json()["error"]["warden_signal"] == "latency_s", again.text
     refusals = [r for r in state_of(engine)["recent_rejections"] if r["signal"] == "latency_s"]
     assert len(refusals) == 1, refusals
     basis = refusals[0]["basis"]
     assert basis["output_tokens"] == 2 * TOKENS, basis
-    assert basis["service_s"] > LENGTH_SLO_S and basis["waiting"] == 0, basis
+    assert basis["service_s"] > LENGTH_SLO_S and basis["running"] == BATCH, basis
 
 
 def state_of(engine: Any) -> dict[str, Any]:
