@@ -345,11 +345,8 @@ class SaturationState:
         """Requests are offered at ``OVERLOAD_RATIO`` or more of what the engine drains at a
         full batch (``batch_drain_rate``): an overload, not a light load's burst, which offers
         a few requests at once and then none. False where either is not known."""
-        offered, capacity = self.offered_per_s, self.capacity
-        if not offered or not capacity:
-            return False
-        drained = batch_drain_rate(self, capacity)
-        return drained is not None and drained > 0 and offered >= OVERLOAD_RATIO * drained
+        share = self.offered_share
+        return share is not None and share >= OVERLOAD_RATIO
 
     @property
     def keeps_up(self) -> bool:
@@ -357,11 +354,20 @@ class SaturationState:
         a batch a request joins now empties behind it instead of filling again. Unknown either
         way: False (as under an overload). Under an overload a slot freed a moment ago, with
         nothing waiting, is the next arrival's, and the batch fills behind it (run 5)."""
+        share = self.offered_share
+        return share is not None and share < 1.0
+
+    @property
+    def offered_share(self) -> float | None:
+        """Requests offered over what the engine drains at a full batch (None: either is not
+        known, or nothing drains): ``overloaded`` and ``keeps_up`` read it."""
         offered, capacity = self.offered_per_s, self.capacity
         if offered is None or not capacity:
-            return False
+            return None
         drained = batch_drain_rate(self, capacity)
-        return drained is not None and drained > 0 and offered < drained
+        if not drained or drained <= 0:
+            return None
+        return offered / drained
 
     @property
     def pace_margin(self) -> float:
