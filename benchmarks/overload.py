@@ -327,6 +327,13 @@ def basis_text(basis: dict[str, Any]) -> str:
         parts.append(f"deep x{basis['deep_factor']:.2f}")
     if basis.get("pace_margin") is not None:
         parts.append(f"pace x{basis['pace_margin']:.2f}")
+    if basis.get("pace_margin_remembered") is not None:
+        parts.append(f"remembered x{basis['pace_margin_remembered']:.2f}")
+    if basis.get("offered_per_s") is not None and basis.get("full_batch_drain_per_s"):
+        parts.append(
+            f"offered {basis['offered_per_s']:.1f}/s of {basis['full_batch_drain_per_s']:.1f}/s"
+            " drained at a full batch"
+        )
     return ", ".join(parts)
 
 

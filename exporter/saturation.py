@@ -151,9 +151,10 @@ class SaturationState:
     # each holds the slot it takes (``queue_turnover``).
     queued_limits: tuple[int | None, ...] = ()
     # Requests offered to admission per second, admitted or refused: the larger of its last
-    # second's and two seconds' rates (admission's, ``with_live_queue``, from
-    # warden/control/offered_load.py; None: not counted): whether the engine is offered more
-    # than it drains (``overloaded``).
+    # second's and two seconds' rates, each counted less its Poisson deviation, so a light
+    # load's chance bunching is not read as an overload (admission's, ``with_live_queue``,
+    # from warden/control/offered_load.py; None: not counted): whether the engine is offered
+    # more than it drains (``overloaded``, ``keeps_up``).
     offered_per_s: float | None = None
 
     @property

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 from exporter import catalog
 from exporter.metrics import WardenMetrics
 from exporter.saturation import (
+    OVERLOAD_RATIO,
     PACE_MIN_CHANGES,
     PACE_REMEMBER_S,
     PACE_SETTLED_CHANGES,
@@ -296,6 +297,17 @@ def test_a_latency_refusal_says_what_its_forecast_was_made_of() -> None:
         "capacity": 8,
         "deep_factor": 1.2,
     }
+    # Under an overload it says so, on the rates it was judged on: the requests offered and
+    # what a full batch drains.
+    drained = batch_drain_rate(state, 8)
+    assert drained is not None
+    offered = dataclasses.replace(deep, offered_per_s=2 * OVERLOAD_RATIO * drained)
+    assert offered.overloaded
+    judged = assess(SaturationSettings(latency_slo_s=0.1), offered, deep_factor=1.2).breach
+    assert judged is not None
+    basis = judged.basis()
+    assert basis["offered_per_s"] == round(2 * OVERLOAD_RATIO * drained, 3)
+    assert basis["full_batch_drain_per_s"] == round(drained, 3)
     # A batch with room: the service time alone was over, no slot was waited for.
     room = dataclasses.replace(state, running=5, waiting=0)
     alone = assess(SaturationSettings(latency_slo_s=0.1), room).breach

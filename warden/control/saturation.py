@@ -176,6 +176,14 @@ class Breach:
     # says which here (run 54: 2 refused at 0.5x, their service times scaled 1.54x).
     serving_batch: int | None = None
     slowdown: float | None = None
+    # Whether it was judged under an overload, and on what: requests offered per second and
+    # what the engine drains at a full batch (``SaturationState.offered_share``), and the
+    # margin of the last ``PACE_REMEMBER_S`` where an overload made it the pace margin's
+    # floor (``PaceRecord.reading``; None: not applied). A light load's deep slot refused on
+    # a remembered margin says here which of the two rates made it an overload.
+    offered_per_s: float | None = None
+    full_batch_drain_per_s: float | None = None
+    pace_margin_remembered: float | None = None
 
     def basis(self) -> dict[str, float | int]:
         """The parts of the forecast this refusal was decided on, for ``/warden/state``: a
@@ -194,6 +202,9 @@ class Breach:
             "running": counts.running,
             "waiting": counts.waiting,
             "capacity": counts.capacity,
+            "offered_per_s": self.offered_per_s,
+            "full_batch_drain_per_s": self.full_batch_drain_per_s,
+            "pace_margin_remembered": self.pace_margin_remembered,
         }
         found: dict[str, float | int] = {
             key: round(value, 3) if isinstance(value, float) else value
@@ -326,7 +337,12 @@ def assess(
             latency = judged_deep.allowed_s
             if latency > slo:
                 found = _latency_breach(state, latency, slo, wait, service_s, slot, output_tokens)
-                found = dataclasses.replace(found, deep_factor=deep_factor, pace_margin=pace_margin)
+                found = dataclasses.replace(
+                    found,
+                    deep_factor=deep_factor,
+                    pace_margin=pace_margin,
+                    pace_margin_remembered=state.pace_reading.remembered,
+                )
                 return Assessment(found, judged_deep)
         elif latency > slo and not (slot is not None and slot_meets(state, slot, slo, own)):
             found = _latency_breach(state, latency, slo, wait, service_s, slot, output_tokens)
@@ -369,6 +385,12 @@ def _latency_breach(
         scaled_service_s=state.forecast_service_s if output_tokens is not None else None,
         serving_batch=state.serving_batch,
         slowdown=state.slowdown,
+        offered_per_s=state.offered_per_s,
+        full_batch_drain_per_s=(
+            batch_drain_rate(state, state.capacity)
+            if state.capacity and state.offered_per_s is not None
+            else None
+        ),
     )
 
 
