@@ -332,7 +332,8 @@ def assess(
     if slo is not None and service_s is not None:
         latency = wait + service_s
         if deep:
-            pace_margin = state.pace_margin
+            pace = state.pace_reading  # read once: it counts the last minute's changes
+            pace_margin = pace.margin
             judged_deep = DeepAdmission(latency, deep_factor, pace_margin, slot)
             latency = judged_deep.allowed_s
             if latency > slo:
@@ -341,7 +342,7 @@ def assess(
                     found,
                     deep_factor=deep_factor,
                     pace_margin=pace_margin,
-                    pace_margin_remembered=state.pace_reading.remembered,
+                    pace_margin_remembered=pace.remembered,
                 )
                 return Assessment(found, judged_deep)
         elif latency > slo and not (slot is not None and slot_meets(state, slot, slo, own)):
