@@ -42,9 +42,10 @@ printed; ``--slo-s`` overrides it. Warden runs in each configuration of ``--conf
 ``default`` config (no admission limit: it must be invisible) and ``slo``, with
 ``admission.saturation.latency_slo_s`` set to the SLO; every configuration is compared with
 the same plain runs. vLLM's client does not retry: a refused request counts as refused, as a
-client that ignores Retry-After sees it. At ``--honour-points`` warden with the SLO also
-serves clients that honour Retry-After (benchmarks/honouring_client.py): a Retry-After is right
-when the refused requests are admitted on their return. ``--png`` draws the curves.
+client that ignores Retry-After sees it. At ``--honour-points`` clients that honour
+Retry-After (benchmarks/honouring_client.py) are served by an engine of their own with the
+SLO's config (``Plan.honouring_engine``): a Retry-After is right when the refused requests
+are admitted on their return. ``--png`` draws the curves.
 
     .venv/bin/python -m benchmarks.overload --pairs 3 --duration 20 --png overload.png
 """
@@ -103,6 +104,8 @@ CONFIGS: dict[str, Callable[[float], dict[str, Any]]] = {
     "slo": lambda slo_s: {"admission": {"saturation": {"latency_slo_s": round(slo_s, 3)}}},
 }
 WARDEN_SIDES = {"default": "warden", "slo": "warden_slo"}
+# The engine that serves only the clients that honour Retry-After (``Plan.honouring_engine``).
+HONOURING_ENGINE = "warden_slo_honouring"
 # How often a client that honours Retry-After comes back before giving up.
 MAX_RETURNS = 5
 assert REJECTED in catalog.REQUEST_OUTCOMES
@@ -714,6 +717,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             log(f"capacity {capacity:.2f} requests/s; plain's p99 at 0.5x {half_p99s[0]:.2f} s")
             results.update(capacity_per_s=capacity, configs=args.configs)
             up = {"plain": plain}
+            honouring: Any = None
             slo_s: float | None = args.slo_s
             for name in args.configs:
                 if slo_s is None and name in SLO_CONFIGS:
@@ -731,13 +735,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     )
                 )  # fmt: skip
                 warm_like_plain(up[side], model, capacity, args, root)
+                if name == "slo" and honour_points:
+                    # The honouring clients' own engine, with the same config (``Plan``).
+                    honouring = engines.enter_context(
+                        serving_engine(
+                            VARIANTS["warden"], model, root / HONOURING_ENGINE,
+                            {"WARDEN_CONFIG": str(config)}, split,
+                        )
+                    )  # fmt: skip
+                    warm_like_plain(honouring, model, capacity, args, root)
             if slo_s is None:  # no config is given it: goodput is still counted within it
                 slo_s = slo_from(half_p99s, args.slo_factor)
                 log(f"SLO {slo_s:.2f} s")
             results.update(slo_s=slo_s, half_load_p99_s=half_p99s)
             plan = Plan(
                 model, points, honour_points, capacity, slo_s, args.prompts, root,
-                args.capacity_once,
+                args.capacity_once, honouring,
             )  # fmt: skip
             for pair in range(args.pairs):
                 results["pairs"].append(measure_pair(up, pair, plan))
@@ -759,6 +772,14 @@ class Plan:
     prompts: Callable[[float], int]
     root: Path
     capacity_once: bool = False  # the start's capacity for every point (no re-measuring)
+    # The engine the clients that honour Retry-After are served by: warden with the SLO's
+    # config, serving only them (None: the SLO side's own engine). A refusal's place is held
+    # for the share of recent refused clients that came back (``RetrySchedule``): on the SLO
+    # side's engine, right after its own point, that share was of ``vllm bench serve``'s
+    # clients, which never come back, and the honouring clients' first ten seconds measured
+    # the switch from one to the other (runs 65-66: 38-63% of their first returns there
+    # refused again, 4-29% after).
+    honouring_engine: Any = None
 
 
 def measure_pair(up: dict[str, Any], pair: int, plan: Plan) -> dict[str, list[dict[str, Any]]]:
@@ -776,8 +797,10 @@ def measure_pair(up: dict[str, Any], pair: int, plan: Plan) -> dict[str, list[di
     def honour(point: float) -> None:
         capacity = capacities.get(point) or capacity_at(up["plain"], plan, pair, point)
         rate = capacity.per_s * point
-        client = _honouring(up[honouring].base_url, plan.model, rate, plan.prompts(rate), slo)
-        honoured[point] = {**measure(up[honouring], rate, client, slo), **capacity_record(capacity)}
+        engine = plan.honouring_engine or up[honouring]
+        settle(engine.base_url)  # nothing held from the point before
+        client = _honouring(engine.base_url, plan.model, rate, plan.prompts(rate), slo)
+        honoured[point] = {**measure(engine, rate, client, slo), **capacity_record(capacity)}
 
     slo = plan.slo_s
     capacities: dict[float, Capacity] = {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
 from typing import Any
 
@@ -506,11 +507,14 @@ def test_retry_after_comes_from_the_drain_rate_and_spreads_the_herd() -> None:
         )
 
     retries = [refuse(100.0, state, schedule).retry_after_s for _ in range(6)]
-    # The first may come back once the queue has drained for 1 s; the others one expected
-    # completion (1/4 s) apart.
-    assert retries == [1.0, 1.25, 1.5, 1.75, 2.0, 2.25]
-    # Later refusals book after those already told to come back.
-    assert refuse(100.5, state, schedule).retry_after_s == 2.0
+    # The first may come back once the queue has drained for 1 s. Told in whole seconds (what
+    # most clients read), those refused together come back a second apart, not together.
+    assert retries == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    # A refusal half a second later comes back between them: more than one expected
+    # completion (1/4 s) from each.
+    assert refuse(100.5, state, schedule).retry_after_s == 1.0
+    # One a tenth of a second later would come back too near the first and the one above.
+    assert refuse(100.1, state, schedule).retry_after_s == 7.0
     # Bounded: a queue hours deep is told at most retry_after_max_s (120 s by default: what
     # the OpenAI SDK vLLM installs honours).
     deep = refuse(0.0, busy(waiting=100_000, drain=1.0), RetrySchedule())
@@ -571,21 +575,21 @@ def test_a_herd_arriving_between_two_steps_is_admitted_only_as_far_as_the_slo_al
 def test_retry_schedule_holds_each_place_until_its_client_is_due_back() -> None:
     schedule = RetrySchedule(grace_s=1.0)
     first = schedule.book(10.0, 0.5, 8.0, 0.5, 30.0)
-    second = schedule.book(10.0, 0.5, 8.0, 0.5, 30.0)
-    assert (first, second) == (0.5, 0.625)  # one expected completion apart
-    assert schedule.held(10.1) == 2 and not schedule.due(10.1)
-    assert not schedule.claim(10.1)  # an arrival before any is due takes no place
-    assert schedule.due(10.5) and schedule.claim(10.5)  # the first client is back
-    assert schedule.held(10.5) == 1
+    second = schedule.book(10.3, 0.5, 8.0, 0.5, 30.0)
+    assert (first, second) == (1.0, 1.0)  # whole seconds, due at 11.0 and 11.3
+    assert schedule.held(10.4) == 2 and not schedule.due(10.4)
+    assert not schedule.claim(10.4)  # an arrival before any is due takes no place
+    assert schedule.due(11.0) and schedule.claim(11.0)  # the first client is back
+    assert schedule.held(11.0) == 1
     # The second comes back and is refused again: rebooked, not held twice.
-    schedule.book(10.7, 0.5, 8.0, 0.5, 30.0)
-    assert schedule.held(10.7) == 1
+    schedule.book(11.3, 0.5, 8.0, 0.5, 30.0)
+    assert schedule.held(11.3) == 1
     # A client that never comes back holds its place only until the grace after its due time.
-    assert schedule.held(12.0) == 1 and schedule.held(12.5) == 0
+    assert schedule.held(13.2) == 1 and schedule.held(13.4) == 0
     # A flood holds a bounded number of places; the rest are still told when to come back.
     bounded = RetrySchedule(max_held=3)
     retries = [bounded.book(0.0, 1.0, 8.0, 0.5, 30.0) for _ in range(5)]
-    assert bounded.held(0.0) == 3 and retries == [1.0, 1.125, 1.25, 1.375, 1.5]
+    assert bounded.held(0.0) == 3 and retries == [1.0, 2.0, 3.0, 4.0, 4.0]
 
 
 def test_a_booked_request_is_known_by_its_key_and_places_of_clients_who_never_return_lapse() -> (
@@ -594,7 +598,7 @@ def test_a_booked_request_is_known_by_its_key_and_places_of_clients_who_never_re
     schedule = RetrySchedule(grace_s=1.0, window=4)
     # Before any booking has ended, every client is expected back.
     assert schedule.book(0.0, 1.0, 4.0, 0.5, 30.0, request_key=11) == 1.0
-    assert schedule.book(0.0, 1.0, 4.0, 0.5, 30.0, request_key=12) == 1.25
+    assert schedule.book(0.0, 1.0, 4.0, 0.5, 30.0, request_key=12) == 2.0
     assert schedule.return_share(0.0) == 1.0 and schedule.expected_returns(0.0) == 2
     # A return is told by its key, early or late, whatever arrived in between; a new request
     # (another key) is not a return even when a booking is due.
@@ -608,11 +612,21 @@ def test_a_booked_request_is_known_by_its_key_and_places_of_clients_who_never_re
     schedule.book(3.0, 1.0, 4.0, 0.5, 30.0, request_key=21)
     schedule.book(3.0, 1.0, 4.0, 0.5, 30.0, request_key=22)
     assert schedule.held(10.0) == 0 and schedule.return_share(10.0) == 0.25
-    # Now a booking pushes the next back by a quarter of a completion, and a quarter of the
-    # places held are what a new arrival queues behind.
-    retries = [schedule.book(10.0, 1.0, 4.0, 0.5, 30.0, request_key=k) for k in range(30, 38)]
-    assert retries == [1.0 + i * 0.0625 for i in range(8)]
-    assert schedule.held(10.0) == 8 and schedule.expected_returns(10.0) == 2
+    # Now each booking keeps only a quarter of a completion (1/16 s) around its return:
+    # refused 0.07 s apart, each comes back a second later. A quarter of the places held are
+    # what a new arrival queues behind.
+    retries = [
+        schedule.book(10.0 + 0.07 * i, 1.0, 4.0, 0.5, 30.0, request_key=30 + i) for i in range(8)
+    ]
+    assert retries == [1.0] * 8
+    assert schedule.held(10.5) == 8 and schedule.expected_returns(10.5) == 2
+    # Where every client comes back, each keeps a whole completion (1/4 s): the same
+    # refusals come back in whole seconds, none within 1/4 s of another.
+    at_one = RetrySchedule()
+    spread = [at_one.book(10.0 + 0.07 * i, 1.0, 4.0, 0.5, 30.0) for i in range(8)]
+    assert spread == [1.0, 2.0, 3.0, 4.0, 1.0, 2.0, 3.0, 4.0]
+    returns = sorted(10.0 + 0.07 * i + wait for i, wait in enumerate(spread))
+    assert min(later - sooner for sooner, later in itertools.pairwise(returns)) >= 0.25
     # A client back and refused again is rebooked, not held twice, and counted as a return
     # (the window of four now holds three lapses and this return).
     schedule.book(10.5, 1.0, 4.0, 0.5, 30.0, request_key=30)
@@ -823,10 +837,11 @@ def test_a_client_that_honours_retry_after_is_not_overtaken_by_a_later_arrival(
     registry: CollectorRegistry, clock: Clock
 ) -> None:
     # One batch of 8 lasts 1 s, the SLO is 2.5 s, and 16 are in flight: a new request would
-    # wait two batches (3 s). A is refused and told to come back when one batch is done.
+    # wait two batches (3 s). A is refused and told to come back once one batch is done, in
+    # the whole second a client reads.
     controller = saturated_controller(registry, clock)
     told = controller.decide(RequestFacts())
-    assert not told.admit and told.retry_after_s == 0.5
+    assert not told.admit and told.retry_after_s == 1.0
     # One request finishes: 15 in flight. B arrives first; without A's place it would be
     # admitted (7 queued: one batch of wait) and A, back on time, refused again.
     clock.now += 0.2
@@ -834,7 +849,7 @@ def test_a_client_that_honours_retry_after_is_not_overtaken_by_a_later_arrival(
     controller.saturation = dataclasses.replace(controller.saturation, waiting=7)
     later = controller.decide(RequestFacts())
     assert (later.admit, later.signal) == (False, "latency_s")
-    clock.now += 0.31  # A is back, just after its due time
+    clock.now += 0.81  # A is back, just after its due time
     back = controller.decide(RequestFacts())
     assert back.admit
     with controller.serving():  # admitted: it takes the place held for it
@@ -944,12 +959,13 @@ def test_an_idle_engine_admits_whatever_its_last_requests_took() -> None:
 
 
 def test_a_client_that_waits_the_whole_second_retry_after_keeps_its_place() -> None:
-    """Retry-After 1.2 s reads "2" to a client that takes whole seconds; its request then takes
-    a moment to reach admission on a loaded server. Back 1.5 s after its place was due, it is
-    still that client's return (with a grace of 1 s it was a new arrival, and lost its place)."""
+    """The queue is back under the limit in 1.2 s: the client is told 2 s, the whole second it
+    reads, and its place is held for then. Its request then takes a moment to reach admission
+    on a loaded server. Back 1.5 s after its place was due, it is still that client's return
+    (with a grace of 1 s it was a new arrival, and lost its place)."""
     schedule = RetrySchedule()
     retry = schedule.book(0.0, 1.2, None, 0.5, 30.0, request_key=7)
-    assert retry == pytest.approx(1.2)
+    assert retry == 2.0
     assert schedule.is_return(retry + 1.5, 7)
     assert schedule.claim(retry + 1.5, 7) and schedule.lapsed == 0
 

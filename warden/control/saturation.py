@@ -21,8 +21,9 @@ Pure decisions on the measurements of exporter/saturation.py (clock values passe
 - ``SaturationJudge``: saturated or normal for a typical request, held ``hold_s`` after it
   clears (one change per hold at most: no flapping at steady saturation).
 - ``RetrySchedule``: Retry-After from the drain rate: no earlier than the queue is expected to
-  be back under the limit, and one slot per expected completion for the requests refused
-  together, so their retries arrive spread out instead of as one herd. Each refused request's
+  be back under the limit, in whole seconds (what most clients read), each at a moment no
+  other return is booked within one expected completion of, so the retries arrive spread
+  out instead of as one herd. Each refused request's
   place is held until it is due back (plus ``CLAIM_GRACE_S``): while the batch is full, a new
   arrival queues behind the places held; the same request coming back (its body's hash) is
   its client's return and is judged without the places behind it. It still needs the SLO
@@ -549,10 +550,10 @@ class SaturationJudge:
         return SaturationChange(NORMAL, now, None)
 
 
-# How long after its due time a booked return keeps its place: a client reading only the
-# whole-second Retry-After comes back up to a second later than retry-after-ms says, and the
-# refusal's way back and the return's way in take time on a loaded server (with 1 s, a client
-# that honoured retry-after-ms to the millisecond lost its place in the engine tests).
+# How long after its due time a booked return keeps its place: the refusal's way back and the
+# return's way in take time on a loaded server (with 1 s, a client that honoured
+# retry-after-ms to the millisecond lost its place in the engine tests). Retry-After and
+# retry-after-ms say the same whole seconds (``RetrySchedule._free_wait``).
 CLAIM_GRACE_S = 2.0
 # Places held at most: a flood of refusals (each booked, retry_after_max_s ahead at most)
 # keeps the list, and the work of each booking, bounded; past it a refusal is told when, and
@@ -560,6 +561,10 @@ CLAIM_GRACE_S = 2.0
 MAX_PLACES_HELD = 10_000
 # How many recent bookings the return share is measured over.
 RETURN_WINDOW = 32
+
+
+def _due_time(booking: tuple[float, int | None]) -> float:
+    return booking[0]
 
 
 class RetrySchedule:
@@ -571,8 +576,9 @@ class RetrySchedule:
     the same request coming back is its client's return, whatever arrived in between.
     Each booking ends as a return (its request came back) or lapses (it did not, by its due
     time plus the grace), and the share of recent bookings that ended in a return
-    (``return_share``) is how many of the places held new arrivals queue behind, and how far
-    each booking pushes the next one back. Clients that honour Retry-After keep their places;
+    (``return_share``) is how many of the places held new arrivals queue behind, and how
+    much time around its return each booking keeps to itself. Clients that honour
+    Retry-After keep their places;
     clients that never come back (``vllm bench serve``, scripts that give up) stop holding
     the engine idle and stop pushing every Retry-After to its bound. A request without a key
     is taken for the client of the earliest booking due, as nothing tells them apart.
@@ -586,7 +592,6 @@ class RetrySchedule:
     ) -> None:
         self.grace_s = grace_s
         self.max_held = max_held
-        self._next = 0.0
         self._due: list[tuple[float, int | None]] = []  # (return time, request_key), sorted
         self._booked: dict[int, float] = {}  # request_key -> its return time
         self._outcomes: deque[bool] = deque(maxlen=window)  # True: its client came back
@@ -607,18 +612,44 @@ class RetrySchedule:
             self._expire(now)
             # A client back and refused again gives up its old place and is booked anew.
             self._take(now, request_key)
-            slot = max(now + max(earliest_s, 0.0), self._next)
-            retry = min(high_s, max(low_s, slot - now))
-            # Only the clients that come back take a slot: a booking pushes the next one back
-            # by its share of an expected completion.
+            # Only the clients that come back take a slot: each booking keeps its share of an
+            # expected completion to itself.
             spacing = self._share() / drain_rate if drain_rate else 0.0
-            self._next = max(self._next, now + retry + spacing)
+            retry = self._free_wait(now, max(earliest_s, low_s, 0.0), high_s, spacing)
             if len(self._due) < self.max_held:
                 due = now + retry
-                bisect.insort(self._due, (due, request_key), key=lambda booking: booking[0])
+                bisect.insort(self._due, (due, request_key), key=_due_time)
                 if request_key is not None:
                     self._booked[request_key] = due
             return retry
+
+    def _free_wait(self, now: float, lowest_s: float, high_s: float, spacing: float) -> float:
+        """The first whole second from ``lowest_s`` (at least 1) whose return lands no nearer
+        than ``spacing`` to a return already booked; ``high_s`` where none does within it
+        (lock held).
+
+        Whole seconds, because most clients read only ``Retry-After``, which says whole
+        seconds (``Decision.retry_after_headers``, rounded up), and come back when it says.
+        Booked a fraction of a second apart (one expected completion each) and told the
+        rounded-up second, the clients refused within the same second came back within the
+        same second, as fast as they had been refused: at 4x, 3x faster than the engine
+        drains, into a full batch, and refused again (issue #28, runs 65-66: 0.77-0.93 of
+        them admitted on their first return, clumps of 40-46 refused again in one 10 s
+        bin). Booked at whole seconds from the moment each was refused, the returns fall at
+        the moments the refusals did, each into a gap of its own."""
+        first = max(1, math.ceil(lowest_s - 1e-9))
+        last = math.floor(high_s)
+        if last < first:
+            return min(high_s, lowest_s) if lowest_s > 0 else high_s
+        if spacing <= 0:
+            return float(first)
+        due = self._due
+        for wait in range(first, last + 1):
+            at = now + wait
+            near = bisect.bisect_right(due, at - spacing, key=_due_time)
+            if near == len(due) or due[near][0] >= at + spacing:
+                return float(wait)
+        return float(last)
 
     def held(self, now: float) -> int:
         """Places held in line: bookings whose client has not come back yet."""
@@ -667,7 +698,7 @@ class RetrySchedule:
             due = self._booked.pop(request_key, None)
             if due is None:
                 return False
-            at = bisect.bisect_left(self._due, due, key=lambda booking: booking[0])
+            at = bisect.bisect_left(self._due, due, key=_due_time)
             while self._due[at][1] != request_key:
                 at += 1
             del self._due[at]
@@ -689,7 +720,7 @@ class RetrySchedule:
 
     def _expire(self, now: float) -> None:
         """Drops bookings whose client never came back (gave up, or honoured a shorter wait)."""
-        lapsed = bisect.bisect_left(self._due, now - self.grace_s, key=lambda booking: booking[0])
+        lapsed = bisect.bisect_left(self._due, now - self.grace_s, key=_due_time)
         for _due, request_key in self._due[:lapsed]:
             if request_key is not None:
                 self._booked.pop(request_key, None)
