@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
 import json
+import math
+import random
 from typing import Any
 
 import pytest
@@ -620,13 +621,13 @@ def test_a_booked_request_is_known_by_its_key_and_places_of_clients_who_never_re
     ]
     assert retries == [1.0] * 8
     assert schedule.held(10.5) == 8 and schedule.expected_returns(10.5) == 2
-    # Where every client comes back, each keeps a whole completion (1/4 s): the same
-    # refusals come back in whole seconds, none within 1/4 s of another.
+    # Where every client comes back, each takes a whole completion (a slot of 1/4 s): the
+    # same refusals come back in whole seconds, one to a slot.
     at_one = RetrySchedule()
     spread = [at_one.book(10.0 + 0.07 * i, 1.0, 4.0, 0.5, 30.0) for i in range(8)]
     assert spread == [1.0, 2.0, 3.0, 4.0, 1.0, 2.0, 3.0, 4.0]
-    returns = sorted(10.0 + 0.07 * i + wait for i, wait in enumerate(spread))
-    assert min(later - sooner for sooner, later in itertools.pairwise(returns)) >= 0.25
+    slots = [math.floor((10.0 + 0.07 * i + wait) / 0.25) for i, wait in enumerate(spread)]
+    assert len(set(slots)) == len(slots)
     # A client back and refused again is rebooked, not held twice, and counted as a return
     # (the window of four now holds three lapses and this return).
     schedule.book(10.5, 1.0, 4.0, 0.5, 30.0, request_key=30)
@@ -968,6 +969,27 @@ def test_a_client_that_waits_the_whole_second_retry_after_keeps_its_place() -> N
     assert retry == 2.0
     assert schedule.is_return(retry + 1.5, 7)
     assert schedule.claim(retry + 1.5, 7) and schedule.lapsed == 0
+
+
+def test_returns_booked_for_an_overload_come_back_as_fast_as_the_engine_drains() -> None:
+    """20 s of refusals at 30 a second (Poisson, seeded), on an engine that drains 10: each
+    return is booked in a slot of 1/10 s of its own, so they come back at the drain rate
+    while the schedule is full, never faster in any slot, and all within the time the engine
+    needs for them. Kept a whole completion from each other instead, returns booked at the
+    refusals' random moments filled it to 0.62-0.75 of the drain rate (run 67)."""
+    rng = random.Random(28)
+    schedule = RetrySchedule(max_held=100_000)
+    now, returns = 0.0, []
+    while now < 20.0:
+        now += rng.expovariate(30.0)
+        returns.append(now + schedule.book(now, 1.0, 10.0, 0.5, 600.0))
+    returns.sort()
+    slots = [math.floor(at / 0.1) for at in returns]
+    assert len(set(slots)) == len(slots)  # one return to a slot: at most the drain rate
+    bulk = [at for at in returns if 10.0 <= at < 40.0]
+    assert len(bulk) / 30.0 >= 9.5  # the schedule full: as fast as the engine drains
+    # Every refused client is back by about the time the engine needs for them all.
+    assert returns[-1] <= 1.0 + 1.4 * len(returns) / 10.0
 
 
 def test_the_schedule_counts_returns_and_lapses() -> None:
