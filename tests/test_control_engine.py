@@ -437,6 +437,10 @@ def check_a_refused_clients_return_is_known_by_its_body(eng: EngineProcess, serv
                     refused[client] = (body, response)
                     break
         assert set(refused) == {"comes back", "never returns"}, "the flood did not saturate"
+        for _body, response in refused.values():
+            # Booked for a whole second: both headers say when its place is due.
+            seconds = int(response.headers["retry-after"])
+            assert int(response.headers["retry-after-ms"]) == 1000 * seconds, response.headers
         before = in_flight()
         # Sent again at once, long before its place is due: only its bytes say it is a return.
         body, _response = refused["comes back"]

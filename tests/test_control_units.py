@@ -524,6 +524,10 @@ def test_retry_after_comes_from_the_drain_rate_and_spreads_the_herd() -> None:
         (b"retry-after", b"120"),
         (b"retry-after-ms", b"120000"),
     ]
+    # No whole second within a bound: the bound, or a sub-second bound's earliest time.
+    assert RetrySchedule().book(0.0, 3.0, 4.0, 0.5, 2.0) == 2.0
+    assert RetrySchedule().book(0.0, 0.0, 4.0, 0.0, 0.5) == 0.5
+    assert RetrySchedule().book(0.0, 0.2, 4.0, 0.0, 0.5) == 0.2
     constant = saturation_config(max_queue_wait_s=3.0, retry_after="constant")
     fixed = decide(
         RequestFacts(), EffectivePolicy(), constant, HalfOpenGate(), None, Saturation(state)

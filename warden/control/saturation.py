@@ -41,6 +41,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
+import operator
 import threading
 import time
 from collections import deque
@@ -561,10 +562,8 @@ CLAIM_GRACE_S = 2.0
 MAX_PLACES_HELD = 10_000
 # How many recent bookings the return share is measured over.
 RETURN_WINDOW = 32
-
-
-def _due_time(booking: tuple[float, int | None]) -> float:
-    return booking[0]
+# A booking's return time: what the schedule (``RetrySchedule._due``) is sorted by.
+_DUE_TIME = operator.itemgetter(0)
 
 
 class RetrySchedule:
@@ -618,7 +617,7 @@ class RetrySchedule:
             retry = self._free_wait(now, max(earliest_s, low_s, 0.0), high_s, spacing)
             if len(self._due) < self.max_held:
                 due = now + retry
-                bisect.insort(self._due, (due, request_key), key=_due_time)
+                bisect.insort(self._due, (due, request_key), key=_DUE_TIME)
                 if request_key is not None:
                     self._booked[request_key] = due
             return retry
@@ -648,13 +647,15 @@ class RetrySchedule:
         first = max(1, math.ceil(lowest_s - 1e-9))
         last = math.floor(high_s)
         if last < first:
-            return min(high_s, lowest_s) if lowest_s > 0 else high_s
+            # No whole second within the bound: the bound (a sub-second one: the earliest
+            # time, where there is one under it).
+            return lowest_s if 0 < lowest_s < high_s else high_s
         if spacing <= 0:
             return float(first)
         due = self._due
         for wait in range(first, last + 1):
             start = math.floor((now + wait) / spacing) * spacing  # the slot it lands in
-            taken = bisect.bisect_left(due, start, key=_due_time)
+            taken = bisect.bisect_left(due, start, key=_DUE_TIME)
             if taken == len(due) or due[taken][0] >= start + spacing:
                 return float(wait)
         return float(last)
@@ -706,7 +707,7 @@ class RetrySchedule:
             due = self._booked.pop(request_key, None)
             if due is None:
                 return False
-            at = bisect.bisect_left(self._due, due, key=_due_time)
+            at = bisect.bisect_left(self._due, due, key=_DUE_TIME)
             while self._due[at][1] != request_key:
                 at += 1
             del self._due[at]
@@ -728,7 +729,7 @@ class RetrySchedule:
 
     def _expire(self, now: float) -> None:
         """Drops bookings whose client never came back (gave up, or honoured a shorter wait)."""
-        lapsed = bisect.bisect_left(self._due, now - self.grace_s, key=_due_time)
+        lapsed = bisect.bisect_left(self._due, now - self.grace_s, key=_DUE_TIME)
         for _due, request_key in self._due[:lapsed]:
             if request_key is not None:
                 self._booked.pop(request_key, None)
