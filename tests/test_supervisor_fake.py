@@ -34,8 +34,22 @@ def _engine_child(title: str) -> None:
     import setproctitle
 
     setproctitle.setproctitle(title)
+    control = Path(os.environ["FAKE_CONTROL_DIR"])
+    helper_asked = control / f"fork_helper_{title.split('::')[1]}"
     while True:
-        time.sleep(1)
+        if helper_asked.exists():
+            # A helper forked without exec, as a library in vLLM's processes may start one: it
+            # carries its parent's title for its short life (a forked child before its exec
+            # does too).
+            helper_asked.unlink()
+            helper = os.fork()
+            if helper == 0:
+                time.sleep(float(os.environ.get("FAKE_HELPER_S", "1.5")))
+                os._exit(0)
+            (control / "helper_pid").write_text(str(helper))
+            os.waitpid(helper, 0)
+            (control / "helper_done").touch()
+        time.sleep(0.05)
 
 
 def _serve(port: int, args: list[str]) -> None:
@@ -351,6 +365,36 @@ def test_engine_core_failing_after_its_worker_is_named_with_it(
     assert event.reason == "crash"
     assert f"Worker (pid {worker})" in event.detail, event.detail
     assert f"EngineCore (pid {core})" in event.detail, event.detail
+
+
+@pytest.mark.parametrize("role", ["EngineCore", "Worker"])
+def test_a_helper_an_engine_process_forks_is_not_an_engine_process(
+    supervised: Callable[..., Harness], role: str
+) -> None:
+    """A forked helper of the engine core (or of a worker) has its parent's title while it runs
+    and is gone when it is done: the engine is healthy, and neither the supervisor nor anyone
+    asking for the engine core takes the helper for one."""
+    h = supervised()
+    (h.control / "with_worker").touch()
+    h.wait_running(1)
+    engine = h.supervisor.engine
+    assert engine is not None and engine.pid is not None
+    h.wait("the worker known", lambda: "Worker" in engine.children.values())
+    core = h.engine_core_pid()
+    (h.control / f"fork_helper_{role}").touch()
+    h.wait("the helper forked", lambda: (h.control / "helper_pid").exists())
+    helper = int((h.control / "helper_pid").read_text())
+    seen_as: set[str | None] = set()
+    while not (h.control / "helper_done").exists():
+        seen_as.add(engine_children(engine.pid).get(helper))
+        time.sleep(0.02)
+    time.sleep(0.5)  # several of the supervisor's looks after the helper exited
+    assert seen_as == {None}, seen_as
+    assert helper not in engine.children, engine.children
+    assert [p for p, r in engine_children(engine.pid).items() if r == "EngineCore"] == [core]
+    state = h.state()
+    assert state.generation == 1 and not state.restarts, state.restarts
+    assert h.supervisor.engine_ready()
 
 
 def test_exit_codes_restart_with_growing_backoff(supervised: Callable[..., Harness]) -> None:

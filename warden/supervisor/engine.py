@@ -38,17 +38,28 @@ def process_role(proc: psutil.Process) -> str | None:
 
 
 def engine_children(pid: int) -> dict[int, str]:
-    """The engine core and worker processes under a vLLM server: pid -> role."""
+    """The engine core and worker processes under a vLLM server: pid -> role.
+
+    A process an engine process forks carries its title until it execs, and a forked helper
+    for its whole life: a child with its parent's role is the parent's helper, not a second
+    engine process (CI once saw such a helper of the engine core exit, and the supervisor
+    restarted a healthy engine for a vanished "EngineCore")."""
     try:
         children = psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return {}
-    found = {}
+    roles: dict[int, str] = {}
+    parents: dict[int, int] = {}
     for child in children:
         role = process_role(child)
-        if role is not None:
-            found[child.pid] = role
-    return found
+        if role is None:
+            continue
+        try:
+            parents[child.pid] = child.ppid()
+        except psutil.NoSuchProcess:
+            continue
+        roles[child.pid] = role
+    return {child: role for child, role in roles.items() if roles.get(parents[child]) != role}
 
 
 def is_gone(pid: int) -> bool:
