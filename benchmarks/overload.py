@@ -199,6 +199,7 @@ def measure(
             else delta(catalog.VLLM_GENERATION_TOKENS.name) / duration
         ),
         "engine_tokens_per_s_run": delta(catalog.VLLM_GENERATION_TOKENS.name) / duration,
+        "decoding_batch": decoding_batch(result, window) if window else None,
         "window_s": window.length if window else None,
         "goodput_per_s": (
             goodput_in(result, window, slo_s) if window and slo_s is not None else goodput
@@ -458,6 +459,28 @@ def goodput_in(result: dict[str, Any], window: Window, slo_s: float) -> float:
         if latency <= slo_s and start + latency <= window.end
     )
     return good / window.length
+
+
+def decoding_batch(result: dict[str, Any], window: Window) -> float | None:
+    """The mean number of requests decoding while the load was offered: each answered
+    request's first token to its last, within the window, over the window. Tokens/s is
+    steps/s times this, so a ratio of tokens/s away from 1 says here whether the batch ran
+    emptier (admission left slots free) or its steps slower (the machine, or the work)."""
+    if window.length <= 0:
+        return None
+    decoding = 0.0
+    for start, latency, ttft, error in zip(
+        result.get("start_times") or [],
+        result.get("latencies") or [],
+        result.get("ttfts") or [],
+        result.get("errors") or [""] * len(result.get("latencies") or []),
+        strict=False,
+    ):
+        if error or not latency or ttft is None:
+            continue
+        begin, end = max(start + ttft, window.start), min(start + latency, window.end)
+        decoding += max(end - begin, 0.0)
+    return decoding / window.length
 
 
 def within_slo_share(result: dict[str, Any], slo_s: float) -> float | None:
@@ -976,6 +999,8 @@ RATIOS = (
     ("worker_cpu_ms_per_token", "worker CPU/token"),
     (TOKENS_AT_EQUAL_SPEED, "engine tok/s at equal worker speed"),
     (API_CPU_AT_EQUAL_SPEED, "API CPU/req at equal worker speed"),
+    # Tokens/s is steps/s times the batch: this says which of the two moved (``decoding_batch``).
+    ("decoding_batch", "decoding batch"),
 )
 
 

@@ -22,6 +22,7 @@ from benchmarks.overload import (
     Window,
     completed_per_s,
     cpu_split,
+    decoding_batch,
     goodput_in,
     late_time,
     late_time_text,
@@ -60,6 +61,17 @@ def test_goodput_counts_answers_in_time_and_within_the_window() -> None:
     # 104.5, the third is late, the second was refused.
     assert goodput_in(RESULT, window, slo_s=2.0) == pytest.approx(1 / 4)
     assert goodput_in(RESULT, Window(100.0, 105.0), slo_s=2.0) == pytest.approx(3 / 5)
+
+
+def test_the_decoding_batch_counts_each_answer_from_its_first_token_to_its_last_in_the_window() -> (
+    None
+):
+    result = {**RESULT, "ttfts": [0.5, None, 1.0, 0.5, 0.25]}
+    # Decoding: 100.5-101.0, 103.0-105.0 (to 104.0 in the window), 103.5-104.5 (to 104.0),
+    # 104.25-104.5 (after the window); the refused one never decoded.
+    assert decoding_batch(result, Window(100.0, 104.0)) == pytest.approx((0.5 + 1.0 + 0.5) / 4)
+    assert decoding_batch(result, Window(103.0, 103.0)) is None
+    assert decoding_batch({"start_times": [1.0], "latencies": [1.0]}, Window(0, 4)) == 0.0
 
 
 def test_the_share_within_the_slo_is_over_the_answered_requests_of_the_whole_run() -> None:

@@ -554,6 +554,8 @@ class Controller:
                 # Bookings ended since start: the request came back, or never did.
                 "returned": self.retry_schedule.returned,
                 "lapsed": self.retry_schedule.lapsed,
+                # The drain rate the last refusal's return was spaced by (requests/s).
+                "booking_drain_rate_per_s": self.retry_schedule.last_drain_rate,
             },
             "changes": list(self.saturation_changes),
         }

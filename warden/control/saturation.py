@@ -596,6 +596,9 @@ class RetrySchedule:
         self._outcomes: deque[bool] = deque(maxlen=window)  # True: its client came back
         self.returned = 0  # bookings ended by their request coming back, since start
         self.lapsed = 0  # bookings whose request never came back, since start
+        # The drain rate (requests/s) the last booking was spaced by: /warden/state shows it
+        # beside the engine's own completions, which it should match at a full batch.
+        self.last_drain_rate: float | None = None
         self._lock = threading.Lock()
 
     def book(
@@ -614,6 +617,7 @@ class RetrySchedule:
             # Only the clients that come back take a slot: each booking takes its share of an
             # expected completion.
             spacing = self._share() / drain_rate if drain_rate else 0.0
+            self.last_drain_rate = drain_rate
             retry = self._free_wait(now, max(earliest_s, low_s, 0.0), high_s, spacing)
             if len(self._due) < self.max_held:
                 due = now + retry
