@@ -9,7 +9,6 @@ import dataclasses
 import json
 import math
 import random
-from collections import Counter
 from typing import Any
 
 import pytest
@@ -53,7 +52,6 @@ from warden.control.policy import EffectivePolicy, combine
 from warden.control.reflex import Reflex
 from warden.control.retry import backoff_s, classify_failure
 from warden.control.saturation import (
-    DEEP_MIN_SAMPLES,
     DeepAdmission,
     DeepSlotCalibration,
     RetrySchedule,
@@ -577,45 +575,6 @@ def test_a_herd_arriving_between_two_steps_is_admitted_only_as_far_as_the_slo_al
     )
     assert controller.live_saturation().running == 7
     assert controller.decide(RequestFacts()).admit
-
-
-def test_returns_booked_behind_the_places_held_come_back_as_fast_as_the_engine_drains(
-    registry: CollectorRegistry, clock: Clock
-) -> None:
-    """An overload at twice what the engine drains: 16 in flight (a full batch of 8 and 8
-    queued, a batch a second), then 160 refused over 10 s. Each refusal's earliest return is
-    judged on the engine's own queue and booked behind the places held, one to each expected
-    completion: the last comes back 20 s of completions after the first, not later. Judged
-    behind the places held as well, each return went as far again beyond them as the queue
-    they made (the last 30 s out: run 69's engine idle for 100 s while its returns trickled
-    in). The deep slots' calibration at 1.8 is what made that queue long."""
-    config = ControlConfig(admission=saturation_config(latency_slo_s=2.5))
-    controller = Controller(config, WardenMetrics(registry), clock=clock)
-    controller.engine_client = SimulatedEngineClient(8)
-    controller.saturation = SaturationState(
-        running=8, waiting=0, drain_rate=8.0, service_s=1.0, tokens_per_request=96
-    )
-    start = clock.now
-    with contextlib.ExitStack() as in_flight:
-        for _ in range(16):
-            assert controller.decide(RequestFacts(prompt_tokens=40)).admit
-            in_flight.enter_context(controller.serving())
-        # The deep slots have run 1.8x their forecast: a new arrival's latency is judged so.
-        for _ in range(DEEP_MIN_SAMPLES):
-            controller.deep_slots.observe(DeepAdmission(1.0), 1.8)
-        assert controller.deep_slots.factor() == pytest.approx(1.8)
-        due = []
-        for _ in range(160):
-            refused = controller.decide(RequestFacts(prompt_tokens=40))
-            assert not refused.admit and refused.retry_after_s is not None
-            due.append(clock.now + refused.retry_after_s)
-            clock.now += 1 / 16
-    per_second = Counter(math.floor(at - start) for at in due)
-    assert max(per_second.values()) <= 8, per_second
-    # The first can come back in 3 s (the engine's own queue: 8 ahead, 2 s of wait and
-    # service, 1.8x, over the SLO of 2.5 s by 2.9 s); the rest at 8 a second behind it.
-    assert min(due) - start == 3.0
-    assert max(due) - start <= 3 + 160 / 8, max(due) - start
 
 
 def test_retry_schedule_holds_each_place_until_its_client_is_due_back() -> None:
