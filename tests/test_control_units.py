@@ -562,6 +562,9 @@ def test_a_herd_arriving_between_two_steps_is_admitted_only_as_far_as_the_slo_al
         assert (live.running, live.waiting, live.capacity) == (8, 16, 8)
         refused = controller.decide(RequestFacts())
         assert (refused.signal, refused.value) == ("latency_s", 4.0)
+        # The state shows the drain rate the refusal's return was spaced by: the engine's.
+        shown = controller.saturation_json()["in_flight"]["booking_drain_rate_per_s"]
+        assert shown == pytest.approx(8.0)
         assert (controller.live_saturation(held=False).waiting) == 8
     assert controller.admitted_in_flight == 0
     clock.now += 60  # every booking has expired: no place is held any more
