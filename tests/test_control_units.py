@@ -9,6 +9,7 @@ import dataclasses
 import json
 import math
 import random
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -52,6 +53,8 @@ from warden.control.policy import EffectivePolicy, combine
 from warden.control.reflex import Reflex
 from warden.control.retry import backoff_s, classify_failure
 from warden.control.saturation import (
+    DEEP_MIN_SAMPLES,
+    RETURN_UTILISATION,
     DeepAdmission,
     DeepSlotCalibration,
     RetrySchedule,
@@ -493,7 +496,9 @@ def test_saturation_refuses_on_predicted_latency_wait_or_depth_naming_the_signal
 
 
 def test_retry_after_comes_from_the_drain_rate_and_spreads_the_herd() -> None:
-    schedule = RetrySchedule()
+    # Slots of one expected completion each (the returns booked at the whole drain): the
+    # share below it is test_returns_are_booked_below_the_drain_so_the_queue_shrinks.
+    schedule = RetrySchedule(utilisation=1.0)
     settings = saturation_config(max_queue_wait_s=3.0)
     state = busy(waiting=12, drain=4.0)  # two batches of 2 s: a 4 s wait, 1 s over the limit
 
@@ -580,6 +585,48 @@ def test_a_herd_arriving_between_two_steps_is_admitted_only_as_far_as_the_slo_al
     assert controller.decide(RequestFacts()).admit
 
 
+def test_returns_booked_behind_the_places_held_come_back_at_the_drain_booked_for_them(
+    registry: CollectorRegistry, clock: Clock
+) -> None:
+    """An overload at twice what the engine drains: 16 in flight (a full batch of 8 and 8
+    queued, a batch a second), then 160 refused over 10 s. Each refusal's earliest return is
+    judged on the engine's own queue and booked behind the places held, one to each expected
+    completion of the share of the drain booked for returns (``RETURN_UTILISATION``): the
+    last comes back 160 / 6.4 s after the first, neither sooner nor later. Judged
+    behind the places held as well, each return went as far again beyond them as the queue
+    they made (the last 30 s out: run 69's engine idle for 100 s while its returns trickled
+    in). The deep slots' calibration at 1.8 is what made that queue long."""
+    config = ControlConfig(admission=saturation_config(latency_slo_s=2.5))
+    controller = Controller(config, WardenMetrics(registry), clock=clock)
+    controller.engine_client = SimulatedEngineClient(8)
+    controller.saturation = SaturationState(
+        running=8, waiting=0, drain_rate=8.0, service_s=1.0, tokens_per_request=96
+    )
+    start = clock.now
+    with contextlib.ExitStack() as in_flight:
+        for _ in range(16):
+            assert controller.decide(RequestFacts(prompt_tokens=40)).admit
+            in_flight.enter_context(controller.serving())
+        # The deep slots have run 1.8x their forecast: a new arrival's latency is judged so.
+        for _ in range(DEEP_MIN_SAMPLES):
+            controller.deep_slots.observe(DeepAdmission(1.0), 1.8)
+        assert controller.deep_slots.factor() == pytest.approx(1.8)
+        due = []
+        for _ in range(160):
+            refused = controller.decide(RequestFacts(prompt_tokens=40))
+            assert not refused.admit and refused.retry_after_s is not None
+            due.append(clock.now + refused.retry_after_s)
+            clock.now += 1 / 16
+    per_second = Counter(math.floor(at - start) for at in due)
+    # 6.4 a second: slots of 1 / 6.4 s, of which a second overlaps 7 at most.
+    booked = 8 * RETURN_UTILISATION
+    assert max(per_second.values()) <= math.ceil(booked), per_second
+    # The first can come back in 3 s (the engine's own queue: 8 ahead, 2 s of wait and
+    # service, 1.8x, over the SLO of 2.5 s by 2.9 s); the rest at 6.4 a second behind it.
+    assert min(due) - start == 3.0
+    assert 3 + 160 / 8 < max(due) - start <= 3 + 160 / booked + 1, max(due) - start
+
+
 def test_retry_schedule_holds_each_place_until_its_client_is_due_back() -> None:
     schedule = RetrySchedule(grace_s=1.0)
     first = schedule.book(10.0, 0.5, 8.0, 0.5, 30.0)
@@ -603,7 +650,7 @@ def test_retry_schedule_holds_each_place_until_its_client_is_due_back() -> None:
 def test_a_booked_request_is_known_by_its_key_and_places_of_clients_who_never_return_lapse() -> (
     None
 ):
-    schedule = RetrySchedule(grace_s=1.0, window=4)
+    schedule = RetrySchedule(grace_s=1.0, window=4, utilisation=1.0)
     # Before any booking has ended, every client is expected back.
     assert schedule.book(0.0, 1.0, 4.0, 0.5, 30.0, request_key=11) == 1.0
     assert schedule.book(0.0, 1.0, 4.0, 0.5, 30.0, request_key=12) == 2.0
@@ -630,7 +677,7 @@ def test_a_booked_request_is_known_by_its_key_and_places_of_clients_who_never_re
     assert schedule.held(10.5) == 8 and schedule.expected_returns(10.5) == 2
     # Where every client comes back, each takes a whole completion (a slot of 1/4 s): the
     # same refusals come back in whole seconds, one to a slot.
-    at_one = RetrySchedule()
+    at_one = RetrySchedule(utilisation=1.0)
     spread = [at_one.book(10.0 + 0.07 * i, 1.0, 4.0, 0.5, 30.0) for i in range(8)]
     assert spread == [1.0, 2.0, 3.0, 4.0, 1.0, 2.0, 3.0, 4.0]
     slots = [math.floor((10.0 + 0.07 * i + wait) / 0.25) for i, wait in enumerate(spread)]
@@ -978,25 +1025,27 @@ def test_a_client_that_waits_the_whole_second_retry_after_keeps_its_place() -> N
     assert schedule.claim(retry + 1.5, 7) and schedule.lapsed == 0
 
 
-def test_returns_booked_for_an_overload_come_back_as_fast_as_the_engine_drains() -> None:
-    """20 s of refusals at 30 a second (Poisson, seeded), on an engine that drains 10: each
-    return is booked in a slot of 1/10 s of its own, so they come back at the drain rate
-    while the schedule is full, never faster in any slot, and all within the time the engine
-    needs for them. Kept a whole completion from each other instead, returns booked at the
-    refusals' random moments filled it to 0.62-0.75 of the drain rate (run 67)."""
+def test_returns_booked_for_an_overload_come_back_at_the_drain_booked_for_them() -> None:
+    """20 s of refusals at 30 a second (Poisson, seeded), on an engine that drains 10, 8 of
+    which are booked for returns (``RETURN_UTILISATION``): each return is booked in a slot of
+    1/8 s of its own, so they come back at that rate while the schedule is full, never faster
+    in any slot, and all within the time it needs for them. Kept a whole completion from each
+    other instead, returns booked at the refusals' random moments filled it to 0.62-0.75 of
+    the rate (run 67)."""
     rng = random.Random(28)
     schedule = RetrySchedule(max_held=100_000)
+    booked = 10.0 * RETURN_UTILISATION
     now, returns = 0.0, []
     while now < 20.0:
         now += rng.expovariate(30.0)
         returns.append(now + schedule.book(now, 1.0, 10.0, 0.5, 600.0))
     returns.sort()
-    slots = [math.floor(at / 0.1) for at in returns]
-    assert len(set(slots)) == len(slots)  # one return to a slot: at most the drain rate
+    slots = [math.floor(at * booked) for at in returns]
+    assert len(set(slots)) == len(slots)  # one return to a slot: at most the rate booked
     bulk = [at for at in returns if 10.0 <= at < 40.0]
-    assert len(bulk) / 30.0 >= 9.5  # the schedule full: as fast as the engine drains
-    # Every refused client is back by about the time the engine needs for them all.
-    assert returns[-1] <= 1.0 + 1.4 * len(returns) / 10.0
+    assert len(bulk) / 30.0 >= 0.95 * booked  # the schedule full: as fast as booked
+    # Every refused client is back by about the time the rate booked needs for them all.
+    assert returns[-1] <= 1.0 + 1.4 * len(returns) / booked
 
 
 def test_the_schedule_counts_returns_and_lapses() -> None:

@@ -22,9 +22,9 @@ from exporter.saturation import SaturationState, batch_drain_rate
 from warden.control.actions import REGISTRY
 from warden.control.actions.base import Refusal
 from warden.control.cause import NO_CAUSE, Cause
-from warden.control.config import AdmissionSettings
+from warden.control.config import AdmissionSettings, SaturationSettings
 from warden.control.policy import EffectivePolicy
-from warden.control.saturation import DeepAdmission, KvState, RetrySchedule, assess
+from warden.control.saturation import Breach, DeepAdmission, KvState, RetrySchedule, assess
 
 # Before its body is read a request is judged as the shortest it could be: one token.
 SHORTEST_OUTPUT = 1
@@ -114,6 +114,9 @@ class Saturation:
     now: float = 0.0
     request_key: int | None = None  # the request's body hash: a refusal books its return
     deep_factor: float = 1.0  # a deep slot's forecast is scaled by it (DeepSlotCalibration)
+    # ``state`` without the places held for refused clients, where they were counted in it
+    # (None: they were not): a refusal's earliest return is judged on the engine's own queue.
+    engine_queue: SaturationState | None = None
 
 
 def _refused(refusal: Refusal, cause: Cause, retry_after_s: float) -> Decision:
@@ -260,7 +263,7 @@ def _saturation(
     if sat.retry_after == "computed" and saturation.schedule is not None:
         retry_s: float = saturation.schedule.book(
             saturation.now,
-            found.earliest_s,
+            _earliest_return_s(sat, saturation, found, kv, prompt, margin, output_tokens),
             batch_drain_rate(state, max(1, state.running)),
             sat.retry_after_min_s,
             sat.retry_after_max_s,
@@ -278,6 +281,35 @@ def _saturation(
         value=round(found.value, 3),
         basis=found.basis(),
     )
+
+
+def _earliest_return_s(
+    sat: SaturationSettings,
+    saturation: Saturation,
+    found: Breach,
+    kv: KvState | None,
+    prompt: int | None,
+    margin: int,
+    output_tokens: int | None,
+) -> float:
+    """How soon the refused request could come back and fit, judged on the engine's own
+    queue: the places held for other refused clients are the schedule's slots, which books
+    this one behind them. Judged behind them here as well, they were counted twice, each time
+    scaled by the forecast's margins, and the returns booked after an overload ran away from
+    the engine: run 69's 4x point held 600 places while the engine ran 0-4 requests for 100 s
+    as they came back at 3-6 a second (benchmarks/README.md, quick check 69)."""
+    if saturation.engine_queue is None:
+        return found.earliest_s
+    own = assess(
+        sat,
+        saturation.engine_queue,
+        kv,
+        prompt,
+        margin,
+        saturation.deep_factor,
+        output_tokens,
+    ).breach
+    return own.earliest_s if own is not None else 0.0
 
 
 def decide(

@@ -358,12 +358,14 @@ class Controller:
         # A refused client's return is judged without the places held for the others: they
         # are behind it, not ahead.
         held = not self.retry_schedule.is_return(now, request_key)
+        state, engine_queue = self.live_queues(held)
         return Saturation(
-            self.live_saturation(held),
+            state,
             self.retry_schedule,
             now,
             request_key,
             self.deep_slots.factor(),
+            engine_queue,
         )
 
     def live_saturation(self, held: bool = True) -> SaturationState:
@@ -372,24 +374,37 @@ class Controller:
         the batch is full and ``held``, the places held for refused requests whose clients
         are expected back (a free slot is taken at once: places held never leave the engine
         idle), and how long each started request has been served."""
+        return self.live_queues(held)[0]
+
+    def live_queues(self, held: bool = True) -> tuple[SaturationState, SaturationState | None]:
+        """``live_saturation``, and the same without the places held where they were counted
+        (else None): the queue in the engine alone, which a refusal's earliest return is
+        judged on (the schedule books it behind the places held)."""
         in_flight = max(
             self.admitted_in_flight, vllm_compat.unfinished_requests(self.engine_client) or 0
         )
         capacity = vllm_compat.max_num_seqs(self.engine_client)
+        returns = 0
         if held and capacity is not None and in_flight >= capacity:
-            in_flight += self.retry_schedule.expected_returns(self.clock())
+            returns = self.retry_schedule.expected_returns(self.clock())
         kv_blocks = vllm_compat.kv_geometry(self.engine_client)
         found = vllm_compat.served_requests(self.engine_client)
-        return with_live_queue(
-            self.saturation,
-            in_flight,
-            capacity,
-            kv_blocks,
-            found.served_ages,
-            found.served_limits,
-            found.queued_limits,
-            self._offered_rate(),
-        )
+        offered = self._offered_rate()
+
+        def queue(unfinished: int) -> SaturationState:
+            return with_live_queue(
+                self.saturation,
+                unfinished,
+                capacity,
+                kv_blocks,
+                found.served_ages,
+                found.served_limits,
+                found.queued_limits,
+                offered,
+            )
+
+        state = queue(in_flight + returns)
+        return state, queue(in_flight) if returns else None
 
     def _offered_rate(self) -> float | None:
         """Requests offered per second now (``OfferedLoad``); None where no saturation limit

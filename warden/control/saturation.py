@@ -21,9 +21,9 @@ Pure decisions on the measurements of exporter/saturation.py (clock values passe
 - ``SaturationJudge``: saturated or normal for a typical request, held ``hold_s`` after it
   clears (one change per hold at most: no flapping at steady saturation).
 - ``RetrySchedule``: Retry-After from the drain rate: no earlier than the queue is expected to
-  be back under the limit, in whole seconds (what most clients read), each in a slot of one
-  expected completion that no other return is booked in, so the retries arrive spread out,
-  no faster than the engine drains, instead of as one herd. Each refused request's
+  be back under the limit, in whole seconds (what most clients read), each in a slot that no
+  other return is booked in, at 0.8 of the drain (``RETURN_UTILISATION``), so the retries
+  arrive spread out, slower than the engine drains, instead of as one herd. Each refused request's
   place is held until it is due back (plus ``CLAIM_GRACE_S``): while the batch is full, a new
   arrival queues behind the places held; the same request coming back (its body's hash) is
   its client's return and is judged without the places behind it. It still needs the SLO
@@ -562,6 +562,13 @@ CLAIM_GRACE_S = 2.0
 MAX_PLACES_HELD = 10_000
 # How many recent bookings the return share is measured over.
 RETURN_WINDOW = 32
+# The share of the engine's drain the returns are booked at: one return to each expected
+# completion held the queue where it was, so the requests admitted into slots freed between
+# returns (places held never leave the engine idle), and a drain a little slower than
+# measured, walked it up until returns were refused again (issue #28, quick check 70: 0.85
+# and 0.65 admitted on their first return at 2x and 4x). Booked at 0.8 of the drain, the
+# queue shrinks while the returns come back, and the rest of the drain is the new arrivals'.
+RETURN_UTILISATION = 0.8
 # A booking's return time: what the schedule (``RetrySchedule._due``) is sorted by.
 _DUE_TIME = operator.itemgetter(0)
 
@@ -588,8 +595,10 @@ class RetrySchedule:
         grace_s: float = CLAIM_GRACE_S,
         max_held: int = MAX_PLACES_HELD,
         window: int = RETURN_WINDOW,
+        utilisation: float = RETURN_UTILISATION,
     ) -> None:
         self.grace_s = grace_s
+        self.utilisation = utilisation
         self.max_held = max_held
         self._due: list[tuple[float, int | None]] = []  # (return time, request_key), sorted
         self._booked: dict[int, float] = {}  # request_key -> its return time
@@ -615,8 +624,8 @@ class RetrySchedule:
             # A client back and refused again gives up its old place and is booked anew.
             self._take(now, request_key)
             # Only the clients that come back take a slot: each booking takes its share of an
-            # expected completion.
-            spacing = self._share() / drain_rate if drain_rate else 0.0
+            # expected completion, of the part of the drain the returns are booked at.
+            spacing = self._share() / (drain_rate * self.utilisation) if drain_rate else 0.0
             self.last_drain_rate = drain_rate
             retry = self._free_wait(now, max(earliest_s, low_s, 0.0), high_s, spacing)
             if len(self._due) < self.max_held:
@@ -629,7 +638,8 @@ class RetrySchedule:
     def _free_wait(self, now: float, lowest_s: float, high_s: float, spacing: float) -> float:
         """The first whole second from ``lowest_s`` (at least 1) whose return lands in a free
         slot of the schedule: time cut into slots of ``spacing`` (one expected completion
-        each), one return to a slot; ``high_s`` where none is free within it (lock held).
+        of the drain booked for returns each), one return to a slot; ``high_s`` where none is
+        free within it (lock held).
 
         Whole seconds, because most clients read only ``Retry-After``, which says whole
         seconds (``Decision.retry_after_headers``, rounded up), and come back when it says.
