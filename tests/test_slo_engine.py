@@ -29,7 +29,7 @@ from exporter.saturation import (
     deep_slots_from,
 )
 from tests.support.engine import complete, running_engine, sample, scrape
-from warden.control.offered_load import OFFERED_WINDOW_S
+from warden.control.offered_load import OFFERED_WINDOW_S, sure_count
 from warden.control.saturation import DEEP_FACTOR_MAX, DEEP_FACTOR_MIN, DEEP_RECENT_SHOWN
 
 pytestmark = pytest.mark.engine
@@ -126,8 +126,13 @@ def test_a_burst_deep_in_a_full_batch_is_admitted_and_teaches_the_deep_slot_cali
     # about 4 a second, is an overload while it is within the last seconds (every read in
     # them shows it), and under it, with the last minute holding fewer than
     # ``PACE_SETTLED_CHANGES`` window changes, the last ten minutes' margin is the floor.
+    # Sent at once, the burst reaches admission as fast as the API server takes it in: within
+    # the window, not always within its short second (1.8 s on a host five times slower than
+    # usual, with the suite's other engines beside it: 6.5 a second read, the short second
+    # never holding it all), so the largest rate read is at least what the window reads of it
+    # whole, less its chance (``OfferedLoad.rate``).
     offered = max(reading["offered_per_s"] or 0.0 for reading in during.readings)
-    assert offered >= BURST / OFFERED_WINDOW_S, during.readings
+    assert offered >= sure_count(BURST) / OFFERED_WINDOW_S, during.readings
     overloaded = [reading for reading in during.readings if reading["overloaded"]]
     assert overloaded, during.readings
     for reading in overloaded:
