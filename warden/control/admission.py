@@ -15,6 +15,7 @@ behind a lease) and its ``value``, so a false intervention is visible in the ans
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,7 +117,8 @@ class Saturation:
     deep_factor: float = 1.0  # a deep slot's forecast is scaled by it (DeepSlotCalibration)
     # ``state`` without the places held for refused clients, where they were counted in it
     # (None: they were not): a refusal's earliest return is judged on the engine's own queue.
-    engine_queue: SaturationState | None = None
+    # Built only for a refusal: most requests at a full batch never need it.
+    engine_queue: Callable[[], SaturationState] | None = None
 
 
 def _refused(refusal: Refusal, cause: Cause, retry_after_s: float) -> Decision:
@@ -296,13 +298,13 @@ def _earliest_return_s(
     queue: the places held for other refused clients are the schedule's slots, which books
     this one behind them. Judged behind them here as well, they were counted twice, each time
     scaled by the forecast's margins, and the returns booked after an overload ran away from
-    the engine: run 69's 4x point held 600 places while the engine ran 0-4 requests for 100 s
-    as they came back at 3-6 a second (benchmarks/README.md, quick check 69)."""
+    the engine: quick check 69's 4x point held 600 places while the engine ran 0-4 requests
+    for 100 s as they came back at 3-6 a second (benchmarks/README.md)."""
     if saturation.engine_queue is None:
         return found.earliest_s
     own = assess(
         sat,
-        saturation.engine_queue,
+        saturation.engine_queue(),
         kv,
         prompt,
         margin,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -376,10 +377,13 @@ class Controller:
         idle), and how long each started request has been served."""
         return self.live_queues(held)[0]
 
-    def live_queues(self, held: bool = True) -> tuple[SaturationState, SaturationState | None]:
-        """``live_saturation``, and the same without the places held where they were counted
-        (else None): the queue in the engine alone, which a refusal's earliest return is
-        judged on (the schedule books it behind the places held)."""
+    def live_queues(
+        self, held: bool = True
+    ) -> tuple[SaturationState, Callable[[], SaturationState] | None]:
+        """``live_saturation``, and how to build the same without the places held where they
+        were counted (else None): the queue in the engine alone, which a refusal's earliest
+        return is judged on (the schedule books it behind the places held). Built on demand:
+        only a refusal reads it."""
         in_flight = max(
             self.admitted_in_flight, vllm_compat.unfinished_requests(self.engine_client) or 0
         )
@@ -404,7 +408,7 @@ class Controller:
             )
 
         state = queue(in_flight + returns)
-        return state, queue(in_flight) if returns else None
+        return state, functools.partial(queue, in_flight) if returns else None
 
     def _offered_rate(self) -> float | None:
         """Requests offered per second now (``OfferedLoad``); None where no saturation limit
