@@ -21,9 +21,10 @@ Pure decisions on the measurements of exporter/saturation.py (clock values passe
 - ``SaturationJudge``: saturated or normal for a typical request, held ``hold_s`` after it
   clears (one change per hold at most: no flapping at steady saturation).
 - ``RetrySchedule``: Retry-After from the drain rate: no earlier than the queue is expected to
-  be back under the limit, in whole seconds (what most clients read), each in a slot that no
-  other return is booked in, at 0.8 of the drain (``RETURN_UTILISATION``), so the retries
-  arrive spread out, slower than the engine drains, instead of as one herd. Each refused request's
+  be back under the limit, in whole seconds (what most clients read), each second of the
+  clock holding the returns the drain finishes in it (``RETURN_UTILISATION``), none within
+  half an expected completion of another, so the retries arrive spread out, no faster than
+  the engine drains, instead of as one herd. Each refused request's
   place is held until it is due back (plus ``CLAIM_GRACE_S``): while the batch is full, a new
   arrival queues behind the places held; the same request coming back (its body's hash) is
   its client's return and is judged without the places behind it. It still needs the SLO
@@ -562,13 +563,15 @@ CLAIM_GRACE_S = 2.0
 MAX_PLACES_HELD = 10_000
 # How many recent bookings the return share is measured over.
 RETURN_WINDOW = 32
-# The share of the engine's drain the returns are booked at: one return to each expected
-# completion held the queue where it was, so the requests admitted into slots freed between
-# returns (places held never leave the engine idle), and a drain a little slower than
-# measured, walked it up until returns were refused again (issue #28, quick check 70: 0.85
-# and 0.65 admitted on their first return at 2x and 4x). Booked at 0.8 of the drain, the
-# queue shrinks while the returns come back, and the rest of the drain is the new arrivals'.
-RETURN_UTILISATION = 0.8
+# The share of the engine's drain the returns are booked at: the whole of it. Booked at 0.8
+# (13de519), the queue stopped walking up (quick check 70: 0.85 and 0.65 admitted on their
+# first return at 2x and 4x), but what walked it up was the slots of misaligned grids
+# (``_free_wait``) sending the returns back at 1.6-2x the drain booked. Counted in the
+# seconds of the clock they come back at the drain booked, itself a cautious reading of the
+# engine's (slower by the engine's turns of pace: 10-19 a second where it finished 15-20),
+# and at 0.8 of that the engine ran at 0.55-0.8 of its capacity while the refused clients
+# trickled back (benchmarks/README.md, quick check 72).
+RETURN_UTILISATION = 1.0
 # A booking's return time: what the schedule (``RetrySchedule._due``) is sorted by.
 _DUE_TIME = operator.itemgetter(0)
 
@@ -583,8 +586,8 @@ class RetrySchedule:
     Each booking ends as a return (its request came back) or lapses (it did not, by its due
     time plus the grace), and the share of recent bookings that ended in a return
     (``return_share``) is how many of the places held new arrivals queue behind, and how
-    long a slot of the schedule each booking takes. Clients that honour
-    Retry-After keep their places;
+    much of its second of the schedule each booking takes. Clients that honour Retry-After
+    keep their places;
     clients that never come back (``vllm bench serve``, scripts that give up) stop holding
     the engine idle and stop pushing every Retry-After to its bound. A request without a key
     is taken for the client of the earliest booking due, as nothing tells them apart.
@@ -600,7 +603,8 @@ class RetrySchedule:
         self.grace_s = grace_s
         self.utilisation = utilisation
         self.max_held = max_held
-        self._due: list[tuple[float, int | None]] = []  # (return time, request_key), sorted
+        # (return time, request_key, the spacing it was booked with), sorted by return time.
+        self._due: list[tuple[float, int | None, float]] = []
         self._booked: dict[int, float] = {}  # request_key -> its return time
         self._outcomes: deque[bool] = deque(maxlen=window)  # True: its client came back
         self.returned = 0  # bookings ended by their request coming back, since start
@@ -623,41 +627,44 @@ class RetrySchedule:
             self._expire(now)
             # A client back and refused again gives up its old place and is booked anew.
             self._take(now, request_key)
-            # Only the clients that come back take a slot: each booking takes its share of an
+            # Only the clients that come back take room: each booking takes its share of an
             # expected completion, of the part of the drain the returns are booked at.
             spacing = self._share() / (drain_rate * self.utilisation) if drain_rate else 0.0
             self.last_drain_rate = drain_rate
             retry = self._free_wait(now, max(earliest_s, low_s, 0.0), high_s, spacing)
             if len(self._due) < self.max_held:
                 due = now + retry
-                bisect.insort(self._due, (due, request_key), key=_DUE_TIME)
+                bisect.insort(self._due, (due, request_key, spacing), key=_DUE_TIME)
                 if request_key is not None:
                     self._booked[request_key] = due
             return retry
 
     def _free_wait(self, now: float, lowest_s: float, high_s: float, spacing: float) -> float:
-        """The first whole second from ``lowest_s`` (at least 1) whose return lands in a free
-        slot of the schedule: time cut into slots of ``spacing`` (one expected completion
-        of the drain booked for returns each), one return to a slot; ``high_s`` where none is
-        free within it (lock held).
+        """The first whole second from ``lowest_s`` (at least 1) whose return lands where the
+        schedule has room; ``high_s`` where it has none within it (lock held).
 
         Whole seconds, because most clients read only ``Retry-After``, which says whole
         seconds (``Decision.retry_after_headers``, rounded up), and come back when it says.
-        Booked a fraction of a second apart (one expected completion each) and told the
-        rounded-up second, the clients refused within the same second came back within the
-        same second, as fast as they had been refused: at 4x, 3x faster than the engine
-        drains, into a full batch, and refused again (issue #28, runs 65-66: 0.77-0.93 of
-        them admitted on their first return, clumps of 40-46 refused again in one 10 s
-        bin). Booked at whole seconds from the moment each was refused, the returns fall at
-        the moments the refusals did, one to a slot: never faster than the engine drains.
+        Booked a fraction of a second apart and told the rounded-up second, the clients
+        refused within the same second came back within the same second, as fast as they had
+        been refused (issue #28, runs 65-66). Booked at whole seconds from the moment each was
+        refused, the returns fall at the moments the refusals did.
 
-        Slots, not a gap around each return: kept a whole spacing from every other, returns
-        booked at the random moments refusals come filled the schedule as cars park along a
-        kerb, to 0.62-0.75 of one per completion (run 67: 6-9 returns a second where a full
-        batch finished 11-15, and 20 s at 4x stretched to the 120 s bound, where 145 of 296
-        first returns were refused again). Slots fill to one per completion wherever
-        refusals come faster than returns can. A burst refused at one instant is told a
-        second apart each: a client that reads whole seconds cannot be spread finer."""
+        Room is counted in each second of the clock (``_has_room``): each return booked in it
+        takes its ``spacing`` (one expected completion of the drain booked for returns, at
+        the drain measured when it was booked), and a second holds returns while they take
+        no more than the whole second, to the nearest return. Counted so, the rate of the
+        returns is the rate booked whatever the drain read at each booking. It was a grid of
+        slots of one spacing each before, one return to a slot: at a drain read anew at each
+        booking (12-21 a second at one 4x overload) each booking cut the clock at its own
+        grid, the grids did not line up, and the returns came back at 1.6-2x the drain
+        booked (25-29 a second where the engine finished 18-22): the queue they made refused
+        the long requests among them again (0.77 admitted on their first return, 0.49 of
+        those asking 120 tokens or more). Kept a whole spacing from every other instead,
+        returns booked at the refusals' random moments filled the schedule as cars park
+        along a kerb, to 0.62-0.75 of the rate (run 67). None is booked within half a
+        spacing of another: a burst refused at one instant is told a second apart each, not
+        sent back as one herd into the same second."""
         first = max(1, math.ceil(lowest_s - 1e-9))
         last = math.floor(high_s)
         if last < first:
@@ -666,13 +673,28 @@ class RetrySchedule:
             return lowest_s if 0 < lowest_s < high_s else high_s
         if spacing <= 0:
             return float(first)
-        due = self._due
         for wait in range(first, last + 1):
-            start = math.floor((now + wait) / spacing) * spacing  # the slot it lands in
-            taken = bisect.bisect_left(due, start, key=_DUE_TIME)
-            if taken == len(due) or due[taken][0] >= start + spacing:
+            if self._has_room(now + wait, spacing):
                 return float(wait)
         return float(last)
+
+    def _has_room(self, at: float, spacing: float) -> bool:
+        """Whether a return booked with ``spacing`` fits at ``at`` (lock held): no other
+        within half a spacing (a whole one where the spacing is a second or more: then a
+        second holds at most one), and room in its second of the clock for its spacing, to
+        the nearest return (``_free_wait``)."""
+        due = self._due
+        gap = spacing if spacing >= 1.0 else spacing / 2
+        near = bisect.bisect_left(due, at - gap, key=_DUE_TIME)
+        if near < len(due) and due[near][0] < at + gap:
+            return False
+        if spacing >= 1.0:
+            return True
+        second = math.floor(at)
+        lo = bisect.bisect_left(due, second, key=_DUE_TIME)
+        hi = bisect.bisect_left(due, second + 1, key=_DUE_TIME)
+        taken = sum(booked for _due, _key, booked in due[lo:hi])
+        return taken + spacing <= 1.0 + spacing / 2 + 1e-9
 
     def held(self, now: float) -> int:
         """Places held in line: bookings whose client has not come back yet."""
@@ -727,7 +749,7 @@ class RetrySchedule:
             del self._due[at]
         elif self._due and self._due[0][0] <= now:
             # A request without a key takes the earliest booking, keyed or not.
-            _due, taken_key = self._due.pop(0)
+            _due, taken_key, _spacing = self._due.pop(0)
             if taken_key is not None:
                 del self._booked[taken_key]
         else:
@@ -744,7 +766,7 @@ class RetrySchedule:
     def _expire(self, now: float) -> None:
         """Drops bookings whose client never came back (gave up, or honoured a shorter wait)."""
         lapsed = bisect.bisect_left(self._due, now - self.grace_s, key=_DUE_TIME)
-        for _due, request_key in self._due[:lapsed]:
+        for _due, request_key, _spacing in self._due[:lapsed]:
             if request_key is not None:
                 self._booked.pop(request_key, None)
             self._outcomes.append(False)
