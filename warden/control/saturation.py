@@ -606,6 +606,9 @@ class RetrySchedule:
         # (return time, request_key, the spacing it was booked with), sorted by return time.
         self._due: list[tuple[float, int | None, float]] = []
         self._booked: dict[int, float] = {}  # request_key -> its return time
+        # Each second of the clock -> the spacing its bookings take (``_has_room``), kept as
+        # bookings come and go: a refusal tries up to retry_after_max_s seconds, each read once.
+        self._load: dict[int, float] = {}
         self._outcomes: deque[bool] = deque(maxlen=window)  # True: its client came back
         self.returned = 0  # bookings ended by their request coming back, since start
         self.lapsed = 0  # bookings whose request never came back, since start
@@ -635,6 +638,8 @@ class RetrySchedule:
             if len(self._due) < self.max_held:
                 due = now + retry
                 bisect.insort(self._due, (due, request_key, spacing), key=_DUE_TIME)
+                second = math.floor(due)
+                self._load[second] = self._load.get(second, 0.0) + spacing
                 if request_key is not None:
                     self._booked[request_key] = due
             return retry
@@ -690,11 +695,17 @@ class RetrySchedule:
             return False
         if spacing >= 1.0:
             return True
-        second = math.floor(at)
-        lo = bisect.bisect_left(due, second, key=_DUE_TIME)
-        hi = bisect.bisect_left(due, second + 1, key=_DUE_TIME)
-        taken = sum(booked for _due, _key, booked in due[lo:hi])
+        taken = self._load.get(math.floor(at), 0.0)
         return taken + spacing <= 1.0 + spacing / 2 + 1e-9
+
+    def _unload(self, due: float, spacing: float) -> None:
+        """A booking ended: its second gives back the room it took (lock held)."""
+        second = math.floor(due)
+        left = self._load.get(second, 0.0) - spacing
+        if left > 1e-9:
+            self._load[second] = left
+        else:
+            self._load.pop(second, None)
 
     def held(self, now: float) -> int:
         """Places held in line: bookings whose client has not come back yet."""
@@ -746,10 +757,12 @@ class RetrySchedule:
             at = bisect.bisect_left(self._due, due, key=_DUE_TIME)
             while self._due[at][1] != request_key:
                 at += 1
+            self._unload(due, self._due[at][2])
             del self._due[at]
         elif self._due and self._due[0][0] <= now:
             # A request without a key takes the earliest booking, keyed or not.
-            _due, taken_key, _spacing = self._due.pop(0)
+            taken_due, taken_key, taken_spacing = self._due.pop(0)
+            self._unload(taken_due, taken_spacing)
             if taken_key is not None:
                 del self._booked[taken_key]
         else:
@@ -766,7 +779,8 @@ class RetrySchedule:
     def _expire(self, now: float) -> None:
         """Drops bookings whose client never came back (gave up, or honoured a shorter wait)."""
         lapsed = bisect.bisect_left(self._due, now - self.grace_s, key=_DUE_TIME)
-        for _due, request_key, _spacing in self._due[:lapsed]:
+        for lapsed_due, request_key, lapsed_spacing in self._due[:lapsed]:
+            self._unload(lapsed_due, lapsed_spacing)
             if request_key is not None:
                 self._booked.pop(request_key, None)
             self._outcomes.append(False)
