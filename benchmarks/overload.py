@@ -88,6 +88,7 @@ from benchmarks.common import (
 )
 from benchmarks.cpu_timeline import CpuTimeline, cpu_text, cpu_while_running
 from benchmarks.honouring_client import RETURN_BIN_S, run_honouring
+from benchmarks.overload_figures import figures_text, goodput_share, pooled_within_share
 from exporter import catalog
 from exporter.saturation import PACE_MIN_CHANGES
 
@@ -1021,7 +1022,8 @@ def _slo_basis(results: dict[str, Any]) -> str:
 
 
 def report(results: dict[str, Any]) -> str:
-    """One table per warden configuration, against the same plain runs."""
+    """The issue's figures, each against its bound (benchmarks/overload_figures.py), then one
+    table per warden configuration, against the same plain runs."""
     capacity = results["capacity_per_s"]
     measured = _capacities(results)
     text = (
@@ -1037,6 +1039,7 @@ def report(results: dict[str, Any]) -> str:
     cpus = results.get("cpus")
     if cpus:
         text += f"; engine on cores {cpus['engine']}, client on {cpus['client']}"
+    text += "\n\n" + figures_text(results, WARDEN_SIDES, HONOURING_ENGINE)
     for name in results["configs"]:
         text += "\n\n" + report_config(results, name)
         if name == "slo" and results.get("honour_points"):
@@ -1252,12 +1255,6 @@ def _value_span(values: list[float], spec: str) -> str:
     return shown[0] if shown[0] == shown[1] else f"{shown[0]}-{shown[1]}"
 
 
-def goodput_share(point: dict[str, Any], capacity: float) -> float:
-    """A point's goodput as a share of the capacity measured right before it (the run's
-    first capacity for results saved before each point had its own)."""
-    return float(point["goodput_per_s"] or 0.0) / point.get("capacity_per_s", capacity)
-
-
 def _pair_ratio(warden: dict[str, Any], plain: dict[str, Any], key: str) -> float | None:
     """warden/plain for one pair's ``key``; None where either lacks it (older runs).
 
@@ -1288,19 +1285,6 @@ def _pair_ratio(warden: dict[str, Any], plain: dict[str, Any], key: str) -> floa
 
 def _value_range(values: list[float]) -> str:
     return f" ({min(values):g}-{max(values):g})" if values else ""
-
-
-def pooled_within_share(runs: list[dict[str, Any]]) -> float | None:
-    """The share within the SLO of every request the pairs admitted at a point, as one sample
-    (each pair's share weighted by its completed requests): a pair's share alone moves by
-    a few requests' worth (run 27: 4 misses within 0.1 s of each other made a pair 0.974)."""
-    counted = [
-        (r["within_slo_share"], r["completed"])
-        for r in runs
-        if r.get("within_slo_share") is not None and r.get("completed")
-    ]
-    total = sum(completed for _, completed in counted)
-    return sum(share * completed for share, completed in counted) / total if total else None
 
 
 def _capacities(results: dict[str, Any]) -> list[float]:
@@ -1472,7 +1456,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", help="keep engine logs and results here")
     parser.add_argument("--out", help="write the JSON result here")
     parser.add_argument("--png", help="draw the curves here")
+    parser.add_argument(
+        "--report",
+        metavar="RESULT_JSON",
+        help="run nothing: print the report (and draw --png) of a run saved with --out",
+    )
     args = parser.parse_args(argv)
+    if args.report:
+        return report_saved(Path(args.report), Path(args.png) if args.png else None)
     try:
         cpu_split(args.client_cpus)
     except ValueError as exc:
@@ -1490,6 +1481,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.png:
         draw(results, Path(args.png))
         print(f"drawn: {args.png}")
+    return 0
+
+
+def report_saved(path: Path, png: Path | None) -> int:
+    """A saved run's report, as it printed when it ran, with whatever the report has gained
+    since (the issue's figures were added after runs 1-69)."""
+    try:
+        results = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        print(f"overload: cannot read {path}: {exc}", file=sys.stderr)
+        return 2
+    print(report(results))
+    if png is not None:
+        draw(results, png)
+        print(f"drawn: {png}")
     return 0
 
 
