@@ -45,7 +45,10 @@ the same plain runs. vLLM's client does not retry: a refused request counts as r
 client that ignores Retry-After sees it. At ``--honour-points`` clients that honour
 Retry-After (benchmarks/honouring_client.py) are served by an engine of their own with the
 SLO's config (``Plan.honouring_engine``): a Retry-After is right when the refused requests
-are admitted on their return. ``--png`` draws the curves.
+are admitted on their return. ``--control`` runs a second plain vLLM as one more side, whose
+ratios to plain show what the benchmark resolves where warden does nothing at all. The report
+opens with the issue's figures, each against its bound (benchmarks/overload_figures.py);
+``--report RESULT_JSON`` prints a saved run's report again. ``--png`` draws the curves.
 
     .venv/bin/python -m benchmarks.overload --pairs 3 --duration 20 --png overload.png
 """
@@ -107,6 +110,9 @@ CONFIGS: dict[str, Callable[[float], dict[str, Any]]] = {
 WARDEN_SIDES = {"default": "warden", "slo": "warden_slo"}
 # The engine that serves only the clients that honour Retry-After (``Plan.honouring_engine``).
 HONOURING_ENGINE = "warden_slo_honouring"
+# A second plain vLLM, run as one more side with ``--control``: its ratios to plain are what
+# the benchmark reads where warden does nothing at all, the resolution of warden's ratios.
+CONTROL = "plain_control"
 # How often a client that honours Retry-After comes back before giving up.
 MAX_RETURNS = 5
 assert REJECTED in catalog.REQUEST_OUTCOMES
@@ -768,6 +774,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         )
                     )  # fmt: skip
                     warm_like_plain(honouring, model, capacity, args, root)
+            if args.control:
+                up[CONTROL] = engines.enter_context(
+                    serving_engine(VARIANTS["plain"], model, root / CONTROL, {}, split)
+                )
+                warm_like_plain(up[CONTROL], model, capacity, args, root)
             if slo_s is None:  # no config is given it: goodput is still counted within it
                 slo_s = slo_from(half_p99s, args.slo_factor)
                 log(f"SLO {slo_s:.2f} s")
@@ -1044,7 +1055,21 @@ def report(results: dict[str, Any]) -> str:
         text += "\n\n" + report_config(results, name)
         if name == "slo" and results.get("honour_points"):
             text += "\n\n" + report_honouring(results)
+    if results["pairs"] and CONTROL in results["pairs"][0]:
+        text += "\n\n" + report_control(results)
     return text
+
+
+def report_control(results: dict[str, Any]) -> str:
+    """Plain vLLM against a second plain vLLM, measured as a side of its own (``--control``):
+    the ratios the benchmark reads where warden does nothing, to set beside warden's own."""
+    rows = [
+        [f"{point:g}x", *(_ratio(results["pairs"], index, key, CONTROL) for key, _ in RATIOS)]
+        for index, point in enumerate(results["points"])
+    ]
+    headers = ["load", *(f"{label} control/plain" for _, label in RATIOS)]
+    head = "plain vLLM against a second plain vLLM (the control: what the benchmark resolves)"
+    return head + "\n" + table(headers, rows)
 
 
 def report_config(results: dict[str, Any], name: str) -> str:
@@ -1384,6 +1409,7 @@ SIDE_COLOURS = (
     ("plain", "tab:gray", "plain vLLM"),
     ("warden", "tab:green", "warden, default config"),
     ("warden_slo", "tab:blue", "warden, SLO set"),
+    (CONTROL, "tab:brown", "plain vLLM again (control)"),
 )
 
 
@@ -1451,6 +1477,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="run every point at the capacity measured at the start (default: re-measured "
         "on plain vLLM right before each point)",
+    )
+    parser.add_argument(
+        "--control",
+        action="store_true",
+        help="also run a second plain vLLM as a side of its own: its ratios to plain show "
+        "what the benchmark resolves",
     )
     parser.add_argument("--model", help="model dir (default: build the tiny model)")
     parser.add_argument("--workdir", help="keep engine logs and results here")

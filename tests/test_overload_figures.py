@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.overload import HONOURING_ENGINE, WARDEN_SIDES, main, report
+from benchmarks.overload import CONTROL, HONOURING_ENGINE, WARDEN_SIDES, main, report
 from benchmarks.overload_figures import Figure, figures, figures_text
 
 POINTS = [0.5, 1.0, 2.0, 3.0, 4.0]
@@ -203,3 +203,17 @@ def test_a_saved_run_is_reported_again_with_its_figures(
     assert main(["--report", str(tmp_path / "missing.json")]) == 2
     error = capsys.readouterr().err
     assert error.startswith("overload: cannot read ") and error.count("\n") == 1
+
+
+def test_a_second_plain_engine_is_reported_as_the_control_and_judged_on_nothing() -> None:
+    """The control side's ratios to plain are what the benchmark reads where warden does
+    nothing: printed in a table of their own, and no figure of the issue's is read from them."""
+    results = _results()
+    assert "the control" not in report(results)
+    for sides in results["pairs"]:
+        sides[CONTROL] = [_run(tokens=93.0, api_ms=11.0) for _ in POINTS]
+    text = report(results)
+    assert "issue #28's figures: 10 of 10 met" in text
+    control = text[text.index("plain vLLM against a second plain vLLM") :]
+    row = next(line for line in control.splitlines() if line.startswith("| 1x"))
+    assert row.startswith("| 1x | 0.93 (0.93-0.93) | 1.00 (1.00-1.00) | 1.10 (1.10-1.10) |")
