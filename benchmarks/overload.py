@@ -1516,6 +1516,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+# What a result saved with --out has at its top, and a report reads.
+SAVED_KEYS = ("capacity_per_s", "slo_s", "configs", "points", "honour_points", "pairs")
+
+
 def report_saved(path: Path, png: Path | None) -> int:
     """A saved run's report, as it printed when it ran, with whatever the report has gained
     since (the issue's figures were added after runs 1-69)."""
@@ -1523,6 +1527,13 @@ def report_saved(path: Path, png: Path | None) -> int:
         results = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         print(f"overload: cannot read {path}: {exc}", file=sys.stderr)
+        return 2
+    missing = [key for key in SAVED_KEYS if not isinstance(results, dict) or key not in results]
+    if missing:
+        print(
+            f"overload: {path} is not a result saved with --out (no {', '.join(missing)})",
+            file=sys.stderr,
+        )
         return 2
     print(report(results))
     if png is not None:

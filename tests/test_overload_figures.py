@@ -203,6 +203,16 @@ def test_a_saved_run_is_reported_again_with_its_figures(
     assert main(["--report", str(tmp_path / "missing.json")]) == 2
     error = capsys.readouterr().err
     assert error.startswith("overload: cannot read ") and error.count("\n") == 1
+    # JSON that is not a saved run: one line naming what it lacks, no traceback.
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"pairs": []}))
+    assert main(["--report", str(other)]) == 2
+    error = capsys.readouterr().err
+    assert "is not a result saved with --out (no capacity_per_s, slo_s," in error
+    assert error.count("\n") == 1
+    other.write_text("[1, 2]")
+    assert main(["--report", str(other)]) == 2
+    assert "is not a result saved with --out" in capsys.readouterr().err
 
 
 def test_a_second_plain_engine_is_reported_as_the_control_and_judged_on_nothing() -> None:
