@@ -95,7 +95,8 @@ import functools
 import heapq
 import math
 import statistics
-from collections import deque
+import threading
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -235,6 +236,17 @@ class SaturationState:
         output = self.recent_output
         if not times or len(output) != len(self.recent_service):
             return times
+        shared = self._shared_forecasts.times
+        key = (output_tokens, prompt_tokens)
+        found = shared.get(key)
+        if found is None:
+            found = shared[key] = self._service_times_for(times, output_tokens, prompt_tokens)
+        return found
+
+    def _service_times_for(
+        self, times: tuple[float, ...], output_tokens: int | None, prompt_tokens: int | None
+    ) -> tuple[float, ...]:
+        output = self.recent_output
         longest = max(recent.generated for recent in output)
         tokens = longest if output_tokens is None else min(output_tokens, longest)
         pace = self.decode_pace
@@ -526,15 +538,23 @@ class SaturationState:
         return low + (high - low) * (limit / step - below)
 
     def _mean_service_at(self, limit: int | None) -> float | None:
-        cache = self._mean_services
-        if limit not in cache:
+        means = self._shared_forecasts.means
+        if limit not in means:
             times = self.service_times_for(limit)
-            cache[limit] = statistics.fmean(times) if times else None
-        return cache[limit]
+            means[limit] = statistics.fmean(times) if times else None
+        return means[limit]
 
     @functools.cached_property
-    def _mean_services(self) -> dict[int | None, float | None]:
-        return {}
+    def _shared_forecasts(self) -> Forecasts:
+        """The forecasts by a request's limits (``service_times_for``, ``mean_service_for``),
+        shared by every state that forecasts from the same basis: the scaled recent service
+        times, what those requests generated and the batch a request arriving now is served
+        in, all these forecasts read. Admission builds a live copy of the last step's state for
+        each request (``with_live_queue``), and a queue's wait is a forecast per queued request
+        (``queue_turnover``): worked out anew for each arrival, they were a quarter of the API
+        server's time at 4x the capacity with a latency SLO set (issue #28, py-spy)."""
+        basis = (self._scaled_service, self.recent_output, self.recent_service, self.serving_batch)
+        return _FORECASTS.for_basis(basis)
 
     @functools.cached_property
     def running_ends(self) -> tuple[RunningEnd, ...]:
@@ -620,6 +640,38 @@ class SaturationState:
             "recent_output_tokens": _median([float(r.generated) for r in self.recent_output]),
             "recent_decode_share": _rounded(_median([r.decode_share for r in self.recent_output])),
         }
+
+
+@dataclass
+class Forecasts:
+    """One basis's forecasts: ``service_times_for`` by (output, prompt) tokens, and
+    ``mean_service_for``'s means by limit."""
+
+    times: dict[tuple[int | None, int | None], tuple[float, ...]] = field(default_factory=dict)
+    means: dict[int | None, float | None] = field(default_factory=dict)
+
+
+class SharedForecasts:
+    """The limit-keyed forecasts of the last few bases (``SaturationState._shared_forecasts``):
+    a state lives one step, and admission's live copies of it share its basis. Bounded, and
+    safe across the threads that forecast (the API server's loop, the collectors)."""
+
+    def __init__(self, keep: int = 8) -> None:
+        self.keep = keep
+        self._by_basis: OrderedDict[tuple[object, ...], Forecasts] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def for_basis(self, basis: tuple[object, ...]) -> Forecasts:
+        with self._lock:
+            found = self._by_basis.get(basis)
+            if found is None:
+                found = self._by_basis[basis] = Forecasts()
+                while len(self._by_basis) > self.keep:
+                    self._by_basis.popitem(last=False)
+            return found
+
+
+_FORECASTS = SharedForecasts()
 
 
 class RecentOutput(NamedTuple):
@@ -1225,6 +1277,8 @@ class PaceRecord:
         # (the last whole bucket, capacity, margin) of the last reading of the whole record:
         # it changes only as a bucket completes, and admission reads it per deep request.
         self._remembered: tuple[int, int, float] | None = None
+        # ((the last whole bucket, capacity, span), its changes) of the last ``changes``.
+        self._last_changes: tuple[tuple[int, int, float], tuple[float, ...]] | None = None
 
     def record(self, now: float, elapsed: float, steps: int, running: int) -> None:
         """``steps`` engine steps at a batch of ``running`` took ``elapsed`` seconds, up to
@@ -1309,6 +1363,12 @@ class PaceRecord:
         all of both were at a full batch (``full_paces``), in the last ``span_s`` (a minute)."""
         if capacity is None or capacity <= 0:
             return []
+        # Whole buckets only, so the changes move only as a bucket completes: admission reads
+        # them for each deep request, and at an overload that is most arrivals.
+        key = (int(now // self.bucket_s), capacity, span_s)
+        last = self._last_changes
+        if last is not None and last[0] == key:
+            return list(last[1])
         paces = self.full_paces(now, capacity, span_s)
         window = PACE_WINDOW_BUCKETS
         changes = []
@@ -1317,6 +1377,7 @@ class PaceRecord:
                 then = statistics.fmean(paces[first + offset] for offset in range(window))
                 later = statistics.fmean(paces[first + window + offset] for offset in range(window))
                 changes.append(later / then)
+        self._last_changes = (key, tuple(changes))
         return changes
 
 

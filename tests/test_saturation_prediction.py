@@ -19,6 +19,7 @@ from exporter.saturation import (
     PACE_REMEMBER_S,
     PACE_SETTLED_CHANGES,
     KvState,
+    PaceRecord,
     RecentOutput,
     SaturationMeter,
     SaturationState,
@@ -26,6 +27,7 @@ from exporter.saturation import (
     batch_bucket,
     batch_drain_rate,
     predicted_wait,
+    queue_turnover,
     slot_meets,
 )
 from exporter.settings import WardenSettings
@@ -1584,3 +1586,43 @@ def test_after_an_overload_a_long_request_is_forecast_at_its_own_batchs_pace() -
     assert light.decode_pace is not None and 0.004 < light.decode_pace < 0.0045
     forecast = light.forecast_service_for(144)
     assert forecast is not None and max(served) < forecast < 0.81
+
+
+def test_live_copies_of_a_state_share_its_forecasts_and_a_new_basis_gets_its_own() -> None:
+    """Admission builds a live copy of the last step's state for each request; the forecasts
+    by limit are worked out once per basis (the scaled recent times, what those requests
+    generated, the serving batch), not once per copy, and equal what a copy works out alone.
+    A state measured anew (other recent requests) is forecast from its own."""
+    state = _outputs_measured(running=8, ages=(0.3,) * 8)
+    queued = (48, 96, 141, None, 60)
+    first = dataclasses.replace(state, waiting=5, queued_limits=queued, served_limits=(96,) * 8)
+    second = dataclasses.replace(first, waiting=4, offered_per_s=30.0)
+    assert second._shared_forecasts is first._shared_forecasts
+    forecast = first.service_times_for(48)
+    assert second.service_times_for(48) is forecast
+    wait = queue_turnover(second, 5, 1.0)
+    # The same state with nothing shared (a fresh basis object) works out the same numbers.
+    alone = dataclasses.replace(second)
+    alone.__dict__["_shared_forecasts"] = type(second._shared_forecasts)()
+    assert alone.service_times_for(48) == forecast
+    assert queue_turnover(alone, 5, 1.0) == pytest.approx(wait)
+    slower = dataclasses.replace(
+        first, recent_service=tuple((served * 2, batch) for served, batch in first.recent_service)
+    )
+    assert slower._shared_forecasts is not first._shared_forecasts
+    assert max(slower.service_times_for(48)) == pytest.approx(2 * max(forecast))
+
+
+def test_the_pace_changes_move_as_each_bucket_completes() -> None:
+    """Admission reads the pace changes for each deep request; they are worked out once per
+    completed bucket, and a bucket completing with a slower pace shows at the next read."""
+    record = PaceRecord(bucket_s=1.0, keep_s=120.0)
+    for second in range(6):
+        record.record(second + 0.5, 0.9, 90, 8)  # 10 ms a step at a full batch
+    before = record.changes(6.2, 8)
+    assert record.changes(6.7, 8) == before  # the same whole buckets
+    for second in range(6, 8):
+        record.record(second + 0.5, 0.9, 45, 8)  # 20 ms a step
+    after = record.changes(8.1, 8)
+    assert after != before
+    assert max(after) > 1.5
