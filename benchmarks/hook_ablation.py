@@ -1,0 +1,209 @@
+"""Which of warden's hooks costs what under an overload: one hook off at a time, against plain.
+
+The overload benchmark (benchmarks/overload.py) compares warden with all its hooks against
+plain vLLM; when warden's default config reads slower, it cannot say which hook it is. Here
+one engine per variant of ``benchmarks.common.VARIANTS`` (by default plain, warden, and
+warden without its middleware, its logits processor or its plugins), all up, the engines on
+the overload benchmark's cores (``--client-cpus``, the same split and OpenMP binding), each
+given the same open-loop load in turn (``vllm bench serve``, Poisson arrivals at ``--rate``,
+``--requests`` requests), the order moved one place per round so every variant runs in
+every place.
+
+Per run: engine tokens/s (the rise of ``vllm:generation_tokens_total`` over the client's
+duration) and the API server's, the engine core's and the model worker's CPU per generated
+token. Reported per variant: tokens/s against plain's in the same round, and the API
+server's CPU over the worker's for the same tokens (its *share*): the host's speed moves all
+three processes' CPU per token alike (by a quarter within a minute on the 2-core machine),
+so the share stays where the absolute numbers do not, and a hook's cost in the API server
+shows in it. Quick check 74 in benchmarks/README.md is this benchmark's first reading.
+
+Usage:  .venv/bin/python -m benchmarks.hook_ablation [--rounds 4] [--rate 50]
+        [--requests 750] [--variants plain,warden,...] [--model DIR] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import (
+    VARIANTS,
+    EngineCpu,
+    cleanup,
+    exit_on_sigterm,
+    log,
+    machine,
+    make_engine,
+    sample,
+    scrape,
+    table,
+    tiny_model,
+    workdir,
+)
+from benchmarks.overload import ENGINE_ARGS, bench_serve, cpu_split
+from exporter import catalog
+
+DEFAULT_VARIANTS = "plain,warden,warden_no_middleware,warden_no_logits,warden_no_plugins"
+BASELINE = "plain"
+WARM_REQUESTS = 80  # a full batch's worth of warm-up per engine, as the overload benchmark's
+
+
+def generated_tokens(base_url: str) -> float:
+    return sample(scrape(base_url), catalog.VLLM_GENERATION_TOKENS.name) or 0.0
+
+
+def measure(engine: Any, model: str, rate: float, requests: int, out: Path) -> dict[str, float]:
+    """One variant's run: tokens/s and each process's CPU microseconds per generated token."""
+    cpu = EngineCpu(engine)
+    before, tokens_before = cpu.read(), generated_tokens(engine.base_url)
+    result = bench_serve(engine.base_url, model, rate, requests, out, None)
+    after, tokens = cpu.read(), generated_tokens(engine.base_url) - tokens_before
+    tokens = max(tokens, 1.0)
+    run = {"tokens_per_s": tokens / float(result["duration"]), "failed": result["failed"]}
+    for role in EngineCpu.ROLES:
+        run[f"{role}_us_per_token"] = (after[role] - before[role]) * 1e6 / tokens
+    run["api_share"] = run["api_us_per_token"] / run["worker_us_per_token"]
+    return run
+
+
+def rotated(names: Sequence[str], round_index: int) -> list[str]:
+    shift = round_index % len(names)
+    return [*names[shift:], *names[:shift]]
+
+
+def report(results: dict[str, Any]) -> str:
+    """Per variant: tokens/s w/p round by round and its median; the API server's share of
+    the worker's CPU, its mean and its ratio to plain's."""
+    runs: dict[str, list[dict[str, float]]] = results["runs"]
+    base = runs[BASELINE]
+    base_share = statistics.fmean(r["api_share"] for r in base)
+    rows = []
+    for name, own in runs.items():
+        ratios = [r["tokens_per_s"] / b["tokens_per_s"] for r, b in zip(own, base, strict=True)]
+        share = statistics.fmean(r["api_share"] for r in own)
+        rows.append(
+            [
+                name,
+                " / ".join(f"{x:.3f}" for x in ratios),
+                f"{statistics.median(ratios):.3f}",
+                f"{share:.3f}",
+                f"{share / base_share:.3f}",
+                sum(int(r["failed"]) for r in own),
+            ]
+        )
+    head = (
+        f"{results['rounds']} rounds, {results['requests']} requests at {results['rate']:g}/s "
+        f"per variant and round; engine on cores {results['cpus']['engine']}, client on "
+        f"{results['cpus']['client']}"
+        if results.get("cpus")
+        else f"{results['rounds']} rounds, {results['requests']} requests at "
+        f"{results['rate']:g}/s per variant and round; no core split"
+    )
+    return (
+        head
+        + "\n\n"
+        + table(
+            [
+                "variant",
+                "tokens/s w/p, round by round",
+                "median",
+                "API share of the worker's CPU",
+                "share w/p",
+                "failed",
+            ],
+            rows,
+        )
+    )
+
+
+def variant_names(spec: str) -> list[str]:
+    """``--variants``: known names, plain among them (every ratio is to plain's run)."""
+    names = [n for n in spec.split(",") if n]
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown or BASELINE not in names:
+        raise ValueError(f"--variants: {unknown or 'no ' + BASELINE}; known: {sorted(VARIANTS)}")
+    return names
+
+
+def run(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
+    root, temporary = workdir(args.workdir, "warden-ablation-")
+    split = cpu_split(args.client_cpus)
+    engines: dict[str, Any] = {}
+    try:
+        model = tiny_model(root, args.model)
+        env = split.engine_env() if split else {}
+        for name in names:
+            engines[name] = make_engine(VARIANTS[name], model, root / name, ENGINE_ARGS, env)
+        if split:
+            os.sched_setaffinity(0, split.engine)  # the engines inherit the engine's cores
+        for engine in engines.values():
+            engine.start()
+        if split:
+            os.sched_setaffinity(0, split.client)
+        for name, engine in engines.items():
+            engine.wait_ready()
+            bench_serve(engine.base_url, model, None, WARM_REQUESTS, root / f"warm-{name}.json",
+                        None, 8)  # fmt: skip
+            log(f"engine {name} ready and warmed")
+        results: dict[str, Any] = {
+            "machine": machine(),
+            "rate": args.rate,
+            "requests": args.requests,
+            "rounds": args.rounds,
+            "cpus": {"engine": sorted(split.engine), "client": sorted(split.client)}
+            if split
+            else None,
+            "runs": {name: [] for name in names},
+        }
+        for index in range(args.rounds):
+            for name in rotated(names, index):
+                out = root / f"round{index}-{name}.json"
+                found = measure(engines[name], model, args.rate, args.requests, out)
+                results["runs"][name].append(found)
+                log(f"round {index + 1} {name}: {found['tokens_per_s']:.0f} tokens/s")
+        return results
+    finally:
+        for engine in engines.values():
+            engine.stop(30.0)
+            engine.close()
+        cleanup(root, temporary)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variants", default=DEFAULT_VARIANTS, help="benchmarks.common.VARIANTS")
+    parser.add_argument("--rate", type=float, default=50.0, help="requests/s offered")
+    parser.add_argument("--requests", type=int, default=750, help="requests per run")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--client-cpus", default="auto", help="as benchmarks.overload's")
+    parser.add_argument("--model", help="a model folder (default: the tiny model, built)")
+    parser.add_argument("--workdir", help="kept after the run (default: a temporary folder)")
+    parser.add_argument("--out", help="the results as JSON")
+    args = parser.parse_args(argv)
+    if args.rate <= 0 or args.requests <= 0 or args.rounds <= 0:
+        parser.error("--rate, --requests and --rounds must be positive")
+    try:
+        names = variant_names(args.variants)
+        cpu_split(args.client_cpus)  # an impossible split is refused before any engine starts
+    except ValueError as error:
+        print(f"hook_ablation: {error}", file=sys.stderr)
+        return 2
+    exit_on_sigterm()
+    started = time.monotonic()
+    results = run(args, names)
+    results["took_s"] = round(time.monotonic() - started, 1)
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1))
+    print(report(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

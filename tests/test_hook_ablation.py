@@ -1,0 +1,66 @@
+"""The hook ablation's report (benchmarks/hook_ablation.py): ratios to plain's run of the
+same round, and the API server's share of the worker's CPU, on results whose answers are
+known. The engines themselves are the overload benchmark's (tests of benchmarks.overload)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from benchmarks.hook_ablation import main, report, rotated
+
+
+def _run(tokens_per_s: float, api_us: float, worker_us: float) -> dict[str, float]:
+    return {
+        "tokens_per_s": tokens_per_s,
+        "failed": 0,
+        "api_us_per_token": api_us,
+        "core_us_per_token": 80.0,
+        "worker_us_per_token": worker_us,
+        "api_share": api_us / worker_us,
+    }
+
+
+def _results() -> dict[str, Any]:
+    return {
+        "rate": 50.0,
+        "requests": 750,
+        "rounds": 2,
+        "cpus": {"engine": [0], "client": [1]},
+        "runs": {
+            # The host ran 25% slower in round 2: every process's CPU per token rose alike.
+            "plain": [_run(2000.0, 100.0, 250.0), _run(1500.0, 125.0, 312.5)],
+            "warden": [_run(1900.0, 110.0, 250.0), _run(1560.0, 137.5, 312.5)],
+        },
+    }
+
+
+def test_each_variant_is_read_against_plain_in_the_same_round() -> None:
+    text = report(_results())
+    warden = next(line for line in text.splitlines() if line.startswith("| warden |"))
+    assert warden == "| warden | 0.950 / 1.040 | 0.995 | 0.440 | 1.100 | 0 |"
+    plain = next(line for line in text.splitlines() if line.startswith("| plain |"))
+    assert plain == "| plain | 1.000 / 1.000 | 1.000 | 0.400 | 1.000 | 0 |"
+    assert text.startswith("2 rounds, 750 requests at 50/s per variant and round; engine on")
+
+
+def test_every_variant_runs_in_every_place() -> None:
+    names = ["plain", "warden", "warden_no_plugins"]
+    orders = [rotated(names, i) for i in range(3)]
+    assert orders[1] == ["warden", "warden_no_plugins", "plain"]
+    for place in range(3):
+        assert sorted(order[place] for order in orders) == sorted(names)
+
+
+def test_unknown_variants_and_absurd_loads_are_refused_before_any_engine_starts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["--variants", "plain,warden_typo", "--workdir", "/nonexistent/x"]) == 2
+    assert "warden_typo" in capsys.readouterr().err
+    assert main(["--variants", "warden"]) == 2
+    assert "no plain" in capsys.readouterr().err
+    assert main(["--client-cpus", "x"]) == 2
+    assert "--client-cpus x" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--rate", "0"])
