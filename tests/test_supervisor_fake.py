@@ -46,7 +46,10 @@ def _engine_child(title: str) -> None:
             if helper == 0:
                 time.sleep(float(os.environ.get("FAKE_HELPER_S", "1.5")))
                 os._exit(0)
-            (control / "helper_pid").write_text(str(helper))
+            # Written whole, then renamed: the test reads it as soon as it exists, and a file
+            # created and then written was once read empty in between.
+            (control / "helper_pid.tmp").write_text(str(helper))
+            (control / "helper_pid.tmp").rename(control / "helper_pid")
             os.waitpid(helper, 0)
             (control / "helper_done").touch()
         time.sleep(0.05)
