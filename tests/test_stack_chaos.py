@@ -252,7 +252,9 @@ class CompletionsServer:
     """An OpenAI-style server that takes ``delay`` per completion and counts what it sees;
     the n-th completion gets ``answers[n % len(answers)]`` (default: a 200)."""
 
-    def __init__(self, delay: float, answers: list[Answer] | None = None) -> None:
+    def __init__(
+        self, delay: float, answers: list[Answer] | None = None, models_delay: float = 0.0
+    ) -> None:
         answers = answers or [COMPLETED_ANSWER]
         self.bodies: list[dict[str, Any]] = []
         self.in_flight = 0
@@ -262,6 +264,7 @@ class CompletionsServer:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802
+                time.sleep(models_delay)
                 self._json({"data": [{"id": "tiny", "max_model_len": 300}]})
 
             def do_POST(self) -> None:  # noqa: N802
@@ -347,4 +350,15 @@ def test_pressure_stops_when_its_time_is_up() -> None:
     finally:
         server.close()
     assert elapsed < 3.0
+    assert 2 <= len(server.bodies) <= 10
+
+
+def test_pressure_times_its_requests_not_the_model_lookup_before_them() -> None:
+    """On a loaded machine the model lookup once took a 1 s pressure's whole time: nothing
+    was sent. Its time counts from the first request."""
+    server = CompletionsServer(delay=0.3, models_delay=1.2)
+    try:
+        chaos.pressure(server.url, 5000, 2, 1.0, out=lambda _: None)
+    finally:
+        server.close()
     assert 2 <= len(server.bodies) <= 10

@@ -198,7 +198,6 @@ def pressure(
     failed: warden.common.outcomes). Sustained, so a scrape every few seconds sees the cache
     full."""
     require_loopback(engine_url)
-    deadline = time.monotonic() + duration_s
     outcomes = OutcomeTally()
     lock = threading.Lock()
     sent = 0
@@ -217,6 +216,9 @@ def pressure(
             f"pressure: {concurrency} concurrent requests of ~{budget} prompt words + {budget} "
             f"tokens for {duration_s:g}s (at most {requests} requests) against {engine_url}"
         )
+        # The time counts from the first request, not from before the model lookup: on a
+        # loaded machine the lookup alone took a 1 s pressure's whole time, and none was sent.
+        deadline = time.monotonic() + duration_s
 
         def worker() -> None:
             nonlocal sent
