@@ -73,6 +73,8 @@ VARIANTS: dict[str, Variant] = {
         Variant("warden"),
         Variant("plain", False, False, False, False, False),
         Variant("plain_mp", False, False, False, False, True),
+        # A second plain vLLM: what a comparison reads between two identical engines.
+        Variant("plain_control", False, False, False, False, False),
         Variant("warden_no_logits", logits=False),
         Variant("warden_no_middleware", middleware=False),
         Variant("warden_no_plugins", plugins=False),

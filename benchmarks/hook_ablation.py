@@ -17,8 +17,18 @@ three processes' CPU per token alike (by a quarter within a minute on the 2-core
 so the share stays where the absolute numbers do not, and a hook's cost in the API server
 shows in it. Quick check 74 in benchmarks/README.md is this benchmark's first reading.
 
+``--side-by-side``: every variant gets its load at the same time, each its own client at
+``--rate``, so all of them run on the same host at the same moment. Run one after another,
+two identical plain engines read up to a quarter apart (the host's speed moves within a
+minute); side by side, they read within about 1% of each other (``plain_control``: a second
+plain vLLM). That resolves the API server's CPU per completed request, the overload
+benchmark's figure, to a percent: the column "API CPU/request w/p" is its ratio to plain's in
+the same round. Keep ``--rate`` times the number of variants near the engines' capacity on
+their shared cores: each engine gets its share of them.
+
 Usage:  .venv/bin/python -m benchmarks.hook_ablation [--rounds 4] [--rate 50]
-        [--requests 750] [--variants plain,warden,...] [--model DIR] [--out FILE]
+        [--requests 750] [--variants plain,warden,...] [--side-by-side] [--model DIR]
+        [--out FILE]
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -59,18 +70,65 @@ def generated_tokens(base_url: str) -> float:
     return sample(scrape(base_url), catalog.VLLM_GENERATION_TOKENS.name) or 0.0
 
 
+class Measurement:
+    """One variant's run, read around its client (``start``, then ``finish`` with the
+    client's result): tokens/s, each process's CPU microseconds per generated token, and the
+    API server's CPU milliseconds per completed request."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.cpu = EngineCpu(engine)
+        self.before: dict[str, float] = {}
+        self.tokens_before = 0.0
+
+    def start(self) -> None:
+        self.before, self.tokens_before = self.cpu.read(), generated_tokens(self.engine.base_url)
+
+    def finish(self, result: dict[str, Any]) -> dict[str, float]:
+        after = self.cpu.read()
+        tokens = max(generated_tokens(self.engine.base_url) - self.tokens_before, 1.0)
+        run = {"tokens_per_s": tokens / float(result["duration"]), "failed": result["failed"]}
+        for role in EngineCpu.ROLES:
+            run[f"{role}_us_per_token"] = (after[role] - self.before[role]) * 1e6 / tokens
+        run["api_share"] = run["api_us_per_token"] / run["worker_us_per_token"]
+        completed = max(int(result.get("completed", 0)), 1)
+        run["api_ms_per_request"] = (after["api"] - self.before["api"]) * 1e3 / completed
+        return run
+
+
 def measure(engine: Any, model: str, rate: float, requests: int, out: Path) -> dict[str, float]:
-    """One variant's run: tokens/s and each process's CPU microseconds per generated token."""
-    cpu = EngineCpu(engine)
-    before, tokens_before = cpu.read(), generated_tokens(engine.base_url)
-    result = bench_serve(engine.base_url, model, rate, requests, out, None)
-    after, tokens = cpu.read(), generated_tokens(engine.base_url) - tokens_before
-    tokens = max(tokens, 1.0)
-    run = {"tokens_per_s": tokens / float(result["duration"]), "failed": result["failed"]}
-    for role in EngineCpu.ROLES:
-        run[f"{role}_us_per_token"] = (after[role] - before[role]) * 1e6 / tokens
-    run["api_share"] = run["api_us_per_token"] / run["worker_us_per_token"]
-    return run
+    """One variant's run on its own (the others idle)."""
+    measurement = Measurement(engine)
+    measurement.start()
+    return measurement.finish(bench_serve(engine.base_url, model, rate, requests, out, None))
+
+
+def measure_side_by_side(
+    engines: dict[str, Any], model: str, rate: float, requests: int, outs: dict[str, Path]
+) -> dict[str, dict[str, float]]:
+    """Every variant's run at the same time, each with its own client: one host for all."""
+    measurements = {name: Measurement(engine) for name, engine in engines.items()}
+    results: dict[str, dict[str, Any]] = {}
+    errors: list[BaseException] = []
+
+    def client(name: str) -> None:
+        try:
+            results[name] = bench_serve(
+                engines[name].base_url, model, rate, requests, outs[name], None
+            )
+        except BaseException as error:  # re-raised below, after every client has ended
+            errors.append(error)
+
+    for measurement in measurements.values():
+        measurement.start()
+    clients = [threading.Thread(target=client, args=(name,)) for name in engines]
+    for thread in clients:
+        thread.start()
+    for thread in clients:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return {name: m.finish(results[name]) for name, m in measurements.items()}
 
 
 def rotated(names: Sequence[str], round_index: int) -> list[str]:
@@ -88,6 +146,11 @@ def report(results: dict[str, Any]) -> str:
     for name, own in runs.items():
         ratios = [r["tokens_per_s"] / b["tokens_per_s"] for r, b in zip(own, base, strict=True)]
         share = statistics.fmean(r["api_share"] for r in own)
+        per_request = [
+            r["api_ms_per_request"] / b["api_ms_per_request"]
+            for r, b in zip(own, base, strict=True)
+            if "api_ms_per_request" in r and b.get("api_ms_per_request")
+        ]
         rows.append(
             [
                 name,
@@ -95,6 +158,10 @@ def report(results: dict[str, Any]) -> str:
                 f"{statistics.median(ratios):.3f}",
                 f"{share:.3f}",
                 f"{share / base_share:.3f}",
+                f"{statistics.median(per_request):.3f} "
+                f"({min(per_request):.3f}-{max(per_request):.3f})"
+                if per_request
+                else "-",
                 sum(int(r["failed"]) for r in own),
             ]
         )
@@ -106,6 +173,8 @@ def report(results: dict[str, Any]) -> str:
         else f"{results['rounds']} rounds, {results['requests']} requests at "
         f"{results['rate']:g}/s per variant and round; no core split"
     )
+    if results.get("side_by_side"):
+        head += "; the variants side by side (loaded at the same time)"
     return (
         head
         + "\n\n"
@@ -116,6 +185,7 @@ def report(results: dict[str, Any]) -> str:
                 "median",
                 "API share of the worker's CPU",
                 "share w/p",
+                "API CPU/request w/p, median (min-max)",
                 "failed",
             ],
             rows,
@@ -160,9 +230,19 @@ def run(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
             "cpus": {"engine": sorted(split.engine), "client": sorted(split.client)}
             if split
             else None,
+            "side_by_side": args.side_by_side,
             "runs": {name: [] for name in names},
         }
         for index in range(args.rounds):
+            if args.side_by_side:
+                outs = {name: root / f"round{index}-{name}.json" for name in names}
+                found_all = measure_side_by_side(engines, model, args.rate, args.requests, outs)
+                for name in names:
+                    results["runs"][name].append(found_all[name])
+                log(f"round {index + 1}: " + ", ".join(
+                    f"{name} {found_all[name]['api_ms_per_request']:.2f} API ms/request"
+                    for name in names))  # fmt: skip
+                continue
             for name in rotated(names, index):
                 out = root / f"round{index}-{name}.json"
                 found = measure(engines[name], model, args.rate, args.requests, out)
@@ -182,6 +262,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=50.0, help="requests/s offered")
     parser.add_argument("--requests", type=int, default=750, help="requests per run")
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="load every variant at the same time (resolves the API server's CPU to ~1%%)",
+    )
     parser.add_argument("--client-cpus", default="auto", help="as benchmarks.overload's")
     parser.add_argument("--model", help="a model folder (default: the tiny model, built)")
     parser.add_argument("--workdir", help="kept after the run (default: a temporary folder)")

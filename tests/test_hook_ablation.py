@@ -11,8 +11,11 @@ import pytest
 from benchmarks.hook_ablation import main, report, rotated
 
 
-def _run(tokens_per_s: float, api_us: float, worker_us: float) -> dict[str, float]:
+def _run(
+    tokens_per_s: float, api_us: float, worker_us: float, api_ms: float = 10.0
+) -> dict[str, float]:
     return {
+        "api_ms_per_request": api_ms,
         "tokens_per_s": tokens_per_s,
         "failed": 0,
         "api_us_per_token": api_us,
@@ -30,8 +33,8 @@ def _results() -> dict[str, Any]:
         "cpus": {"engine": [0], "client": [1]},
         "runs": {
             # The host ran 25% slower in round 2: every process's CPU per token rose alike.
-            "plain": [_run(2000.0, 100.0, 250.0), _run(1500.0, 125.0, 312.5)],
-            "warden": [_run(1900.0, 110.0, 250.0), _run(1560.0, 137.5, 312.5)],
+            "plain": [_run(2000.0, 100.0, 250.0, 10.0), _run(1500.0, 125.0, 312.5, 12.5)],
+            "warden": [_run(1900.0, 110.0, 250.0, 10.4), _run(1560.0, 137.5, 312.5, 13.5)],
         },
     }
 
@@ -39,10 +42,30 @@ def _results() -> dict[str, Any]:
 def test_each_variant_is_read_against_plain_in_the_same_round() -> None:
     text = report(_results())
     warden = next(line for line in text.splitlines() if line.startswith("| warden |"))
-    assert warden == "| warden | 0.950 / 1.040 | 0.995 | 0.440 | 1.100 | 0 |"
+    # API CPU per completed request against plain's of the same round: 1.04 and 1.08.
+    assert warden == "| warden | 0.950 / 1.040 | 0.995 | 0.440 | 1.100 | 1.060 (1.040-1.080) | 0 |"
     plain = next(line for line in text.splitlines() if line.startswith("| plain |"))
-    assert plain == "| plain | 1.000 / 1.000 | 1.000 | 0.400 | 1.000 | 0 |"
+    assert plain == "| plain | 1.000 / 1.000 | 1.000 | 0.400 | 1.000 | 1.000 (1.000-1.000) | 0 |"
     assert text.startswith("2 rounds, 750 requests at 50/s per variant and round; engine on")
+    assert "side by side" not in text.splitlines()[0]
+
+
+def test_a_side_by_side_run_says_so() -> None:
+    results = {**_results(), "side_by_side": True}
+    assert (
+        report(results)
+        .splitlines()[0]
+        .endswith("; the variants side by side (loaded at the same time)")
+    )
+
+
+def test_results_saved_before_the_per_request_reading_still_report() -> None:
+    results = _results()
+    for runs in results["runs"].values():
+        for run in runs:
+            del run["api_ms_per_request"]
+    warden = next(line for line in report(results).splitlines() if line.startswith("| warden |"))
+    assert warden == "| warden | 0.950 / 1.040 | 0.995 | 0.440 | 1.100 | - | 0 |"
 
 
 def test_every_variant_runs_in_every_place() -> None:
