@@ -210,25 +210,3 @@ def test_the_half_open_share_is_counted_by_the_breakers_one_gate(
     assert status == 503 and answer["error"]["warden_reason"] == "circuit_half_open"
     assert answer["error"]["warden_signal"] == "manual"
     assert control.decide(RequestFacts()).admit  # the door's refusal left the credit at 1.0
-
-
-def test_attempt_ids_are_distinct_in_a_forked_child() -> None:
-    """vLLM may fork API server processes from one parent: a child that inherited the parent's
-    generator state would hand vLLM the parent's next request ids."""
-    import os
-
-    from warden.engine.retry_stage import attempt_id
-
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: its first id, then gone
-        os.write(write_end, attempt_id().encode())
-        os._exit(0)
-    os.close(write_end)
-    parent = attempt_id()  # the id the child would also draw, had it not been reseeded
-    child = os.read(read_end, 100).decode()
-    os.waitpid(pid, 0)
-    os.close(read_end)
-    assert child.startswith("warden-") and len(child) == len(parent) == 39
-    assert child != parent
-    assert len({attempt_id() for _ in range(1000)}) == 1000

@@ -17,6 +17,7 @@ import asyncio
 import json
 import logging
 import random
+import uuid
 from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
@@ -54,15 +55,6 @@ log = logging.getLogger("warden.control")
 RETRIED_ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/responses")
 TAGGED_ROUTES = ("/v1/completions", "/v1/chat/completions")
 STREAM_END = b"data: [DONE]"
-
-
-def attempt_id() -> str:
-    """A fresh id for one attempt: 128 random bits, as a uuid4's hex. From the ``random``
-    module's generator (seeded from the OS, and again in a forked child), not ``uuid4``: that
-    asks the kernel for bytes and builds a UUID object per call, the largest of warden's own
-    frames in the API server's profile. The id names an attempt to vLLM and the signal board;
-    it is not a secret."""
-    return f"warden-{random.getrandbits(128):032x}"
 
 
 def spliced(raw: bytes, body: dict[str, Any], field: str, value: dict[str, Any]) -> bytes | None:
@@ -126,7 +118,7 @@ class RetryStage:
         original_priority = body.get("priority")
         preempted_before = False
         for attempt in range(1, attempts + 1):
-            rid = attempt_id()
+            rid = f"warden-{uuid.uuid4().hex}"
             payload = None
             if attempt == 1 and not changed:
                 if not tag:
