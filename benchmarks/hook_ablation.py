@@ -80,14 +80,22 @@ class Measurement:
         self.cpu = EngineCpu(engine)
         self.before: dict[str, float] = {}
         self.tokens_before = 0.0
+        self.started_at = 0.0
 
     def start(self) -> None:
         self.before, self.tokens_before = self.cpu.read(), generated_tokens(self.engine.base_url)
+        self.started_at = time.time()
 
     def finish(self, result: dict[str, Any]) -> dict[str, float]:
         after = self.cpu.read()
         tokens = max(generated_tokens(self.engine.base_url) - self.tokens_before, 1.0)
-        run = {"tokens_per_s": tokens / float(result["duration"]), "failed": result["failed"]}
+        run = {
+            "tokens_per_s": tokens / float(result["duration"]),
+            "failed": result["failed"],
+            # When the run was read: side by side, every variant's spans the others'.
+            "started_at": self.started_at,
+            "ended_at": time.time(),
+        }
         for role in EngineCpu.ROLES:
             run[f"{role}_us_per_token"] = (after[role] - self.before[role]) * 1e6 / tokens
         run["api_share"] = run["api_us_per_token"] / run["worker_us_per_token"]

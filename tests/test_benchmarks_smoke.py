@@ -49,3 +49,23 @@ def test_saturation(tiny_model: Path, tmp_path: Path) -> None:
         *("--loads", "1", "--no-constant", "--workdir", str(tmp_path / "work"), "--out", str(out)),
     )
     result(out)
+
+
+@pytest.mark.engine
+def test_hook_ablation_side_by_side(tiny_model: Path, tmp_path: Path) -> None:
+    """Two plain engines loaded at the same time: both clients run over one span of time (the
+    point of the mode), and each run reads the API server's CPU per request."""
+    out = tmp_path / "ablation.json"
+    run_benchmark(
+        "hook_ablation",
+        *("--side-by-side", "--variants", "plain,plain_control", "--rate", "4"),
+        *("--requests", "12", "--rounds", "1", "--model", str(tiny_model)),
+        *("--workdir", str(tmp_path / "work"), "--out", str(out)),
+    )
+    found = result(out)
+    assert found["side_by_side"] is True
+    (plain,), (control,) = found["runs"]["plain"], found["runs"]["plain_control"]
+    for run in (plain, control):
+        assert run["failed"] == 0 and run["api_ms_per_request"] > 0
+    # Each started before the other ended: loaded together, not one after the other.
+    assert plain["started_at"] < control["ended_at"] and control["started_at"] < plain["ended_at"]
