@@ -1413,6 +1413,9 @@ class SaturationMeter:
         # What the recent completions add up to, kept until one finishes or is preempted:
         # most steps finish nothing, and this runs on every step.
         self._summary: _Completions | None = None
+        # At the last step: the KV cache's use, and whether its queue was held over.
+        self._kv_usage: float | None = None
+        self._held_over = False
 
     def observe(
         self,
@@ -1425,17 +1428,36 @@ class SaturationMeter:
         kv_usage: float | None = None,
         prefilled: int = 0,
     ) -> SaturationState:
+        """One observed step (``ingest``) and the state it leaves (``state``)."""
+        self.ingest(now, running, waiting, finished, preempted, steps, kv_usage, prefilled)
+        return self.state()
+
+    def ingest(
+        self,
+        now: float,
+        running: int,
+        waiting: int,
+        finished: Sequence[Sequence[float]],
+        preempted: int = 0,
+        steps: int = 1,
+        kv_usage: float | None = None,
+        prefilled: int = 0,
+    ) -> None:
         """One observed step, with the requests it finished: (prompt + generated tokens,
         seconds queued, seconds served[, tokens generated, seconds decoding[, 1.0 if the model
         stopped it before its limit]]), the last ones where vLLM says
         (``vllm_compat.finished_requests``); ``steps`` engine steps since the
         last one observed (the steps that changed nothing are counted, not observed:
         exporter/step_monitor.py); the KV cache's use at it, when known; how many prompts it
-        finished prefilling (then its time is not a step time of the batch: ``StepTimes``)."""
+        finished prefilling (then its time is not a step time of the batch: ``StepTimes``).
+        Only the clocks and records move here; what they add up to waits for ``state``, which
+        the step monitor asks for only when something reads it (a saturation limit decides
+        on every step; without one, the gauges every ``PUBLISH_EVERY_S``)."""
         last = self._last
         # Started since the last observed step: the batch's growth, plus what left it.
         started = running - last[1] + len(finished) + preempted if last is not None else 0
-        held_over = last is not None and waiting > 0 and 0 <= started < last[2]
+        self._held_over = last is not None and waiting > 0 and 0 <= started < last[2]
+        self._kv_usage = kv_usage
         if last is not None and last[1] + last[2] > 0:
             elapsed = max(0.0, now - last[0])
             self._busy += elapsed
@@ -1469,9 +1491,18 @@ class SaturationMeter:
             )
         if preempted:
             self._preempted.append((self._busy, preempted))
-        if finished or preempted or self._summary is None:
+        if finished or preempted:
+            self._summary = None
+
+    def state(self) -> SaturationState:
+        """What the steps ingested so far add up to, as of the last one."""
+        if self._last is None:
+            return SaturationState(kv_usage=self._kv_usage)
+        now, running, waiting = self._last
+        if self._summary is None:
             self._summary = self._summarize()
         summary = self._summary
+        kv_usage, held_over = self._kv_usage, self._held_over
         if summary.count < self.min_finished:
             # Too few finished to forecast; the step times are shown already (/warden/state).
             return SaturationState(

@@ -102,6 +102,14 @@ class StepMonitor:
         # saturation limit is): with a queue, its slots free as these end (predicted_wait),
         # the same inputs admission reads, so the gauge is the number admission decides on.
         self.served_requests: ServedRequests | None = None
+        # Whether the saturation state is rebuilt at every full step: True where a saturation
+        # limit decides admission on it (warden.engine.endpoints). Otherwise only the gauges and
+        # /warden/state read it, and it is rebuilt when the gauges are set (every
+        # ``PUBLISH_EVERY_S``) and between steps (``refresh_memory``): the meter still ingests
+        # every step. Summing up its recent completions was most of a full step's cost on the
+        # API server's output loop (benchmarks/README.md, quick check 84).
+        self.saturation_every_step = True
+        self._saturation_behind = False  # steps ingested since the state was last rebuilt
         self.stall_reason = ""  # the stall check's last verdict, for readiness to say why
         self.watermark_changed_at: float | None = None
         # Recent changes as (time, level entered, deciding signal, its risk), for
@@ -138,6 +146,7 @@ class StepMonitor:
             return snap
         now = self.clock()
         self._full_step_at = now
+        previous = snap
         with self._lock:
             snap = StepSnapshot(
                 timestamp=now,
@@ -147,7 +156,7 @@ class StepMonitor:
                 preempted=preempted,
             )
             change = self._update_watermark(snap, now)
-            snap.saturation = self.saturation.observe(
+            self.saturation.ingest(
                 now,
                 snap.running,
                 snap.waiting,
@@ -157,20 +166,33 @@ class StepMonitor:
                 snap.kv_cache_usage,
                 prefilled,
             )
-            if snap.waiting > 0 and self.served_requests is not None:
-                found = self.served_requests()
-                snap.saturation = replace(
-                    snap.saturation,
-                    served_ages=found.served_ages,
-                    served_limits=found.served_limits,
-                    queued_limits=found.queued_limits,
-                )
+            publish = now - self._published_at >= PUBLISH_EVERY_S or now < self._published_at
+            if self.saturation_every_step or publish:
+                snap.saturation = self._saturation_state(snap.waiting)
+                self._saturation_behind = False
+            else:
+                snap.saturation = previous.saturation
+                self._saturation_behind = True
             self._quiet_steps = 0
             self.snapshot = snap
-        if now - self._published_at >= PUBLISH_EVERY_S or now < self._published_at:
+        if publish:
             self._publish_step(snap)
         self._publish_watermark(change, now)
         return self._notify(snap)
+
+    def _saturation_state(self, waiting: int) -> SaturationState:
+        """The meter's state as of its last step, with the running requests' ages and limits
+        where a saturation limit reads them (``served_requests``) and a queue waits."""
+        state = self.saturation.state()
+        if waiting > 0 and self.served_requests is not None:
+            found = self.served_requests()
+            state = replace(
+                state,
+                served_ages=found.served_ages,
+                served_limits=found.served_limits,
+                queued_limits=found.queued_limits,
+            )
+        return state
 
     def on_quiet_step(self, running: int, waiting: int, kv_usage: float) -> bool:
         """A step that finished, preempted and prefilled nothing: True when it changes nothing
@@ -202,6 +224,9 @@ class StepMonitor:
         with self._lock:
             snap = replace(self.snapshot)
             change = self._update_watermark(snap, now)
+            if self._saturation_behind:
+                snap.saturation = self._saturation_state(snap.waiting)
+                self._saturation_behind = False
             self.snapshot = snap
         if snap.timestamp > 0:
             self._publish_step(snap)  # the last step's, which a recent publication may have missed

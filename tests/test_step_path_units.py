@@ -107,6 +107,47 @@ def test_step_gauges_are_set_at_most_every_publish_interval_and_the_last_step_wh
     assert step_gauges(registry) == pytest.approx((snap.timestamp, predicted_wait(snap.saturation)))
 
 
+class CountingMeter(SaturationMeter):
+    built = 0
+
+    def state(self):  # type: ignore[no-untyped-def]
+        self.built += 1
+        return super().state()
+
+
+def test_without_a_saturation_limit_the_state_is_summed_up_only_when_read_and_exactly() -> None:
+    rng = random.Random(11)
+    now = [1000.0]
+    settings, clock = WardenSettings(), (lambda: now[0])
+    every = StepMonitor(settings, WardenMetrics(CollectorRegistry()), None, clock=clock)
+    deferred = StepMonitor(settings, WardenMetrics(CollectorRegistry()), None, clock=clock)
+    deferred.saturation = CountingMeter()
+    deferred.saturation_every_step = False
+    rebuilt_at, last_built = -1e18, deferred.snapshot.saturation
+    for _ in range(3000):
+        now[0] += rng.choice([0.001, 0.004, 0.02])
+        running, waiting = rng.randint(1, 8), rng.choice([0, 0, 2, 9])
+        finished = [
+            (rng.randint(10, 400), 0.0, rng.uniform(0.1, 5.0), 30, 0.5)
+            for _ in range(rng.choice([0, 0, 0, 1, 2]))
+        ]
+        expected = every.on_step(running, waiting, 0.5, 0, finished)
+        built = deferred.saturation.built
+        snap = deferred.on_step(running, waiting, 0.5, 0, finished)
+        if deferred.saturation.built > built:  # summed up: as the every-step monitor has it
+            assert now[0] - rebuilt_at >= PUBLISH_EVERY_S - 1e-9
+            rebuilt_at = now[0]
+            assert snap.saturation == expected.saturation
+            last_built = snap.saturation
+        else:  # not: the last state summed up stands until the gauges are set again
+            assert snap.saturation is last_built
+    assert 3000 * 0.008 / PUBLISH_EVERY_S / 2 < deferred.saturation.built < 3000 / 10
+    # The engine goes quiet: the tick between steps sums up the steps since, exactly.
+    now[0] += 0.3
+    assert deferred.refresh_memory().saturation == every.refresh_memory().saturation
+    assert deferred.snapshot.saturation.measured_at == every.snapshot.saturation.measured_at
+
+
 def test_a_step_that_changes_nothing_moves_only_time_and_kv_and_any_change_is_seen_at_once(
     tmp_path,
 ) -> None:

@@ -72,9 +72,13 @@ class WardenEndpoints:
         if monitor is not None and engine_client is not None:
             if vllm_compat.unfinished_requests(engine_client) is not None:
                 monitor.inflight = lambda: vllm_compat.unfinished_requests(engine_client) or 0
-            if control.config.admission.saturation.enabled:
+            judged = control.config.admission.saturation.enabled
+            if judged:
                 # Read only where admission decides on them: the default config pays nothing.
                 monitor.served_requests = lambda: vllm_compat.served_requests(engine_client)
+            # Without a saturation limit nothing decides on the state at each step: it is
+            # summed up for the gauges and /warden/state only.
+            monitor.saturation_every_step = judged
             monitor.add_listener(Reflex(control.config.reflex, control))
             monitor.add_listener(SaturationWatch(control.config.admission.saturation, control))
         task = asyncio.get_running_loop().create_task(_tick_forever(rt))
