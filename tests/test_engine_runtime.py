@@ -74,6 +74,19 @@ def test_the_step_monitor_reads_served_requests_only_where_a_saturation_limit_is
     assert limited.served_requests is not None and limited.served_requests() == EngineRequests()
 
 
+def test_the_saturation_state_is_summed_up_at_every_step_only_where_a_limit_decides_on_it() -> None:
+    """Without a saturation limit only the gauges and /warden/state read the meter's state:
+    it is summed up when they are set (exporter/step_monitor.py); with one, at every step."""
+    plain = StepMonitor(WardenSettings(), WardenMetrics(CollectorRegistry()), None)
+    assert plain.saturation_every_step  # the monitor's own default: exact at every step
+    served(EngineRuntime.build(monitor=plain), FakeEngineClient())
+    assert not plain.saturation_every_step
+    limited = StepMonitor(WardenSettings(), WardenMetrics(CollectorRegistry()), None)
+    slo = ControlConfig(admission=AdmissionSettings(saturation=SaturationSettings(latency_slo_s=3)))
+    served(EngineRuntime.build(slo, monitor=limited), FakeEngineClient())
+    assert limited.saturation_every_step
+
+
 def test_two_runtimes_do_not_share_a_controller() -> None:
     first, second = EngineRuntime.build(), EngineRuntime.build()
     first.control.set_manual("maintenance", ActionRequest("stop_admission"), 60.0)

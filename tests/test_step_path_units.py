@@ -1,7 +1,8 @@
 """The per-step path in the API server (stat logger -> StepMonitor -> listeners) runs hundreds of
 times a second in vLLM's output loop, so each stage does only the work a step changes: the
 memory board is read again only after a write or when a sample it counted grows stale, the
-saturation meter summarises its completions only when one finishes or is preempted, the step
+saturation meter summarises its completions only when one finishes or is preempted (and,
+without a saturation limit, only when its state is read), the step
 gauges are set at most every ``PUBLISH_EVERY_S`` (and the last step's values once the engine
 goes quiet), and a step that changes nothing they read moves only the snapshot's time and KV
 usage (``REPEAT_STEP_S``). These tests hold each shortcut to the answer of the full computation."""
