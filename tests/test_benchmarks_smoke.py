@@ -69,3 +69,22 @@ def test_hook_ablation_side_by_side(tiny_model: Path, tmp_path: Path) -> None:
         assert run["failed"] == 0 and run["api_ms_per_request"] > 0
     # Each started before the other ended: loaded together, not one after the other.
     assert plain["started_at"] < control["ended_at"] and control["started_at"] < plain["ended_at"]
+
+
+@pytest.mark.engine
+def test_api_cpu_breakdown(tiny_model: Path, tmp_path: Path) -> None:
+    """The meters reach a live API server: its stat logger, collector thread and middleware
+    each report calls, and the middleware's own CPU is less than its total."""
+    out = tmp_path / "breakdown.json"
+    run_benchmark(
+        "api_cpu_breakdown",
+        *("--rate", "4", "--requests", "12", "--rounds", "1", "--settle-s", "0"),
+        *("--model", str(tiny_model), "--workdir", str(tmp_path / "work"), "--out", str(out)),
+    )
+    (found,) = result(out)["rounds"]
+    assert found["completed"] == 12 and found["failed"] == 0
+    hooks = {row["hook"]: row for row in found["hooks"]}
+    for hook in ("stat logger: record", "collector thread", "middleware, its own"):
+        assert hooks[hook]["calls_per_request"] > 0, hook
+    own, total = hooks["middleware, its own"], hooks["middleware with the app"]
+    assert 0 < own["ms_per_request"] < total["ms_per_request"]

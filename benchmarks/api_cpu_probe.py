@@ -1,0 +1,199 @@
+"""Thread-CPU meters for warden's hooks, installed inside a live API server.
+
+``benchmarks.api_cpu_breakdown`` starts a warden engine whose ``sitecustomize`` calls
+``install()``: a daemon thread wraps each hook of ``HOOKS`` as soon as its module is imported
+and writes what the meters read to ``<API_CPU_PROBE_DIR>/<pid>.json`` twice a second. A
+sampling profiler could not say this: py-spy sampled warden's API server 1.2x as often as
+plain's for 1.08x the CPU and aliased the 4 Hz tick (benchmarks/README.md, quick check 84).
+
+- A plain function or method: the thread CPU time of each call (``time.thread_time_ns``).
+- The middleware (an ASGI coroutine): the CPU of every stretch the coroutine runs between two
+  suspensions, less the same for the vLLM app it calls, which runs inside those stretches
+  (``MeteredAwaitable``). What is left is the middleware's own CPU, chunk forwarding excepted
+  (the app calls it, so it is counted as the app's).
+
+Each meter costs about a microsecond a call (two clock reads): a figure of a few
+microseconds a call is mostly the meter's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Coroutine, Generator
+from pathlib import Path
+from typing import Any
+
+PROBE_DIR_ENV = "API_CPU_PROBE_DIR"
+# (module, class, method, label): the hooks metered, each a plain call on the API server.
+HOOKS: tuple[tuple[str, str, str, str], ...] = (
+    ("exporter.stat_logger", "WardenStatLogger", "record", "stat logger: record"),
+    ("exporter.step_monitor", "StepMonitor", "on_step", "  of it: full steps"),
+    ("exporter.step_monitor", "StepMonitor", "refresh_memory", "tick: refresh between steps"),
+    ("warden.control.controller", "Controller", "policy", "tick and answers: policy"),
+    ("exporter.collectors", "CollectorRunner", "run_once", "collector thread"),
+    ("exporter.stall", "StallCollector", "collect", "  of it: stall"),
+    ("exporter.host_memory", "HostMemoryCollector", "collect", "  of it: host memory"),
+)
+MIDDLEWARE = ("warden.engine.middleware", "WardenMiddleware")
+MIDDLEWARE_TOTAL = "middleware with the app"
+MIDDLEWARE_APP = "  the app inside it"
+WRITE_EVERY_S = 0.5
+
+
+class Meters:
+    """Per label: calls, CPU nanoseconds, the longest call's nanoseconds."""
+
+    def __init__(self) -> None:
+        self.readings: dict[str, list[int]] = {}
+
+    def entry(self, label: str) -> list[int]:
+        return self.readings.setdefault(label, [0, 0, 0])
+
+    def add(self, label: str, nanoseconds: int) -> None:
+        entry = self.entry(label)
+        entry[0] += 1
+        entry[1] += nanoseconds
+        entry[2] = max(entry[2], nanoseconds)
+
+    def snapshot(self) -> dict[str, list[int]]:
+        return {label: list(entry) for label, entry in self.readings.items()}
+
+
+def metered(function: Callable[..., Any], label: str, meters: Meters) -> Callable[..., Any]:
+    """``function`` with each call's thread CPU time added to ``label``."""
+
+    @functools.wraps(function)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        started = time.thread_time_ns()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            meters.add(label, time.thread_time_ns() - started)
+
+    call.__wrapped_by_probe__ = True  # type: ignore[attr-defined]
+    return call
+
+
+class MeteredAwaitable:
+    """Awaits ``coroutine``, adding the CPU of each stretch it runs (each ``send``/``throw``)
+    to ``label``; one call is counted when it ends."""
+
+    __slots__ = ("coroutine", "label", "meters")
+
+    def __init__(self, coroutine: Coroutine[Any, Any, Any], label: str, meters: Meters) -> None:
+        self.coroutine = coroutine
+        self.label = label
+        self.meters = meters
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        entry = self.meters.entry(self.label)
+        value: Any = None
+        error: BaseException | None = None
+        try:
+            while True:
+                started = time.thread_time_ns()
+                try:
+                    if error is None:
+                        suspended = self.coroutine.send(value)
+                    else:
+                        suspended = self.coroutine.throw(error)
+                except StopIteration as stop:
+                    return stop.value
+                finally:
+                    entry[1] += time.thread_time_ns() - started
+                try:
+                    value, error = (yield suspended), None
+                except BaseException as thrown:  # handed to the coroutine, as await would
+                    value, error = None, thrown
+        finally:
+            entry[0] += 1
+
+
+def meter_middleware(cls: Any, meters: Meters) -> None:
+    """Meter ``cls.__call__`` and, inside it, the app each instance wraps (its stages hold the
+    same app: each reference is swapped on the instance's first call)."""
+    original = cls.__call__
+
+    def call(self: Any, scope: Any, receive: Any, send: Any) -> Any:
+        if not getattr(self, "_probe_metered", False):
+            self._probe_metered = True
+            app = self.app
+
+            def metered_app(scope: Any, receive: Any, send: Any) -> Any:
+                return MeteredAwaitable(app(scope, receive, send), MIDDLEWARE_APP, meters)
+
+            for holder in [self, *(v for v in vars(self).values() if hasattr(v, "__dict__"))]:
+                for name, value in list(vars(holder).items()):
+                    if value is app:
+                        setattr(holder, name, metered_app)
+        return MeteredAwaitable(original(self, scope, receive, send), MIDDLEWARE_TOTAL, meters)
+
+    cls.__call__ = call
+
+
+def patch_loaded(meters: Meters, done: set[str]) -> None:
+    """Meter every hook whose module is imported by now and is not metered yet."""
+    for module_name, class_name, method, label in HOOKS:
+        key = f"{module_name}.{class_name}.{method}"
+        module = sys.modules.get(module_name)
+        if key in done or module is None:
+            continue
+        cls = getattr(module, class_name)
+        setattr(cls, method, metered(getattr(cls, method), label, meters))
+        done.add(key)
+    module = sys.modules.get(MIDDLEWARE[0])
+    if module is not None and "middleware" not in done:
+        meter_middleware(getattr(module, MIDDLEWARE[1]), meters)
+        done.add("middleware")
+
+
+def write(meters: Meters, directory: Path) -> None:
+    path = directory / f"{os.getpid()}.json"
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps({"at": time.time(), "meters": meters.snapshot()}))
+    temporary.replace(path)
+
+
+def install() -> None:
+    """From ``sitecustomize``: meter this process's hooks where ``API_CPU_PROBE_DIR`` is set."""
+    target = os.environ.get(PROBE_DIR_ENV)
+    if not target:
+        return
+    directory = Path(target)
+    meters = Meters()
+    done: set[str] = set()
+
+    def loop() -> None:
+        while True:
+            time.sleep(WRITE_EVERY_S)
+            with contextlib.suppress(Exception):
+                patch_loaded(meters, done)
+                if meters.readings:
+                    write(meters, directory)
+
+    threading.Thread(target=loop, name="api-cpu-probe", daemon=True).start()
+
+
+def read(directory: Path, pid: int) -> dict[str, list[int]]:
+    """The meters process ``pid`` last wrote (empty before its first write)."""
+    with contextlib.suppress(OSError, ValueError):
+        found = json.loads((directory / f"{pid}.json").read_text())
+        return {k: [int(x) for x in v] for k, v in found["meters"].items()}
+    return {}
+
+
+def sitecustomize_source() -> str:
+    """The ``sitecustomize`` the engine under test imports at start-up."""
+    return f"import {__name__}\n{__name__}.install()\n"
+
+
+def hook_targets() -> list[tuple[Any, str]]:
+    """(class, method) of each hook: a test holds ``HOOKS`` to names that still exist."""
+    return [(getattr(importlib.import_module(m), c), f) for m, c, f, _ in HOOKS]
