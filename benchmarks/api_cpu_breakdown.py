@@ -10,7 +10,8 @@ of the API server's CPU per request (all threads, psutil). The middleware's own 
 total less the vLLM app it calls.
 
 Usage:  .venv/bin/python -m benchmarks.api_cpu_breakdown [--rate 10] [--requests 300]
-        [--rounds 2] [--settle-s 5] [--model DIR] [--workdir DIR] [--out FILE]
+        [--rounds 2] [--settle-s 5] [--hook module:Class.method ...] [--model DIR]
+        [--workdir DIR] [--out FILE]
 """
 
 from __future__ import annotations
@@ -43,15 +44,20 @@ WARM_REQUESTS = 80  # a full batch's worth, as the overload benchmark's warm-up
 MIDDLEWARE_OWN = "middleware, its own"
 
 
-def probe_env(root: Path) -> dict[str, str]:
-    """The engine's environment additions: a ``sitecustomize`` that installs the meters."""
+def probe_env(root: Path, hooks: Sequence[str] = ()) -> dict[str, str]:
+    """The engine's environment additions: a ``sitecustomize`` that installs the meters,
+    and the extra hooks they meter."""
     site = root / "probe-site"
     site.mkdir(parents=True, exist_ok=True)
     (site / "sitecustomize.py").write_text(api_cpu_probe.sitecustomize_source())
     meters = root / "probe-meters"
     meters.mkdir(parents=True, exist_ok=True)
     path = os.pathsep.join([str(site), str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])
-    return {"PYTHONPATH": path.rstrip(os.pathsep), api_cpu_probe.PROBE_DIR_ENV: str(meters)}
+    return {
+        "PYTHONPATH": path.rstrip(os.pathsep),
+        api_cpu_probe.PROBE_DIR_ENV: str(meters),
+        api_cpu_probe.EXTRA_HOOKS_ENV: ",".join(hooks),
+    }
 
 
 def fresh_meters(directory: Path, pid: int, wait_s: float) -> dict[str, list[int]]:
@@ -95,7 +101,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         model = tiny_model(root, args.model)
         split = cpu_split(args.client_cpus)
-        env = probe_env(root)
+        env = probe_env(root, args.hook)
         meters_dir = Path(env[api_cpu_probe.PROBE_DIR_ENV])
         results: dict[str, Any] = {"machine": machine(), "rate": args.rate, "rounds": []}
         with serving_engine(VARIANTS["warden"], model, root / "warden", env, split) as engine:
@@ -150,6 +156,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=300, help="requests per round")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--settle-s", type=float, default=5.0, help="idle after the warm-up")
+    parser.add_argument(
+        "--hook",
+        action="append",
+        default=[],
+        help="one more to meter: module:function or module:Class.method (repeatable)",
+    )
     parser.add_argument("--client-cpus", default="auto", help="as benchmarks.overload's")
     parser.add_argument("--model", help="a model folder (default: the tiny model, built)")
     parser.add_argument("--workdir", help="kept after the run (default: a temporary folder)")
@@ -159,6 +171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--rate, --requests and --rounds must be positive, --settle-s not negative")
     try:
         cpu_split(args.client_cpus)
+        for hook in args.hook:
+            api_cpu_probe.parse_hook(hook)
     except ValueError as error:
         print(f"api_cpu_breakdown: {error}", file=sys.stderr)
         return 2

@@ -7,6 +7,10 @@ sampling profiler could not say this: py-spy sampled warden's API server 1.2x as
 plain's for 1.08x the CPU and aliased the 4 Hz tick (benchmarks/README.md, quick check 84).
 
 - A plain function or method: the thread CPU time of each call (``time.thread_time_ns``).
+- Any other function or method named in ``API_CPU_PROBE_HOOKS`` (``--hook``): comma-separated
+  ``module:attribute`` or ``module:Class.method``, patched where the module looks it up (a
+  name imported with ``from x import f`` is metered as ``importing_module:f``). A coroutine
+  function's calls are metered as their stretches, children awaited inside included.
 - The middleware (an ASGI coroutine): the CPU of every stretch the coroutine runs between two
   suspensions, less the same for the vLLM app it calls, which runs inside those stretches
   (``MeteredAwaitable``). What is left is the middleware's own CPU, chunk forwarding excepted
@@ -21,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import inspect
 import json
 import os
 import sys
@@ -31,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 PROBE_DIR_ENV = "API_CPU_PROBE_DIR"
+EXTRA_HOOKS_ENV = "API_CPU_PROBE_HOOKS"
 # (module, class, method, label): the hooks metered, each a plain call on the API server.
 HOOKS: tuple[tuple[str, str, str, str], ...] = (
     ("exporter.stat_logger", "WardenStatLogger", "record", "stat logger: record"),
@@ -67,7 +73,16 @@ class Meters:
 
 
 def metered(function: Callable[..., Any], label: str, meters: Meters) -> Callable[..., Any]:
-    """``function`` with each call's thread CPU time added to ``label``."""
+    """``function`` with each call's thread CPU time added to ``label`` (a coroutine
+    function's: each stretch its coroutine runs, ``MeteredAwaitable``)."""
+    if inspect.iscoroutinefunction(function):
+
+        @functools.wraps(function)
+        async def start(*args: Any, **kwargs: Any) -> Any:
+            # A coroutine, as the function's callers expect (create_task takes no other).
+            return await MeteredAwaitable(function(*args, **kwargs), label, meters)
+
+        return start
 
     @functools.wraps(function)
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -127,6 +142,8 @@ def meter_middleware(cls: Any, meters: Meters) -> None:
             app = self.app
 
             def metered_app(scope: Any, receive: Any, send: Any) -> Any:
+                # An awaitable, not a coroutine of its own: a frame here would add its resumes
+                # (one per streamed chunk) to the middleware's own figure.
                 return MeteredAwaitable(app(scope, receive, send), MIDDLEWARE_APP, meters)
 
             for holder in [self, *(v for v in vars(self).values() if hasattr(v, "__dict__"))]:
@@ -138,15 +155,32 @@ def meter_middleware(cls: Any, meters: Meters) -> None:
     cls.__call__ = call
 
 
-def patch_loaded(meters: Meters, done: set[str]) -> None:
+def parse_hook(spec: str) -> tuple[str, str, str, str]:
+    """``module:attribute`` or ``module:Class.method`` as a HOOKS entry (its label the spec);
+    ValueError for anything else."""
+    module, sep, path = spec.strip().partition(":")
+    parts = path.split(".")
+    if not sep or not module or not path or len(parts) > 2 or not all(parts):
+        raise ValueError(f"hook {spec!r}: module:function or module:Class.method")
+    owner, attribute = (parts[0], parts[1]) if len(parts) == 2 else ("", parts[0])
+    return module, owner, attribute, spec.strip()
+
+
+def extra_hooks(value: str | None) -> tuple[tuple[str, str, str, str], ...]:
+    return tuple(parse_hook(spec) for spec in (value or "").split(",") if spec.strip())
+
+
+def patch_loaded(
+    meters: Meters, done: set[str], hooks: tuple[tuple[str, str, str, str], ...] = HOOKS
+) -> None:
     """Meter every hook whose module is imported by now and is not metered yet."""
-    for module_name, class_name, method, label in HOOKS:
+    for module_name, class_name, method, label in hooks:
         key = f"{module_name}.{class_name}.{method}"
         module = sys.modules.get(module_name)
         if key in done or module is None:
             continue
-        cls = getattr(module, class_name)
-        setattr(cls, method, metered(getattr(cls, method), label, meters))
+        owner = getattr(module, class_name) if class_name else module
+        setattr(owner, method, metered(getattr(owner, method), label, meters))
         done.add(key)
     module = sys.modules.get(MIDDLEWARE[0])
     if module is not None and "middleware" not in done:
@@ -167,6 +201,7 @@ def install() -> None:
     if not target:
         return
     directory = Path(target)
+    hooks = HOOKS + extra_hooks(os.environ.get(EXTRA_HOOKS_ENV))
     meters = Meters()
     done: set[str] = set()
 
@@ -174,7 +209,7 @@ def install() -> None:
         while True:
             time.sleep(WRITE_EVERY_S)
             with contextlib.suppress(Exception):
-                patch_loaded(meters, done)
+                patch_loaded(meters, done, hooks)
                 if meters.readings:
                     write(meters, directory)
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -149,3 +151,44 @@ def test_meters_written_by_one_process_are_read_back_by_pid(tmp_path: Path) -> N
     api_cpu_probe.write(meters, tmp_path)
     assert api_cpu_probe.read(tmp_path, os.getpid()) == {"record": [1, 5_000, 5_000]}
     assert api_cpu_probe.read(tmp_path, os.getpid() + 1) == {}
+
+
+def test_a_named_hook_is_parsed_or_refused() -> None:
+    assert api_cpu_probe.parse_hook("warden.engine.routes:verdict_of") == (
+        "warden.engine.routes",
+        "",
+        "verdict_of",
+        "warden.engine.routes:verdict_of",
+    )
+    assert api_cpu_probe.parse_hook(" a.b:Cls.meth ")[:3] == ("a.b", "Cls", "meth")
+    for bad in ("nocolon", ":f", "m:", "m:a.b.c", "m:a."):
+        with pytest.raises(ValueError):
+            api_cpu_probe.parse_hook(bad)
+    assert api_cpu_probe.extra_hooks(None) == ()
+    assert len(api_cpu_probe.extra_hooks("m:f, m:C.g ,")) == 2
+
+
+def test_a_named_coroutine_function_is_metered_by_its_stretches() -> None:
+    """A module-level coroutine function, patched where its module looks it up."""
+    module = types.ModuleType("probe_target")
+
+    async def handle() -> str:
+        burn(10)
+        await asyncio.sleep(0.1)
+        burn(10)
+        return "ok"
+
+    module.handle = handle  # type: ignore[attr-defined]
+    meters = Meters()
+    sys.modules["probe_target"] = module
+    try:
+        hooks = api_cpu_probe.extra_hooks("probe_target:handle")
+        done: set[str] = set()
+        api_cpu_probe.patch_loaded(meters, done, hooks)
+        api_cpu_probe.patch_loaded(meters, done, hooks)  # once only: not metered twice
+        assert asyncio.run(module.handle()) == "ok"
+    finally:
+        del sys.modules["probe_target"]
+    calls, nanoseconds, _ = meters.readings["probe_target:handle"]
+    assert calls == 1
+    assert 20 * MS <= nanoseconds < 40 * MS
