@@ -171,9 +171,13 @@ def extra_hooks(value: str | None) -> tuple[tuple[str, str, str, str], ...]:
 
 
 def patch_loaded(
-    meters: Meters, done: set[str], hooks: tuple[tuple[str, str, str, str], ...] = HOOKS
+    meters: Meters,
+    done: set[str],
+    hooks: tuple[tuple[str, str, str, str], ...] = HOOKS,
+    middleware: bool = True,
 ) -> None:
-    """Meter every hook whose module is imported by now and is not metered yet."""
+    """Meter every hook whose module is imported by now and is not metered yet (and warden's
+    middleware, unless ``middleware`` is False)."""
     for module_name, class_name, method, label in hooks:
         key = f"{module_name}.{class_name}.{method}"
         module = sys.modules.get(module_name)
@@ -183,7 +187,7 @@ def patch_loaded(
         setattr(owner, method, metered(getattr(owner, method), label, meters))
         done.add(key)
     module = sys.modules.get(MIDDLEWARE[0])
-    if module is not None and "middleware" not in done:
+    if middleware and module is not None and "middleware" not in done:
         meter_middleware(getattr(module, MIDDLEWARE[1]), meters)
         done.add("middleware")
 

@@ -184,11 +184,15 @@ def test_a_named_coroutine_function_is_metered_by_its_stretches() -> None:
     try:
         hooks = api_cpu_probe.extra_hooks("probe_target:handle")
         done: set[str] = set()
-        api_cpu_probe.patch_loaded(meters, done, hooks)
-        api_cpu_probe.patch_loaded(meters, done, hooks)  # once only: not metered twice
+        # Not warden's middleware: this process's class is shared with the other tests.
+        api_cpu_probe.patch_loaded(meters, done, hooks, middleware=False)
+        api_cpu_probe.patch_loaded(meters, done, hooks, middleware=False)  # metered once
         assert asyncio.run(module.handle()) == "ok"
     finally:
         del sys.modules["probe_target"]
     calls, nanoseconds, _ = meters.readings["probe_target:handle"]
     assert calls == 1
     assert 20 * MS <= nanoseconds < 40 * MS
+    from warden.engine.middleware import WardenMiddleware
+
+    assert WardenMiddleware.__call__.__qualname__ == "WardenMiddleware.__call__"  # untouched
