@@ -27,8 +27,8 @@ the same round. Keep ``--rate`` times the number of variants near the engines' c
 their shared cores: each engine gets its share of them.
 
 Usage:  .venv/bin/python -m benchmarks.hook_ablation [--rounds 4] [--rate 50]
-        [--requests 750] [--variants plain,warden,...] [--side-by-side] [--model DIR]
-        [--out FILE]
+        [--requests 750] [--variants plain,warden,...] [--side-by-side] [--max-num-seqs 8]
+        [--model DIR] [--out FILE]
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ from benchmarks.common import (
     tiny_model,
     workdir,
 )
-from benchmarks.overload import ENGINE_ARGS, bench_serve, cpu_split
+from benchmarks.overload import BATCH, bench_serve, cpu_split, engine_args
 from exporter import catalog
 
 DEFAULT_VARIANTS = "plain,warden,warden_no_middleware,warden_no_logits,warden_no_plugins"
@@ -183,6 +183,8 @@ def report(results: dict[str, Any]) -> str:
     )
     if results.get("side_by_side"):
         head += "; the variants side by side (loaded at the same time)"
+    if results.get("max_num_seqs", BATCH) != BATCH:
+        head += f"; a batch of {results['max_num_seqs']}"
     return (
         head
         + "\n\n"
@@ -217,8 +219,9 @@ def run(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
     try:
         model = tiny_model(root, args.model)
         env = split.engine_env() if split else {}
+        spec = engine_args(args.max_num_seqs)
         for name in names:
-            engines[name] = make_engine(VARIANTS[name], model, root / name, ENGINE_ARGS, env)
+            engines[name] = make_engine(VARIANTS[name], model, root / name, spec, env)
         if split:
             os.sched_setaffinity(0, split.engine)  # the engines inherit the engine's cores
         for engine in engines.values():
@@ -235,6 +238,7 @@ def run(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
             "rate": args.rate,
             "requests": args.requests,
             "rounds": args.rounds,
+            "max_num_seqs": args.max_num_seqs,
             "cpus": {"engine": sorted(split.engine), "client": sorted(split.client)}
             if split
             else None,
@@ -270,6 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=50.0, help="requests/s offered")
     parser.add_argument("--requests", type=int, default=750, help="requests per run")
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--max-num-seqs", type=int, default=BATCH, help="each engine's batch")
     parser.add_argument(
         "--side-by-side",
         action="store_true",
@@ -280,8 +285,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workdir", help="kept after the run (default: a temporary folder)")
     parser.add_argument("--out", help="the results as JSON")
     args = parser.parse_args(argv)
-    if args.rate <= 0 or args.requests <= 0 or args.rounds <= 0:
-        parser.error("--rate, --requests and --rounds must be positive")
+    if min(args.rate, args.requests, args.rounds, args.max_num_seqs) <= 0:
+        parser.error("--rate, --requests, --rounds and --max-num-seqs must be positive")
     try:
         names = variant_names(args.variants)
         cpu_split(args.client_cpus)  # an impossible split is refused before any engine starts

@@ -97,6 +97,20 @@ from exporter.saturation import PACE_MIN_CHANGES
 
 # The engine both sides run: the demo's (a batch of 8 whose KV cache holds it).
 ENGINE_ARGS = ("--max-model-len", "256", "--max-num-seqs", "8", "--num-gpu-blocks-override", "48")
+BATCH = 8  # ENGINE_ARGS' --max-num-seqs
+KV_BLOCKS_PER_SEQUENCE = 6  # and its KV blocks for each
+
+
+def engine_args(max_num_seqs: int = BATCH) -> tuple[str, ...]:
+    """``ENGINE_ARGS`` with a batch of ``max_num_seqs``, the KV cache sized for it as for 8.
+    Warden's per-step work is shared by the requests of a step: a bigger batch asks less of
+    it per request (``benchmarks.hook_ablation --max-num-seqs``)."""
+    args = list(ENGINE_ARGS)
+    args[args.index("--max-num-seqs") + 1] = str(max_num_seqs)
+    args[args.index("--num-gpu-blocks-override") + 1] = str(max_num_seqs * KV_BLOCKS_PER_SEQUENCE)
+    return tuple(args)
+
+
 # warden_requests_total's outcome for a 503/429 refusal.
 REJECTED = "rejected"
 # How often the engine's token counter is read while a client runs: the window's ends fall

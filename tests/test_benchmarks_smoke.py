@@ -54,16 +54,19 @@ def test_saturation(tiny_model: Path, tmp_path: Path) -> None:
 @pytest.mark.engine
 def test_hook_ablation_side_by_side(tiny_model: Path, tmp_path: Path) -> None:
     """Two plain engines loaded at the same time: both clients run over one span of time (the
-    point of the mode), and each run reads the API server's CPU per request."""
+    point of the mode), and each run reads the API server's CPU per request; each engine
+    runs the batch asked for."""
     out = tmp_path / "ablation.json"
     run_benchmark(
         "hook_ablation",
         *("--side-by-side", "--variants", "plain,plain_control", "--rate", "4"),
-        *("--requests", "12", "--rounds", "1", "--model", str(tiny_model)),
+        *("--requests", "12", "--rounds", "1", "--max-num-seqs", "4", "--model", str(tiny_model)),
         *("--workdir", str(tmp_path / "work"), "--out", str(out)),
     )
     found = result(out)
-    assert found["side_by_side"] is True
+    assert found["side_by_side"] is True and found["max_num_seqs"] == 4
+    for name in ("plain", "plain_control"):  # vLLM logs the arguments it was given
+        assert "'max_num_seqs': 4" in (tmp_path / "work" / name / "engine.log").read_text()
     (plain,), (control,) = found["runs"]["plain"], found["runs"]["plain_control"]
     for run in (plain, control):
         assert run["failed"] == 0 and run["api_ms_per_request"] > 0
