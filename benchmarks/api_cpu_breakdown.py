@@ -10,8 +10,8 @@ of the API server's CPU per request (all threads, psutil). The middleware's own 
 total less the vLLM app it calls.
 
 Usage:  .venv/bin/python -m benchmarks.api_cpu_breakdown [--rate 10] [--requests 300]
-        [--rounds 2] [--settle-s 5] [--hook module:Class.method ...] [--model DIR]
-        [--workdir DIR] [--out FILE]
+        [--rounds 2] [--max-num-seqs 8] [--settle-s 5] [--hook module:Class.method ...]
+        [--model DIR] [--workdir DIR] [--out FILE]
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from benchmarks.common import (
     tiny_model,
     workdir,
 )
-from benchmarks.overload import bench_serve, cpu_split, serving_engine
+from benchmarks.overload import BATCH, bench_serve, cpu_split, engine_args, serving_engine
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WARM_REQUESTS = 80  # a full batch's worth, as the overload benchmark's warm-up
@@ -103,8 +103,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         split = cpu_split(args.client_cpus)
         env = probe_env(root, args.hook)
         meters_dir = Path(env[api_cpu_probe.PROBE_DIR_ENV])
-        results: dict[str, Any] = {"machine": machine(), "rate": args.rate, "rounds": []}
-        with serving_engine(VARIANTS["warden"], model, root / "warden", env, split) as engine:
+        results: dict[str, Any] = {
+            "machine": machine(),
+            "rate": args.rate,
+            "max_num_seqs": args.max_num_seqs,
+            "rounds": [],
+        }
+        spec = engine_args(args.max_num_seqs)
+        warden = VARIANTS["warden"]
+        with serving_engine(warden, model, root / "warden", env, split, spec) as engine:
             bench_serve(engine.base_url, model, None, WARM_REQUESTS, root / "warm.json", None, 8)
             time.sleep(args.settle_s)
             cpu, pid = EngineCpu(engine), engine.process.pid
@@ -133,6 +140,7 @@ def report(results: dict[str, Any]) -> str:
     for index, found in enumerate(results["rounds"]):
         lines.append(
             f"round {index + 1}: {found['completed']} requests at {results['rate']:g}/s, "
+            f"a batch of {results['max_num_seqs']}, "
             f"API server {found['api_ms']:.2f} ms CPU/request"
         )
         rows = [
@@ -155,6 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=10.0, help="requests/s offered")
     parser.add_argument("--requests", type=int, default=300, help="requests per round")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--max-num-seqs", type=int, default=BATCH, help="the engine's batch")
     parser.add_argument("--settle-s", type=float, default=5.0, help="idle after the warm-up")
     parser.add_argument(
         "--hook",
@@ -167,8 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workdir", help="kept after the run (default: a temporary folder)")
     parser.add_argument("--out", help="the results as JSON")
     args = parser.parse_args(argv)
-    if args.rate <= 0 or args.requests <= 0 or args.rounds <= 0 or args.settle_s < 0:
-        parser.error("--rate, --requests and --rounds must be positive, --settle-s not negative")
+    if min(args.rate, args.requests, args.rounds, args.max_num_seqs) <= 0 or args.settle_s < 0:
+        parser.error("--rate, --requests, --rounds, --max-num-seqs must be positive")
     try:
         cpu_split(args.client_cpus)
         for hook in args.hook:

@@ -704,12 +704,17 @@ def engine_cores(engine: Any) -> frozenset[int] | None:
 
 @contextlib.contextmanager
 def serving_engine(
-    variant: Any, model: str, run_dir: Path, env: dict[str, str], split: CpuSplit | None
+    variant: Any,
+    model: str,
+    run_dir: Path,
+    env: dict[str, str],
+    split: CpuSplit | None,
+    args: Sequence[str] = ENGINE_ARGS,
 ) -> Iterator[Any]:
     """An engine started on the engine's cores (its processes inherit them), ready; stopped
     on exit. This process, and the clients it starts, stay on the client's cores."""
     engine = make_engine(
-        variant, model, run_dir, ENGINE_ARGS, {**env, **(split.engine_env() if split else {})}
+        variant, model, run_dir, args, {**env, **(split.engine_env() if split else {})}
     )
     try:
         if split:

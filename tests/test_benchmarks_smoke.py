@@ -82,8 +82,10 @@ def test_api_cpu_breakdown(tiny_model: Path, tmp_path: Path) -> None:
     run_benchmark(
         "api_cpu_breakdown",
         *("--rate", "4", "--requests", "12", "--rounds", "1", "--settle-s", "0"),
-        *("--model", str(tiny_model), "--workdir", str(tmp_path / "work"), "--out", str(out)),
+        *("--max-num-seqs", "4", "--model", str(tiny_model)),
+        *("--workdir", str(tmp_path / "work"), "--out", str(out)),
     )
+    assert "'max_num_seqs': 4" in (tmp_path / "work" / "warden" / "engine.log").read_text()
     (found,) = result(out)["rounds"]
     assert found["completed"] == 12 and found["failed"] == 0
     hooks = {row["hook"]: row for row in found["hooks"]}
