@@ -61,7 +61,8 @@ def probe_env(root: Path, hooks: Sequence[str] = ()) -> dict[str, str]:
 
 
 def fresh_meters(directory: Path, pid: int, wait_s: float) -> dict[str, list[int]]:
-    """The meters as written after now: each write is at most ``WRITE_EVERY_S`` old."""
+    """The meters as written after now, at most ``WRITE_EVERY_S`` before the call returns:
+    the API server's CPU read right after it spans the same time, to within that."""
     time.sleep(wait_s)
     return api_cpu_probe.read(directory, pid)
 
@@ -72,17 +73,17 @@ def breakdown(
     """Per label: calls per request, us a call, ms per request and share of the API CPU."""
     rows = []
     delta = {
-        label: [a - b for a, b in zip(entry, before.get(label, [0, 0, 0]), strict=True)]
+        label: [a - b for a, b in zip(entry, before.get(label, [0, 0]), strict=True)]
         for label, entry in after.items()
     }
     total = delta.get(api_cpu_probe.MIDDLEWARE_TOTAL)
     app = delta.get(api_cpu_probe.MIDDLEWARE_APP)
     if total and app:
-        delta[MIDDLEWARE_OWN] = [total[0], total[1] - app[1], 0]
+        delta[MIDDLEWARE_OWN] = [total[0], total[1] - app[1]]
     order = [label for *_, label in api_cpu_probe.HOOKS]
     order += [api_cpu_probe.MIDDLEWARE_TOTAL, api_cpu_probe.MIDDLEWARE_APP, MIDDLEWARE_OWN]
     for label in sorted(delta, key=lambda name: order.index(name) if name in order else 99):
-        calls, nanoseconds, _longest = delta[label]
+        calls, nanoseconds = delta[label]
         ms_per_request = nanoseconds / 1e6 / completed
         rows.append(
             {
@@ -120,8 +121,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 api_before = cpu.read()["api"]
                 out = root / f"round{index}.json"
                 found = bench_serve(engine.base_url, model, args.rate, args.requests, out, None)
-                api_after = cpu.read()["api"]
                 after = fresh_meters(meters_dir, pid, 2 * api_cpu_probe.WRITE_EVERY_S)
+                api_after = cpu.read()["api"]  # as just after ``before``: the same span
                 completed = max(int(found["completed"]), 1)
                 api_ms = (api_after - api_before) * 1e3 / completed
                 rows = breakdown(before, after, completed, api_ms)

@@ -54,19 +54,18 @@ WRITE_EVERY_S = 0.5
 
 
 class Meters:
-    """Per label: calls, CPU nanoseconds, the longest call's nanoseconds."""
+    """Per label: calls and CPU nanoseconds."""
 
     def __init__(self) -> None:
         self.readings: dict[str, list[int]] = {}
 
     def entry(self, label: str) -> list[int]:
-        return self.readings.setdefault(label, [0, 0, 0])
+        return self.readings.setdefault(label, [0, 0])
 
     def add(self, label: str, nanoseconds: int) -> None:
         entry = self.entry(label)
         entry[0] += 1
         entry[1] += nanoseconds
-        entry[2] = max(entry[2], nanoseconds)
 
     def snapshot(self) -> dict[str, list[int]]:
         return {label: list(entry) for label, entry in self.readings.items()}
@@ -92,7 +91,6 @@ def metered(function: Callable[..., Any], label: str, meters: Meters) -> Callabl
         finally:
             meters.add(label, time.thread_time_ns() - started)
 
-    call.__wrapped_by_probe__ = True  # type: ignore[attr-defined]
     return call
 
 

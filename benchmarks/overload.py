@@ -102,9 +102,9 @@ KV_BLOCKS_PER_SEQUENCE = 6  # and its KV blocks for each
 
 
 def engine_args(max_num_seqs: int = BATCH) -> tuple[str, ...]:
-    """``ENGINE_ARGS`` with a batch of ``max_num_seqs``, the KV cache sized for it as for 8.
-    Warden's per-step work is shared by the requests of a step: a bigger batch asks less of
-    it per request (``benchmarks.hook_ablation --max-num-seqs``)."""
+    """``ENGINE_ARGS`` with a batch of ``max_num_seqs``, the KV cache sized for it as for 8:
+    a bigger batch makes fewer engine steps per request, and warden's stat logger runs once
+    a step (``benchmarks.hook_ablation --max-num-seqs``, quick check 90)."""
     args = list(ENGINE_ARGS)
     args[args.index("--max-num-seqs") + 1] = str(max_num_seqs)
     args[args.index("--num-gpu-blocks-override") + 1] = str(max_num_seqs * KV_BLOCKS_PER_SEQUENCE)
