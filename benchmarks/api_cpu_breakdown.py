@@ -7,10 +7,12 @@ benchmark's engine arguments and core split) whose ``sitecustomize`` meters each
 thread CPU (``benchmarks.api_cpu_probe``), warms it, offers ``vllm bench serve``'s open-loop
 load, and reports per hook: calls per completed request, microseconds a call, and its share
 of the API server's CPU per request (all threads, psutil). The middleware's own share is its
-total less the vLLM app it calls.
+total less the vLLM app it calls. Garbage collection is metered too, by generation; with
+``--variant plain`` it is all there is to meter, for comparison.
 
-Usage:  .venv/bin/python -m benchmarks.api_cpu_breakdown [--rate 10] [--requests 300]
-        [--rounds 2] [--max-num-seqs 8] [--settle-s 5] [--hook module:Class.method ...]
+Usage:  .venv/bin/python -m benchmarks.api_cpu_breakdown [--variant warden] [--rate 10]
+        [--requests 300] [--rounds 2] [--max-num-seqs 8] [--settle-s 5]
+        [--hook module:Class.method ...]
         [--model DIR] [--workdir DIR] [--out FILE]
 """
 
@@ -106,13 +108,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         meters_dir = Path(env[api_cpu_probe.PROBE_DIR_ENV])
         results: dict[str, Any] = {
             "machine": machine(),
+            "variant": args.variant,
             "rate": args.rate,
             "max_num_seqs": args.max_num_seqs,
             "rounds": [],
         }
         spec = engine_args(args.max_num_seqs)
-        warden = VARIANTS["warden"]
-        with serving_engine(warden, model, root / "warden", env, split, spec) as engine:
+        variant = VARIANTS[args.variant]
+        with serving_engine(variant, model, root / args.variant, env, split, spec) as engine:
             bench_serve(engine.base_url, model, None, WARM_REQUESTS, root / "warm.json", None, 8)
             time.sleep(args.settle_s)
             cpu, pid = EngineCpu(engine), engine.process.pid
@@ -140,7 +143,8 @@ def report(results: dict[str, Any]) -> str:
     lines = []
     for index, found in enumerate(results["rounds"]):
         lines.append(
-            f"round {index + 1}: {found['completed']} requests at {results['rate']:g}/s, "
+            f"{results.get('variant', 'warden')} round {index + 1}: "
+            f"{found['completed']} requests at {results['rate']:g}/s, "
             f"a batch of {results['max_num_seqs']}, "
             f"API server {found['api_ms']:.2f} ms CPU/request"
         )
@@ -161,6 +165,12 @@ def report(results: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--variant",
+        choices=("warden", "plain"),
+        default="warden",
+        help="the engine metered (plain: its garbage collection only)",
+    )
     parser.add_argument("--rate", type=float, default=10.0, help="requests/s offered")
     parser.add_argument("--requests", type=int, default=300, help="requests per round")
     parser.add_argument("--rounds", type=int, default=2)

@@ -11,6 +11,7 @@ plain's for 1.08x the CPU and aliased the 4 Hz tick (benchmarks/README.md, quick
   ``module:attribute`` or ``module:Class.method``, patched where the module looks it up (a
   name imported with ``from x import f`` is metered as ``importing_module:f``). A coroutine
   function's calls are metered as their stretches, children awaited inside included.
+- Garbage collection, by generation: in every process, plain vLLM's too.
 - The middleware (an ASGI coroutine): the CPU of every stretch the coroutine runs between two
   suspensions, less the same for the vLLM app it calls, which runs inside those stretches
   (``MeteredAwaitable``). What is left is the middleware's own CPU, chunk forwarding excepted
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import importlib
 import inspect
 import json
@@ -50,6 +52,7 @@ HOOKS: tuple[tuple[str, str, str, str], ...] = (
 MIDDLEWARE = ("warden.engine.middleware", "WardenMiddleware")
 MIDDLEWARE_TOTAL = "middleware with the app"
 MIDDLEWARE_APP = "  the app inside it"
+GC_LABEL = "garbage collection, generation {}"
 WRITE_EVERY_S = 0.5
 
 
@@ -153,6 +156,25 @@ def meter_middleware(cls: Any, meters: Meters) -> None:
     cls.__call__ = call
 
 
+def meter_garbage_collection(meters: Meters) -> Callable[[str, dict[str, int]], None]:
+    """Add the thread CPU of each garbage collection, by generation, to ``meters``: the
+    interpreter's own cost of the objects a process allocates, in no hook's figure (a
+    collection falls in whichever call allocated past the threshold). The callback is
+    returned; it is registered in ``gc.callbacks``."""
+    started: dict[int, int] = {}
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        thread = threading.get_ident()
+        if phase == "start":
+            started[thread] = time.thread_time_ns()
+        elif thread in started:
+            spent = time.thread_time_ns() - started.pop(thread)
+            meters.add(GC_LABEL.format(info.get("generation", "?")), spent)
+
+    gc.callbacks.append(callback)
+    return callback
+
+
 def parse_hook(spec: str) -> tuple[str, str, str, str]:
     """``module:attribute`` or ``module:Class.method`` as a HOOKS entry (its label the spec);
     ValueError for anything else."""
@@ -205,6 +227,7 @@ def install() -> None:
     directory = Path(target)
     hooks = HOOKS + extra_hooks(os.environ.get(EXTRA_HOOKS_ENV))
     meters = Meters()
+    meter_garbage_collection(meters)
     done: set[str] = set()
 
     def loop() -> None:

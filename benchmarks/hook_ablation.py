@@ -26,9 +26,15 @@ benchmark's figure, to a percent: the column "API CPU/request w/p" is its ratio 
 the same round. Keep ``--rate`` times the number of variants near the engines' capacity on
 their shared cores: each engine gets its share of them.
 
+``--hook module:Class.method`` (repeatable): every engine, plain's too, meters that function's
+thread CPU in its API server (``benchmarks.api_cpu_probe``, garbage collection included),
+and the report gives each one's milliseconds per completed request, variant against plain:
+where in vLLM's own code warden's API server spends more than plain's, which the per-hook
+breakdown (``benchmarks.api_cpu_breakdown``) cannot see.
+
 Usage:  .venv/bin/python -m benchmarks.hook_ablation [--rounds 4] [--rate 50]
         [--requests 750] [--variants plain,warden,...] [--side-by-side] [--max-num-seqs 8]
-        [--model DIR] [--out FILE]
+        [--hook module:Class.method ...] [--model DIR] [--out FILE]
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks import api_cpu_probe
+from benchmarks.api_cpu_breakdown import breakdown, probe_env
 from benchmarks.common import (
     VARIANTS,
     EngineCpu,
@@ -75,18 +83,28 @@ class Measurement:
     client's result): tokens/s, each process's CPU microseconds per generated token, and the
     API server's CPU milliseconds per completed request."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, meters_dir: Path | None = None) -> None:
         self.engine = engine
         self.cpu = EngineCpu(engine)
+        self.meters_dir = meters_dir
         self.before: dict[str, float] = {}
+        self.meters_before: dict[str, list[int]] = {}
         self.tokens_before = 0.0
         self.started_at = 0.0
 
+    def meters(self) -> dict[str, list[int]]:
+        """The API server's hook meters as last written (none without ``--hook``)."""
+        if self.meters_dir is None:
+            return {}
+        return api_cpu_probe.read(self.meters_dir, self.engine.process.pid)
+
     def start(self) -> None:
+        self.meters_before = self.meters()
         self.before, self.tokens_before = self.cpu.read(), generated_tokens(self.engine.base_url)
         self.started_at = time.time()
 
-    def finish(self, result: dict[str, Any]) -> dict[str, float]:
+    def finish(self, result: dict[str, Any]) -> dict[str, Any]:
+        meters_after = self.meters()
         after = self.cpu.read()
         tokens = max(generated_tokens(self.engine.base_url) - self.tokens_before, 1.0)
         run = {
@@ -101,21 +119,46 @@ class Measurement:
         run["api_share"] = run["api_us_per_token"] / run["worker_us_per_token"]
         completed = max(int(result.get("completed", 0)), 1)
         run["api_ms_per_request"] = (after["api"] - self.before["api"]) * 1e3 / completed
+        if self.meters_dir is not None:
+            rows = breakdown(self.meters_before, meters_after, completed, 0.0)
+            run["hooks"] = {row["hook"]: row["ms_per_request"] for row in rows}
         return run
 
 
-def measure(engine: Any, model: str, rate: float, requests: int, out: Path) -> dict[str, float]:
+def settle_meters(meters_dir: Path | None) -> None:
+    """Wait until every API server has written its meters since now: what they read then
+    spans the same time as the CPU read right after."""
+    if meters_dir is not None:
+        time.sleep(2 * api_cpu_probe.WRITE_EVERY_S)
+
+
+def measure(
+    engine: Any,
+    model: str,
+    rate: float,
+    requests: int,
+    out: Path,
+    meters_dir: Path | None = None,
+) -> dict[str, Any]:
     """One variant's run on its own (the others idle)."""
-    measurement = Measurement(engine)
+    measurement = Measurement(engine, meters_dir)
+    settle_meters(meters_dir)
     measurement.start()
-    return measurement.finish(bench_serve(engine.base_url, model, rate, requests, out, None))
+    found = bench_serve(engine.base_url, model, rate, requests, out, None)
+    settle_meters(meters_dir)
+    return measurement.finish(found)
 
 
 def measure_side_by_side(
-    engines: dict[str, Any], model: str, rate: float, requests: int, outs: dict[str, Path]
-) -> dict[str, dict[str, float]]:
+    engines: dict[str, Any],
+    model: str,
+    rate: float,
+    requests: int,
+    outs: dict[str, Path],
+    meters_dir: Path | None = None,
+) -> dict[str, dict[str, Any]]:
     """Every variant's run at the same time, each with its own client: one host for all."""
-    measurements = {name: Measurement(engine) for name, engine in engines.items()}
+    measurements = {name: Measurement(engine, meters_dir) for name, engine in engines.items()}
     results: dict[str, dict[str, Any]] = {}
     errors: list[BaseException] = []
 
@@ -127,6 +170,7 @@ def measure_side_by_side(
         except BaseException as error:  # re-raised below, after every client has ended
             errors.append(error)
 
+    settle_meters(meters_dir)
     for measurement in measurements.values():
         measurement.start()
     clients = [threading.Thread(target=client, args=(name,)) for name in engines]
@@ -136,6 +180,7 @@ def measure_side_by_side(
         thread.join()
     if errors:
         raise errors[0]
+    settle_meters(meters_dir)
     return {name: m.finish(results[name]) for name, m in measurements.items()}
 
 
@@ -200,7 +245,36 @@ def report(results: dict[str, Any]) -> str:
             ],
             rows,
         )
+        + hooks_report(runs)
     )
+
+
+def hooks_report(runs: dict[str, list[dict[str, Any]]]) -> str:
+    """``--hook``: per metered function and variant, its API server's CPU milliseconds per
+    completed request (median of the rounds, min-max) and that over plain's, round by round."""
+    labels = sorted({label for own in runs.values() for r in own for label in r.get("hooks", {})})
+    if not labels:
+        return ""
+    base = runs[BASELINE]
+    rows = []
+    for label in labels:
+        for name, own in runs.items():
+            spent = [r.get("hooks", {}).get(label, 0.0) for r in own]
+            ratios = [
+                r.get("hooks", {}).get(label, 0.0) / b["hooks"][label]
+                for r, b in zip(own, base, strict=True)
+                if b.get("hooks", {}).get(label)
+            ]
+            rows.append(
+                [
+                    label,
+                    name,
+                    f"{statistics.median(spent):.3f} ({min(spent):.3f}-{max(spent):.3f})",
+                    f"{statistics.median(ratios):.3f}" if ratios else "-",
+                ]
+            )
+    headers = ["metered in the API server", "variant", "ms/request, median (min-max)", "w/p"]
+    return "\n\n" + table(headers, rows)
 
 
 def variant_names(spec: str) -> list[str]:
@@ -219,6 +293,10 @@ def run(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
     try:
         model = tiny_model(root, args.model)
         env = split.engine_env() if split else {}
+        meters_dir: Path | None = None
+        if args.hook:
+            env = {**env, **probe_env(root, args.hook)}
+            meters_dir = Path(env[api_cpu_probe.PROBE_DIR_ENV])
         spec = engine_args(args.max_num_seqs)
         for name in names:
             engines[name] = make_engine(VARIANTS[name], model, root / name, spec, env)
@@ -248,7 +326,9 @@ def run(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
         for index in range(args.rounds):
             if args.side_by_side:
                 outs = {name: root / f"round{index}-{name}.json" for name in names}
-                found_all = measure_side_by_side(engines, model, args.rate, args.requests, outs)
+                found_all = measure_side_by_side(
+                    engines, model, args.rate, args.requests, outs, meters_dir
+                )
                 for name in names:
                     results["runs"][name].append(found_all[name])
                 log(f"round {index + 1}: " + ", ".join(
@@ -257,7 +337,7 @@ def run(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
                 continue
             for name in rotated(names, index):
                 out = root / f"round{index}-{name}.json"
-                found = measure(engines[name], model, args.rate, args.requests, out)
+                found = measure(engines[name], model, args.rate, args.requests, out, meters_dir)
                 results["runs"][name].append(found)
                 log(f"round {index + 1} {name}: {found['tokens_per_s']:.0f} tokens/s")
         return results
@@ -280,6 +360,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="load every variant at the same time (resolves the API server's CPU to ~1%%)",
     )
+    parser.add_argument(
+        "--hook",
+        action="append",
+        default=[],
+        help="meter it in every API server: module:function or module:Class.method",
+    )
     parser.add_argument("--client-cpus", default="auto", help="as benchmarks.overload's")
     parser.add_argument("--model", help="a model folder (default: the tiny model, built)")
     parser.add_argument("--workdir", help="kept after the run (default: a temporary folder)")
@@ -288,6 +374,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if min(args.rate, args.requests, args.rounds, args.max_num_seqs) <= 0:
         parser.error("--rate, --requests, --rounds and --max-num-seqs must be positive")
     try:
+        for hook in args.hook:
+            api_cpu_probe.parse_hook(hook)
         names = variant_names(args.variants)
         cpu_split(args.client_cpus)  # an impossible split is refused before any engine starts
     except ValueError as error:

@@ -96,7 +96,7 @@ def _at_most(bound: float) -> Callable[[float], bool]:
 def _judged(
     name: str,
     target: str,
-    values: list[tuple[float, float | None]],
+    values: Sequence[tuple[float, float | None]],
     ok: Callable[[float], bool],
     digits: int = 2,
 ) -> Figure:
@@ -106,7 +106,7 @@ def _judged(
     return Figure(name, target, tuple(values), met, digits)
 
 
-def _count(name: str, target: str, values: list[tuple[float, float | None]]) -> Figure:
+def _count(name: str, target: str, values: Sequence[tuple[float, float | None]]) -> Figure:
     return _judged(name, target, values, _at_most(0.0), digits=0)
 
 

@@ -6,6 +6,7 @@ in warden's: each case burns known CPU on one side and checks where it lands."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import sys
 import time
@@ -197,3 +198,28 @@ def test_a_named_coroutine_function_is_metered_by_its_stretches() -> None:
     from warden.engine.middleware import WardenMiddleware
 
     assert WardenMiddleware.__call__.__qualname__ == "WardenMiddleware.__call__"  # untouched
+
+
+def test_garbage_collection_is_metered_by_generation_on_the_collecting_thread() -> None:
+    meters = Meters()
+    callback = api_cpu_probe.meter_garbage_collection(meters)
+    try:
+        cycles = []
+        for _ in range(200_000):
+            node: list[object] = []
+            node.append(node)  # a cycle: only the collector frees it
+            cycles.append(node)
+        del cycles, node
+        gc.collect(2)
+        gc.collect(0)
+    finally:
+        gc.callbacks.remove(callback)
+    full = meters.readings[api_cpu_probe.GC_LABEL.format(2)]
+    young = meters.readings[api_cpu_probe.GC_LABEL.format(0)]
+    assert full[0] >= 1 and full[1] > 0
+    assert young[0] >= 1
+    # 200,000 cycles take a full collection milliseconds; a young one right after, far less.
+    assert full[1] > 1 * MS and young[1] * young[0] < full[1]
+    before = meters.snapshot()
+    gc.collect(2)
+    assert meters.snapshot() == before  # removed: nothing counted any more

@@ -54,14 +54,15 @@ def test_saturation(tiny_model: Path, tmp_path: Path) -> None:
 @pytest.mark.engine
 def test_hook_ablation_side_by_side(tiny_model: Path, tmp_path: Path) -> None:
     """Two plain engines loaded at the same time: both clients run over one span of time (the
-    point of the mode), and each run reads the API server's CPU per request; each engine
-    runs the batch asked for."""
+    point of the mode), and each run reads the API server's CPU per request and that of the
+    vLLM function metered in it (``--hook``); each engine runs the batch asked for."""
     out = tmp_path / "ablation.json"
+    hook = "vllm.v1.engine.output_processor:OutputProcessor.process_outputs"
     run_benchmark(
         "hook_ablation",
         *("--side-by-side", "--variants", "plain,plain_control", "--rate", "4"),
         *("--requests", "12", "--rounds", "1", "--max-num-seqs", "4", "--model", str(tiny_model)),
-        *("--workdir", str(tmp_path / "work"), "--out", str(out)),
+        *("--hook", hook, "--workdir", str(tmp_path / "work"), "--out", str(out)),
     )
     found = result(out)
     assert found["side_by_side"] is True and found["max_num_seqs"] == 4
@@ -70,6 +71,7 @@ def test_hook_ablation_side_by_side(tiny_model: Path, tmp_path: Path) -> None:
     (plain,), (control,) = found["runs"]["plain"], found["runs"]["plain_control"]
     for run in (plain, control):
         assert run["failed"] == 0 and run["api_ms_per_request"] > 0
+        assert 0 < run["hooks"][hook] < run["api_ms_per_request"]
     # Each started before the other ended: loaded together, not one after the other.
     assert plain["started_at"] < control["ended_at"] and control["started_at"] < plain["ended_at"]
 

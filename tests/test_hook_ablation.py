@@ -68,6 +68,22 @@ def test_results_saved_before_the_per_request_reading_still_report() -> None:
     assert warden == "| warden | 0.950 / 1.040 | 0.995 | 0.440 | 1.100 | - | 0 |"
 
 
+def test_metered_functions_are_read_per_request_against_plain_in_the_same_round() -> None:
+    results = _results()
+    label = "vllm.v1.engine.output_processor:OutputProcessor.process_outputs"
+    plain, warden = results["runs"]["plain"], results["runs"]["warden"]
+    plain[0]["hooks"], plain[1]["hooks"] = {label: 2.0}, {label: 2.5}
+    warden[0]["hooks"], warden[1]["hooks"] = {label: 2.2, "collector thread": 0.4}, {label: 3.0}
+    text = report(results)
+    assert text.index("| variant |") < text.index("| metered in the API server |")
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "-" not in line[:3]]
+    # 1.1 and 1.2 of plain's, round by round; plain has no collector thread: no ratio.
+    assert f"| {label} | warden | 2.600 (2.200-3.000) | 1.150 |" in rows
+    assert f"| {label} | plain | 2.250 (2.000-2.500) | 1.000 |" in rows
+    assert "| collector thread | warden | 0.200 (0.000-0.400) | - |" in rows
+    assert "metered in the API server" not in report(_results())  # none without --hook
+
+
 def test_every_variant_runs_in_every_place() -> None:
     names = ["plain", "warden", "warden_no_plugins"]
     orders = [rotated(names, i) for i in range(3)]
@@ -85,5 +101,7 @@ def test_unknown_variants_and_absurd_loads_are_refused_before_any_engine_starts(
     assert "no plain" in capsys.readouterr().err
     assert main(["--client-cpus", "x"]) == 2
     assert "--client-cpus x" in capsys.readouterr().err
+    assert main(["--hook", "vllm.v1.engine.output_processor"]) == 2
+    assert "module:function or module:Class.method" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--rate", "0"])
