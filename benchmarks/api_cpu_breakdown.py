@@ -62,6 +62,15 @@ def probe_env(root: Path, hooks: Sequence[str] = ()) -> dict[str, str]:
     }
 
 
+def add_probe_options(parser: argparse.ArgumentParser, hook_help: str) -> None:
+    """``--hook`` and the engine options this command shares with ``hook_ablation``."""
+    parser.add_argument("--hook", action="append", default=[], help=hook_help)
+    parser.add_argument("--client-cpus", default="auto", help="as benchmarks.overload's")
+    parser.add_argument("--model", help="a model folder (default: the tiny model, built)")
+    parser.add_argument("--workdir", help="kept after the run (default: a temporary folder)")
+    parser.add_argument("--out", help="the results as JSON")
+
+
 def fresh_meters(directory: Path, pid: int, wait_s: float) -> dict[str, list[int]]:
     """The meters as written after now, at most ``WRITE_EVERY_S`` before the call returns:
     the API server's CPU read right after it spans the same time, to within that."""
@@ -176,16 +185,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--max-num-seqs", type=int, default=BATCH, help="the engine's batch")
     parser.add_argument("--settle-s", type=float, default=5.0, help="idle after the warm-up")
-    parser.add_argument(
-        "--hook",
-        action="append",
-        default=[],
-        help="one more to meter: module:function or module:Class.method (repeatable)",
+    add_probe_options(
+        parser, "one more to meter: module:function or module:Class.method (repeatable)"
     )
-    parser.add_argument("--client-cpus", default="auto", help="as benchmarks.overload's")
-    parser.add_argument("--model", help="a model folder (default: the tiny model, built)")
-    parser.add_argument("--workdir", help="kept after the run (default: a temporary folder)")
-    parser.add_argument("--out", help="the results as JSON")
     args = parser.parse_args(argv)
     if min(args.rate, args.requests, args.rounds, args.max_num_seqs) <= 0 or args.settle_s < 0:
         parser.error("--rate, --requests, --rounds, --max-num-seqs must be positive")

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import api_cpu_probe
-from benchmarks.api_cpu_breakdown import breakdown, probe_env
+from benchmarks.api_cpu_breakdown import add_probe_options, breakdown, probe_env
 from benchmarks.common import (
     VARIANTS,
     EngineCpu,
@@ -360,16 +360,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="load every variant at the same time (resolves the API server's CPU to ~1%%)",
     )
-    parser.add_argument(
-        "--hook",
-        action="append",
-        default=[],
-        help="meter it in every API server: module:function or module:Class.method",
+    add_probe_options(
+        parser, "meter it in every API server: module:function or module:Class.method"
     )
-    parser.add_argument("--client-cpus", default="auto", help="as benchmarks.overload's")
-    parser.add_argument("--model", help="a model folder (default: the tiny model, built)")
-    parser.add_argument("--workdir", help="kept after the run (default: a temporary folder)")
-    parser.add_argument("--out", help="the results as JSON")
     args = parser.parse_args(argv)
     if min(args.rate, args.requests, args.rounds, args.max_num_seqs) <= 0:
         parser.error("--rate, --requests, --rounds and --max-num-seqs must be positive")
