@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import api_cpu_probe
 from tests.support.benchmark_runs import result, run_benchmark
 
 
@@ -95,3 +96,26 @@ def test_api_cpu_breakdown(tiny_model: Path, tmp_path: Path) -> None:
         assert hooks[hook]["calls_per_request"] > 0, hook
     own, total = hooks["middleware, its own"], hooks["middleware with the app"]
     assert 0 < own["ms_per_request"] < total["ms_per_request"]
+
+
+@pytest.mark.engine
+def test_api_cpu_breakdown_of_plain_vllm(tiny_model: Path, tmp_path: Path) -> None:
+    """``--variant plain`` meters plain vLLM's API server: the vLLM function asked for is
+    metered there, and none of warden's hooks exists in it (a warden engine's stat logger
+    runs after every step)."""
+    out = tmp_path / "breakdown.json"
+    hook = "vllm.v1.engine.output_processor:OutputProcessor.process_outputs"
+    run_benchmark(
+        "api_cpu_breakdown",
+        *("--variant", "plain", "--rate", "4", "--requests", "12", "--rounds", "1"),
+        *("--settle-s", "0", "--max-num-seqs", "4", "--model", str(tiny_model), "--hook", hook),
+        *("--workdir", str(tmp_path / "work"), "--out", str(out)),
+    )
+    assert "'max_num_seqs': 4" in (tmp_path / "work" / "plain" / "engine.log").read_text()
+    found = result(out)
+    assert found["variant"] == "plain"
+    (round_found,) = found["rounds"]
+    assert round_found["completed"] == 12 and round_found["failed"] == 0
+    hooks = {row["hook"]: row for row in round_found["hooks"]}
+    assert hooks[hook]["calls_per_request"] > 0
+    assert not {label for *_, label in api_cpu_probe.HOOKS} & set(hooks)
