@@ -202,7 +202,9 @@ def test_a_named_coroutine_function_is_metered_by_its_stretches() -> None:
 
 def test_garbage_collection_is_metered_by_generation_on_the_collecting_thread() -> None:
     meters = Meters()
+    full_label, young_label = api_cpu_probe.GC_LABEL.format(2), api_cpu_probe.GC_LABEL.format(0)
     callback = api_cpu_probe.meter_garbage_collection(meters)
+    was_enabled = gc.isenabled()
     try:
         cycles = []
         for _ in range(200_000):
@@ -210,16 +212,21 @@ def test_garbage_collection_is_metered_by_generation_on_the_collecting_thread() 
             node.append(node)  # a cycle: only the collector frees it
             cycles.append(node)
         del cycles, node
+        gc.disable()  # no automatic collection, on any thread, between the reads below
+        full_before = meters.entry(full_label).copy()
         gc.collect(2)
+        young_before = meters.entry(young_label).copy()
         gc.collect(0)
     finally:
+        if was_enabled:
+            gc.enable()
         gc.callbacks.remove(callback)
-    full = meters.readings[api_cpu_probe.GC_LABEL.format(2)]
-    young = meters.readings[api_cpu_probe.GC_LABEL.format(0)]
-    assert full[0] >= 1 and full[1] > 0
-    assert young[0] >= 1
+    full = [a - b for a, b in zip(meters.readings[full_label], full_before, strict=True)]
+    young = [a - b for a, b in zip(meters.readings[young_label], young_before, strict=True)]
+    # Exactly the collections asked for (the allocations above made more before).
+    assert full[0] == 1 and young[0] == 1
     # 200,000 cycles take a full collection milliseconds; a young one right after, far less.
-    assert full[1] > 1 * MS and young[1] * young[0] < full[1]
+    assert full[1] > 1 * MS and young[1] < full[1]
     before = meters.snapshot()
     gc.collect(2)
     assert meters.snapshot() == before  # removed: nothing counted any more
